@@ -1,0 +1,129 @@
+//! Building the small head of a frame; the payload is referenced, never copied.
+
+use bytes::Bytes;
+
+use crate::error::{Format, LimitExceeded, LimitField, WireError};
+use crate::head::{TABLE_ENTRY_LEN, fixed_len, len_u64};
+use crate::limits::Limits;
+use crate::ptr1::FrameKind;
+
+/// An encoded frame or body: a small `head` followed by `parts` that reference the caller's
+/// memory.
+///
+/// Write [`Encoded::slices`] in order (one vectored write, or one `sendmsg`) to send it. The
+/// `head` is the fixed header, the length table and, for PTR1, the path (at most 64 KiB, copied
+/// once); `parts` are the metadata and every non-empty buffer, shared with the message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Encoded {
+    head: Bytes,
+    parts: Vec<Bytes>,
+    wire_len: u64,
+}
+
+impl Encoded {
+    /// Fixed header, length table and (PTR1) path.
+    pub fn head(&self) -> &Bytes {
+        &self.head
+    }
+
+    /// Metadata and each non-empty buffer, in wire order (empty ones are left out).
+    pub fn parts(&self) -> &[Bytes] {
+        &self.parts
+    }
+
+    /// Every slice to write, in order: the head, then the parts.
+    pub fn slices(&self) -> impl Iterator<Item = &[u8]> {
+        std::iter::once(&self.head[..]).chain(self.parts.iter().map(|part| &part[..]))
+    }
+
+    /// Total bytes on the wire; what the wire limit and the byte counters count.
+    pub fn wire_len(&self) -> u64 {
+        self.wire_len
+    }
+
+    /// Takes the head and the parts apart.
+    pub fn into_parts(self) -> (Bytes, Vec<Bytes>) {
+        (self.head, self.parts)
+    }
+
+    /// Concatenates everything into one vector. This copies the payload: it is for tests and
+    /// for transports that need one contiguous body anyway.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(usize::try_from(self.wire_len).unwrap_or(0));
+        self.slices().for_each(|slice| out.extend_from_slice(slice));
+        out
+    }
+}
+
+/// Encodes any frame. Checks (PTR1 order) path, metadata, count, then the total; PTM1 checks
+/// the count before the metadata, as other PTM1 peers do.
+pub(crate) fn encode(
+    format: Format,
+    kind: Option<FrameKind>,
+    version: u32,
+    path: &[u8],
+    metadata: &Bytes,
+    buffers: &[Bytes],
+    limits: &Limits,
+) -> Result<Encoded, WireError> {
+    let path_len = len_u64(path.len());
+    let metadata_len = len_u64(metadata.len());
+    let count = len_u64(buffers.len());
+    if format == Format::Ptr1 {
+        limits.check(LimitField::PathBytes, path_len)?;
+        limits.check(LimitField::MetadataBytes, metadata_len)?;
+        limits.check(LimitField::BufferCount, count)?;
+    } else {
+        limits.check(LimitField::BufferCount, count)?;
+        limits.check(LimitField::MetadataBytes, metadata_len)?;
+    }
+    let too_many = || LimitExceeded {
+        field: LimitField::BufferCount,
+        value: count,
+        limit: u64::from(u32::MAX),
+    };
+    let count32 = u32::try_from(buffers.len()).map_err(|_| too_many())?;
+    let path32 = u32::try_from(path.len()).map_err(|_| LimitExceeded {
+        field: LimitField::PathBytes,
+        value: path_len,
+        limit: Limits::MAX_PATH_BYTES,
+    })?;
+
+    let head_len = fixed_len(format) + buffers.len() * TABLE_ENTRY_LEN + path.len();
+    let wire_len = buffers
+        .iter()
+        .try_fold(len_u64(head_len) + metadata_len, |sum, b| {
+            sum.checked_add(len_u64(b.len()))
+        })
+        .unwrap_or(u64::MAX);
+    limits.check(LimitField::WireBytes, wire_len)?;
+
+    let mut head = Vec::with_capacity(head_len);
+    head.extend_from_slice(&format.magic());
+    match kind {
+        Some(kind) => {
+            head.push(kind as u8);
+            head.extend_from_slice(&[0, 0, 0]); // reserved
+            head.extend_from_slice(&version.to_le_bytes());
+            head.extend_from_slice(&path32.to_le_bytes());
+        }
+        None => head.extend_from_slice(&version.to_le_bytes()),
+    }
+    head.extend_from_slice(&metadata_len.to_le_bytes());
+    head.extend_from_slice(&count32.to_le_bytes());
+    for buffer in buffers {
+        head.extend_from_slice(&len_u64(buffer.len()).to_le_bytes());
+    }
+    head.extend_from_slice(path);
+
+    let parts = std::iter::once(metadata)
+        .chain(buffers)
+        .filter(|part| !part.is_empty())
+        .cloned()
+        .collect();
+    Ok(Encoded {
+        head: Bytes::from(head),
+        parts,
+        wire_len,
+    })
+}

@@ -1,0 +1,243 @@
+//! Process-wide transport counters with the keys other PTR1/PTM1 implementations report.
+//!
+//! Counters are relaxed atomics: cheap to bump on every frame, read together as one
+//! [`Snapshot`] (each value is exact; values read together may be a few frames apart).
+
+use std::fmt;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::Relaxed};
+
+/// The counters of this process; every transport in it records here.
+pub fn global() -> &'static TransportStats {
+    static GLOBAL: TransportStats = TransportStats::new();
+    &GLOBAL
+}
+
+/// Which payload path the process used last.
+///
+/// Not a per-message label: concurrent traffic on different paths makes it change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CopyModel {
+    /// No tensor frame has been sent yet.
+    Unused,
+    /// PTR1 over TCP: one copy into the kernel, one out into the final receive memory.
+    DirectTcp,
+    /// PTM1 over HTTP/2 (with or without TLS).
+    PackedHttp2Compatibility,
+    /// Same-host shared memory.
+    SharedMemory,
+}
+
+impl CopyModel {
+    /// The value reported under `active_copy_model`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Unused => "unused",
+            Self::DirectTcp => "direct_tcp",
+            Self::PackedHttp2Compatibility => "packed_http2_compatibility",
+            Self::SharedMemory => "shared_memory",
+        }
+    }
+
+    const fn from_u8(value: u8) -> Self {
+        match value {
+            1 => Self::DirectTcp,
+            2 => Self::PackedHttp2Compatibility,
+            3 => Self::SharedMemory,
+            _ => Self::Unused,
+        }
+    }
+
+    const fn to_u8(self) -> u8 {
+        match self {
+            Self::Unused => 0,
+            Self::DirectTcp => 1,
+            Self::PackedHttp2Compatibility => 2,
+            Self::SharedMemory => 3,
+        }
+    }
+}
+
+impl fmt::Display for CopyModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A set of transport counters (see [`global`]).
+#[derive(Debug)]
+pub struct TransportStats {
+    raw_frames_sent: AtomicU64,
+    raw_frames_received: AtomicU64,
+    raw_bytes_sent: AtomicU64,
+    raw_bytes_received: AtomicU64,
+    http2_fallback_frames: AtomicU64,
+    http2_fallback_bytes: AtomicU64,
+    raw_connections_accepted: AtomicU64,
+    active_copy_model: AtomicU8,
+}
+
+impl TransportStats {
+    /// All counters zero, copy model `unused`.
+    pub const fn new() -> Self {
+        Self {
+            raw_frames_sent: AtomicU64::new(0),
+            raw_frames_received: AtomicU64::new(0),
+            raw_bytes_sent: AtomicU64::new(0),
+            raw_bytes_received: AtomicU64::new(0),
+            http2_fallback_frames: AtomicU64::new(0),
+            http2_fallback_bytes: AtomicU64::new(0),
+            raw_connections_accepted: AtomicU64::new(0),
+            active_copy_model: AtomicU8::new(0),
+        }
+    }
+
+    /// A PTR1 frame of `wire_bytes` (head included) was completely written; sets the copy model
+    /// to `direct_tcp`.
+    pub fn record_raw_frame_sent(&self, wire_bytes: u64) {
+        self.raw_frames_sent.fetch_add(1, Relaxed);
+        self.raw_bytes_sent.fetch_add(wire_bytes, Relaxed);
+        self.set_active_copy_model(CopyModel::DirectTcp);
+    }
+
+    /// A PTR1 frame of `wire_bytes` was completely read.
+    pub fn record_raw_frame_received(&self, wire_bytes: u64) {
+        self.raw_frames_received.fetch_add(1, Relaxed);
+        self.raw_bytes_received.fetch_add(wire_bytes, Relaxed);
+    }
+
+    /// A tensor request of `body_bytes` was sent over HTTP/2 (client side only); sets the copy
+    /// model to `packed_http2_compatibility`.
+    pub fn record_http2_fallback(&self, body_bytes: u64) {
+        self.http2_fallback_frames.fetch_add(1, Relaxed);
+        self.http2_fallback_bytes.fetch_add(body_bytes, Relaxed);
+        self.set_active_copy_model(CopyModel::PackedHttp2Compatibility);
+    }
+
+    /// A server accepted a connection that opened with PTR1.
+    pub fn record_raw_connection_accepted(&self) {
+        self.raw_connections_accepted.fetch_add(1, Relaxed);
+    }
+
+    /// Records the path used last.
+    pub fn set_active_copy_model(&self, model: CopyModel) {
+        self.active_copy_model.store(model.to_u8(), Relaxed);
+    }
+
+    /// Reads every counter.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            raw_frames_sent: self.raw_frames_sent.load(Relaxed),
+            raw_frames_received: self.raw_frames_received.load(Relaxed),
+            raw_bytes_sent: self.raw_bytes_sent.load(Relaxed),
+            raw_bytes_received: self.raw_bytes_received.load(Relaxed),
+            http2_fallback_frames: self.http2_fallback_frames.load(Relaxed),
+            http2_fallback_bytes: self.http2_fallback_bytes.load(Relaxed),
+            raw_connections_accepted: self.raw_connections_accepted.load(Relaxed),
+            active_copy_model: CopyModel::from_u8(self.active_copy_model.load(Relaxed)),
+        }
+    }
+}
+
+impl Default for TransportStats {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The counters at one moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    /// PTR1 frames written, client and server together.
+    pub raw_frames_sent: u64,
+    /// PTR1 frames read.
+    pub raw_frames_received: u64,
+    /// PTR1 bytes written, heads included.
+    pub raw_bytes_sent: u64,
+    /// PTR1 bytes read, heads included.
+    pub raw_bytes_received: u64,
+    /// Tensor requests sent over HTTP/2.
+    pub http2_fallback_frames: u64,
+    /// PTM1 bytes in those requests.
+    pub http2_fallback_bytes: u64,
+    /// Connections a server accepted as PTR1.
+    pub raw_connections_accepted: u64,
+    /// The path used last.
+    pub active_copy_model: CopyModel,
+}
+
+impl Snapshot {
+    /// The numeric counters under their report keys, in a fixed order
+    /// (`active_copy_model` is separate: it is text).
+    pub fn counters(&self) -> [(&'static str, u64); 7] {
+        [
+            ("raw_frames_sent", self.raw_frames_sent),
+            ("raw_frames_received", self.raw_frames_received),
+            ("raw_bytes_sent", self.raw_bytes_sent),
+            ("raw_bytes_received", self.raw_bytes_received),
+            ("http2_fallback_frames", self.http2_fallback_frames),
+            ("http2_fallback_bytes", self.http2_fallback_bytes),
+            ("raw_connections_accepted", self.raw_connections_accepted),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fresh_counters_are_zero_and_model_is_unused() {
+        let sut = TransportStats::new().snapshot();
+        assert!(sut.counters().iter().all(|(_, value)| *value == 0));
+        assert_eq!(sut.active_copy_model.as_str(), "unused");
+    }
+
+    #[test]
+    fn raw_and_http2_records_update_their_counters_and_the_model() {
+        let sut = TransportStats::new();
+        sut.record_raw_frame_sent(100);
+        sut.record_raw_frame_sent(28);
+        sut.record_raw_frame_received(40);
+        sut.record_raw_connection_accepted();
+        assert_eq!(sut.snapshot().active_copy_model, CopyModel::DirectTcp);
+        sut.record_http2_fallback(64);
+        let snap = sut.snapshot();
+        assert_eq!(
+            snap.counters(),
+            [
+                ("raw_frames_sent", 2),
+                ("raw_frames_received", 1),
+                ("raw_bytes_sent", 128),
+                ("raw_bytes_received", 40),
+                ("http2_fallback_frames", 1),
+                ("http2_fallback_bytes", 64),
+                ("raw_connections_accepted", 1),
+            ]
+        );
+        assert_eq!(
+            snap.active_copy_model.as_str(),
+            "packed_http2_compatibility"
+        );
+        sut.set_active_copy_model(CopyModel::SharedMemory);
+        assert_eq!(
+            sut.snapshot().active_copy_model.to_string(),
+            "shared_memory"
+        );
+    }
+
+    #[test]
+    fn counters_from_many_threads_are_not_lost() {
+        let sut = TransportStats::new();
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| (0..10_000).for_each(|_| sut.record_raw_frame_received(3)));
+            }
+        });
+        let snap = sut.snapshot();
+        assert_eq!(
+            (snap.raw_frames_received, snap.raw_bytes_received),
+            (40_000, 120_000)
+        );
+    }
+}
