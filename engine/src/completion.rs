@@ -1,0 +1,170 @@
+//! A one-shot result slot that both async code (`Future`) and threads (`wait`) can wait on.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use crate::Error;
+
+/// The receiving half: the result of an `ask` or `tell` in progress.
+///
+/// Await it from any executor, or call [`Pending::wait`] from a thread. Dropping it does not
+/// cancel the request (it still completes, or fails at its deadline).
+#[derive(Debug)]
+#[must_use = "a request's result tells whether it was delivered"]
+pub struct Pending<T> {
+    slot: Arc<Slot<T>>,
+}
+
+/// The sending half, held by whoever completes the request.
+#[derive(Debug)]
+pub(crate) struct Completer<T> {
+    slot: Arc<Slot<T>>,
+}
+
+#[derive(Debug)]
+struct Slot<T> {
+    state: Mutex<State<T>>,
+    ready: Condvar,
+}
+
+#[derive(Debug)]
+struct State<T> {
+    result: Option<Result<T, Error>>,
+    waker: Option<Waker>,
+    done: bool,
+}
+
+pub(crate) fn pair<T>() -> (Completer<T>, Pending<T>) {
+    let slot = Arc::new(Slot {
+        state: Mutex::new(State {
+            result: None,
+            waker: None,
+            done: false,
+        }),
+        ready: Condvar::new(),
+    });
+    (
+        Completer {
+            slot: Arc::clone(&slot),
+        },
+        Pending { slot },
+    )
+}
+
+impl<T> Pending<T> {
+    /// A result that is already known.
+    pub(crate) fn ready(result: Result<T, Error>) -> Self {
+        let (completer, pending) = pair();
+        completer.complete(result);
+        pending
+    }
+
+    /// Blocks the calling thread until the result is there.
+    pub fn wait(self) -> Result<T, Error> {
+        let mut state = lock(&self.slot.state);
+        loop {
+            if let Some(result) = state.result.take() {
+                return result;
+            }
+            state = self
+                .slot
+                .ready
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Blocks for at most `timeout`; `None` if the result is not there yet (the request goes
+    /// on; its own deadline still applies).
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<Result<T, Error>> {
+        let deadline = Instant::now() + timeout;
+        let mut state = lock(&self.slot.state);
+        loop {
+            if let Some(result) = state.result.take() {
+                return Some(result);
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            state = self
+                .slot
+                .ready
+                .wait_timeout(state, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
+impl<T> Future for Pending<T> {
+    type Output = Result<T, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = lock(&self.slot.state);
+        match state.result.take() {
+            Some(result) => Poll::Ready(result),
+            None if state.done => Poll::Ready(Err(Error::Shutdown)),
+            None => {
+                state.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<T> Completer<T> {
+    /// Delivers the result; the first call wins.
+    pub(crate) fn complete(self, result: Result<T, Error>) {
+        self.finish(Some(result));
+    }
+
+    fn finish(&self, result: Option<Result<T, Error>>) {
+        let waker = {
+            let mut state = lock(&self.slot.state);
+            if state.done {
+                return;
+            }
+            state.done = true;
+            state.result = Some(result.unwrap_or(Err(Error::Shutdown)));
+            state.waker.take()
+        };
+        self.slot.ready.notify_all();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+impl<T> Drop for Completer<T> {
+    /// A completer dropped without a result (a thread or core went away) fails the request
+    /// instead of leaving it hanging.
+    fn drop(&mut self) {
+        self.finish(None);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dropped_completer_fails_the_waiter_instead_of_hanging() {
+        let (completer, pending) = pair::<u32>();
+        drop(completer);
+        assert!(matches!(pending.wait(), Err(Error::Shutdown)));
+    }
+
+    #[test]
+    fn result_reaches_a_waiting_thread() {
+        let (completer, pending) = pair::<u32>();
+        let waiter = std::thread::spawn(move || pending.wait().unwrap());
+        std::thread::sleep(Duration::from_millis(10));
+        completer.complete(Ok(5));
+        assert_eq!(waiter.join().unwrap(), 5);
+    }
+}

@@ -1,0 +1,1299 @@
+//! A core thread: one ring, the connections placed on it for life, and its timers.
+//!
+//! Other threads talk to a core only through [`CoreHandle`]: a crossbeam queue of commands plus
+//! an eventfd wake (written only when the core is about to sleep). Nothing but the core thread
+//! touches its ring.
+//!
+//! Every operation's buffers live in the [`Conn`] that issued it; a connection is freed only
+//! when its count of operations in flight is back to zero, so the kernel never sees freed
+//! memory, even after a cancellation.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use io_uring::{cqueue, opcode, squeue, types};
+use tensorwire_proto::ptr1::{self, Frame};
+use tensorwire_proto::stats;
+
+use crate::completion::Completer;
+use crate::endpoint::{Incoming, Reply, Request, RequestKind, Responder, TryPush};
+use crate::frame_io::{FrameRecv, FrameSend, RecvError, RecvProgress};
+use crate::node::Shared;
+use crate::ring::Ring;
+use crate::{Error, sys};
+
+/// Identifies a connection on a core across slot reuse, and (for replies) the request on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ConnToken {
+    slot: u32,
+    generation: u32,
+    /// The server connection's request number (0 where it does not matter).
+    seq: u32,
+}
+
+/// Work handed to a core from other threads.
+pub(crate) enum Command {
+    /// Send a request to a peer and deliver the reply.
+    Request(ClientRequest),
+    /// A handler answered the ask that arrived on a connection.
+    Reply {
+        token: ConnToken,
+        result: Result<Reply, String>,
+    },
+    /// A mailbox this connection waits on has space again.
+    MailboxSpace { token: ConnToken },
+    /// Fail everything, close every connection, stop.
+    Shutdown,
+}
+
+/// A request for a core to send.
+pub(crate) struct ClientRequest {
+    pub(crate) peer: SocketAddr,
+    pub(crate) encoded: tensorwire_proto::Encoded,
+    pub(crate) deadline: Instant,
+    pub(crate) timeout: Duration,
+    pub(crate) completer: ClientCompleter,
+}
+
+/// Where a client request's result goes.
+pub(crate) enum ClientCompleter {
+    Ask(Completer<Reply>),
+    Tell(Completer<()>),
+}
+
+impl ClientCompleter {
+    fn fail(self, error: Error) {
+        match self {
+            Self::Ask(c) => c.complete(Err(error)),
+            Self::Tell(c) => c.complete(Err(error)),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Ask(_) => "ask",
+            Self::Tell(_) => "tell",
+        }
+    }
+
+    /// Delivers a reply frame, checking it fits the request.
+    fn deliver(self, peer: SocketAddr, frame: Frame) {
+        let unexpected = |request, frame: &Frame| Error::UnexpectedReply {
+            peer,
+            request,
+            reply: frame.kind().name(),
+        };
+        match (self, frame) {
+            (completer, Frame::Error { text, .. }) => completer.fail(Error::Remote { text }),
+            (Self::Ask(c), Frame::TensorResponse(message)) => {
+                c.complete(Ok(Reply::Tensor(message)))
+            }
+            (Self::Ask(c), Frame::SingleResponse { msg_type, data, .. }) => {
+                c.complete(Ok(Reply::Single { msg_type, data }))
+            }
+            (Self::Tell(c), Frame::Ack { .. }) => c.complete(Ok(())),
+            (Self::Ask(c), frame) => c.complete(Err(unexpected("Ask", &frame))),
+            (Self::Tell(c), frame) => c.complete(Err(unexpected("Tell", &frame))),
+        }
+    }
+}
+
+/// The way into a core from any thread (cheap to clone).
+#[derive(Clone, Debug)]
+pub(crate) struct CoreHandle {
+    inner: Arc<CoreShared>,
+}
+
+#[derive(Debug)]
+struct CoreShared {
+    tx: Sender<Command>,
+    /// Written to wake the core; a blocking eventfd that the core keeps a READ armed on.
+    wake: OwnedFd,
+    /// Set by the core just before it waits; whoever clears it must write the eventfd.
+    sleeping: AtomicBool,
+}
+
+impl CoreHandle {
+    /// Queues a command; gives it back if the core has stopped.
+    pub(crate) fn send(&self, command: Command) -> Result<(), Command> {
+        self.inner.tx.send(command).map_err(|e| e.into_inner())?;
+        if self.inner.sleeping.swap(false, Ordering::SeqCst) {
+            sys::eventfd_signal(self.inner.wake.as_raw_fd());
+        }
+        Ok(())
+    }
+
+    /// Sends a handler's answer back to the connection it came from (dropped if it is gone).
+    pub(crate) fn reply(&self, token: ConnToken, result: Result<Reply, String>) {
+        let _ = self.send(Command::Reply { token, result });
+    }
+}
+
+/// Starts a core thread. Returns once its ring exists (or failed to).
+pub(crate) fn spawn(
+    index: usize,
+    shared: Arc<Shared>,
+    listener: Option<RawFd>,
+) -> Result<(CoreHandle, std::thread::JoinHandle<()>), Error> {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let wake = sys::eventfd_blocking().map_err(|e| Error::io("eventfd", e))?;
+    let handle = CoreHandle {
+        inner: Arc::new(CoreShared {
+            tx,
+            wake,
+            sleeping: AtomicBool::new(false),
+        }),
+    };
+    let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
+    let core_handle = handle.clone();
+    let thread = std::thread::Builder::new()
+        .name(format!("tensorwire-core-{index}"))
+        .spawn(move || match Ring::new(shared.config.ring_entries) {
+            Ok(ring) => {
+                let _ = ready_tx.send(Ok(()));
+                Core::new(ring, shared, core_handle, rx, listener).run();
+            }
+            Err(e) => {
+                let _ = ready_tx.send(Err(e));
+            }
+        })
+        .map_err(|e| Error::io("spawning a core thread", e))?;
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok((handle, thread)),
+        Ok(Err(e)) => Err(Error::IoUringUnavailable {
+            reason: format!("core ring setup: {e}"),
+        }),
+        Err(_) => Err(Error::IoUringUnavailable {
+            reason: "core thread died at start".into(),
+        }),
+    }
+}
+
+// ---- user_data layout: | generation: 24 bits | slot: 32 bits | tag: 8 bits | ----
+
+const TAG_RECV: u8 = 1;
+const TAG_SEND: u8 = 2;
+const TAG_CONNECT: u8 = 3;
+const TAG_IDLE_POLL: u8 = 4;
+const TAG_CANCEL: u8 = 5;
+const TAG_WAKE: u8 = 6;
+const TAG_ACCEPT: u8 = 7;
+/// Slot number of the core's own operations (wake, accept).
+const CORE_SLOT: u32 = u32::MAX;
+const GENERATION_MASK: u32 = (1 << 24) - 1;
+/// Bytes read per step while discarding input after an error reply.
+const DRAIN_CHUNK: usize = 64 << 10;
+
+fn user_data(slot: u32, generation: u32, tag: u8) -> u64 {
+    (u64::from(generation & GENERATION_MASK) << 40) | (u64::from(slot) << 8) | u64::from(tag)
+}
+
+fn split_user_data(ud: u64) -> (u32, u32, u8) {
+    let tag = (ud & 0xFF) as u8;
+    let slot = ((ud >> 8) & 0xFFFF_FFFF) as u32;
+    let generation = ((ud >> 40) & u64::from(GENERATION_MASK)) as u32;
+    (slot, generation, tag)
+}
+
+/// One TCP connection and everything its operations point to.
+struct Conn {
+    generation: u32,
+    fd: Option<OwnedFd>,
+    /// Operations submitted and not yet completed. The connection (and so every buffer those
+    /// operations use) is freed only when this is zero and `closing` is set.
+    inflight: u32,
+    closing: bool,
+    deadline: Option<Instant>,
+    role: Role,
+}
+
+enum Role {
+    Server(Server),
+    Client(Client),
+}
+
+struct Server {
+    state: ServerState,
+    recv: FrameRecv,
+    send: Option<FrameSend>,
+    /// Whether the connection has shown the PTR1 preface.
+    raw: bool,
+    /// Whether bytes of the current request frame have arrived (its deadline is running).
+    frame_started: bool,
+    /// Requests dispatched so far; a handler reply must carry the current one.
+    seq: u32,
+    /// Scratch for discarding input after an error reply (see `close_gracefully`).
+    drain: Option<Box<[u8]>>,
+}
+
+enum ServerState {
+    /// Waiting for (the rest of) a request frame.
+    Reading,
+    /// A handler has the ask; its reply comes as a command.
+    Dispatched { version: u32 },
+    /// The endpoint's mailbox was full; retry when it says it has space.
+    WaitingForMailbox {
+        incoming: Incoming,
+        mailbox: Arc<crate::endpoint::Mailbox>,
+        version: u32,
+        tell: bool,
+    },
+    /// Writing a reply; then read the next request, or close if `close_after`.
+    Replying { close_after: bool },
+    /// Error reply sent and writing shut down: discarding input until the peer closes.
+    Draining,
+}
+
+struct Client {
+    peer: SocketAddr,
+    state: ClientState,
+    recv: FrameRecv,
+    send: Option<FrameSend>,
+    request: Option<ClientRequest>,
+    /// Destination for CONNECT; must stay put until it completes.
+    addr: Box<sys::RawAddr>,
+}
+
+enum ClientState {
+    Connecting,
+    Busy {
+        send_done: bool,
+        send_error: Option<std::io::Error>,
+        reply: Option<Frame>,
+    },
+    /// In the idle pool with a POLL_ADD armed to notice the peer closing.
+    Idle,
+}
+
+struct Core {
+    ring: Ring,
+    shared: Arc<Shared>,
+    handle: CoreHandle,
+    rx: Receiver<Command>,
+    conns: Vec<Option<Conn>>,
+    free: Vec<u32>,
+    next_generation: u32,
+    /// Idle client connections by peer, most recently used last.
+    idle: HashMap<SocketAddr, Vec<u32>>,
+    timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
+    listener: Option<RawFd>,
+    accept_armed: bool,
+    /// The eventfd READ target; must not move while the READ is in flight.
+    wake_buf: Box<u64>,
+    wake_armed: bool,
+    stopping: bool,
+    completions: Vec<(u64, i32, u32)>,
+}
+
+impl Core {
+    fn new(
+        ring: Ring,
+        shared: Arc<Shared>,
+        handle: CoreHandle,
+        rx: Receiver<Command>,
+        listener: Option<RawFd>,
+    ) -> Self {
+        Self {
+            ring,
+            shared,
+            handle,
+            rx,
+            conns: Vec::new(),
+            free: Vec::new(),
+            next_generation: 1,
+            idle: HashMap::new(),
+            timers: BinaryHeap::new(),
+            listener,
+            accept_armed: false,
+            wake_buf: Box::new(0),
+            wake_armed: false,
+            stopping: false,
+            completions: Vec::with_capacity(256),
+        }
+    }
+
+    fn run(mut self) {
+        self.arm_wake();
+        self.arm_accept();
+        loop {
+            while let Ok(command) = self.rx.try_recv() {
+                self.handle_command(command);
+            }
+            if self.stopping && self.conns.iter().all(Option::is_none) && !self.accept_armed {
+                break;
+            }
+            let timeout = self.next_timeout();
+            self.handle.inner.sleeping.store(true, Ordering::SeqCst);
+            if !self.rx.is_empty() {
+                self.handle.inner.sleeping.store(false, Ordering::SeqCst);
+                continue;
+            }
+            let waited = self.ring.submit_and_wait(timeout);
+            self.handle.inner.sleeping.store(false, Ordering::SeqCst);
+            if let Err(e) = waited {
+                // The ring itself failed: nothing more can be done on this core.
+                eprintln!("tensorwire: core ring failed: {e}; closing its connections");
+                self.stop_all();
+                break;
+            }
+            let mut completions = std::mem::take(&mut self.completions);
+            self.ring.drain(&mut completions);
+            for (ud, res, flags) in completions.drain(..) {
+                self.on_completion(ud, res, flags);
+            }
+            self.completions = completions;
+            self.fire_timers();
+        }
+        // Anything still queued fails instead of hanging.
+        while let Ok(command) = self.rx.try_recv() {
+            self.handle_command(command);
+        }
+    }
+
+    fn next_timeout(&mut self) -> Option<Duration> {
+        let now = Instant::now();
+        self.timers
+            .peek()
+            .map(|Reverse((at, _, _))| at.saturating_duration_since(now))
+    }
+
+    // ---- commands -----------------------------------------------------------------------------
+
+    fn handle_command(&mut self, command: Command) {
+        match command {
+            Command::Request(request) => self.start_request(request),
+            Command::Reply { token, result } => self.on_handler_reply(token, result),
+            Command::MailboxSpace { token } => self.retry_mailbox(token),
+            Command::Shutdown => self.stop_all(),
+        }
+    }
+
+    fn stop_all(&mut self) {
+        self.stopping = true;
+        if self.accept_armed {
+            let entry = opcode::AsyncCancel::new(user_data(CORE_SLOT, 0, TAG_ACCEPT)).build();
+            self.push_core(entry, TAG_CANCEL);
+        }
+        for slot in 0..self.conns.len() {
+            let slot = u32::try_from(slot).unwrap_or(u32::MAX);
+            if let Some(conn) = self.conn_mut_by_slot(slot) {
+                if let Role::Client(client) = &mut conn.role {
+                    if let Some(request) = client.request.take() {
+                        request.completer.fail(Error::Shutdown);
+                    }
+                }
+            }
+            self.close(slot);
+        }
+        self.idle.clear();
+    }
+
+    // ---- completions --------------------------------------------------------------------------
+
+    fn on_completion(&mut self, ud: u64, res: i32, flags: u32) {
+        let (slot, generation, tag) = split_user_data(ud);
+        if slot == CORE_SLOT {
+            match tag {
+                TAG_WAKE => {
+                    self.wake_armed = false;
+                    self.arm_wake();
+                }
+                TAG_ACCEPT => self.on_accept(res, flags),
+                _ => {} // cancel of the accept
+            }
+            return;
+        }
+        let Some(conn) = self.conn_mut_by_generation(slot, generation) else {
+            return; // cannot happen: a slot is freed only with no operation in flight
+        };
+        conn.inflight -= 1;
+        if !conn.closing {
+            match tag {
+                TAG_RECV => self.on_recv(slot, res),
+                TAG_SEND => self.on_send(slot, res),
+                TAG_CONNECT => self.on_connect(slot, res),
+                TAG_IDLE_POLL => self.on_idle_poll(slot),
+                _ => {}
+            }
+        }
+        self.reap(slot);
+    }
+
+    fn on_accept(&mut self, res: i32, flags: u32) {
+        if !cqueue::more(flags) {
+            self.accept_armed = false;
+            if !self.stopping {
+                self.arm_accept();
+            }
+        }
+        if res < 0 {
+            return; // e.g. ECONNABORTED, EMFILE: the listener stays armed
+        }
+        // SAFETY: a successful accept returns a new descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(res) };
+        if self.stopping {
+            return;
+        }
+        let _ = sys::set_nodelay(fd.as_raw_fd());
+        let deadline = Instant::now() + self.shared.config.preface_timeout;
+        let slot = self.insert(Conn {
+            generation: 0,
+            fd: Some(fd),
+            inflight: 0,
+            closing: false,
+            deadline: Some(deadline),
+            role: Role::Server(Server {
+                state: ServerState::Reading,
+                recv: FrameRecv::preface(),
+                send: None,
+                raw: false,
+                frame_started: false,
+                seq: 0,
+                drain: None,
+            }),
+        });
+        self.arm_timer(slot);
+        self.submit_recv(slot);
+    }
+
+    // ---- server side --------------------------------------------------------------------------
+
+    fn on_recv(&mut self, slot: u32, res: i32) {
+        let shared = Arc::clone(&self.shared);
+        let Some(conn) = self.conn_mut_by_slot(slot) else {
+            return;
+        };
+        if let Role::Server(Server {
+            state: ServerState::Draining,
+            ..
+        }) = conn.role
+        {
+            if res > 0 {
+                self.submit_drain(slot)
+            } else {
+                self.close(slot)
+            }
+            return;
+        }
+        let progress = match &mut conn.role {
+            Role::Server(server) => server.recv.complete(res, &shared.limits, &shared.pool),
+            Role::Client(client) => client.recv.complete(res, &shared.limits, &shared.pool),
+        };
+        if matches!(conn.role, Role::Server(_)) {
+            self.server_progress(slot, progress);
+        } else {
+            self.client_progress(slot, progress);
+        }
+    }
+
+    fn server_progress(&mut self, slot: u32, progress: RecvProgress) {
+        let config = self.shared.config.clone();
+        match progress {
+            RecvProgress::More => {
+                let Some(conn) = self.conn_mut_by_slot(slot) else {
+                    return;
+                };
+                let Role::Server(server) = &mut conn.role else {
+                    return;
+                };
+                if !server.raw {
+                    // The PTR1 preface arrived.
+                    server.raw = true;
+                    if config.require_tls {
+                        self.close(slot);
+                        return;
+                    }
+                    stats::global().record_raw_connection_accepted();
+                }
+                if !server.frame_started {
+                    // A request started: from now on the frame deadline runs, not the idle one.
+                    server.frame_started = true;
+                    conn.deadline = Some(Instant::now() + config.frame_timeout);
+                    self.arm_timer(slot);
+                }
+                self.submit_recv(slot);
+            }
+            RecvProgress::ForeignPreface(preface) => self.hand_off(slot, preface),
+            RecvProgress::Closed => self.close(slot),
+            RecvProgress::Failed { error, version } => {
+                let text = match &error {
+                    RecvError::Wire(e) => format!("rejected request: {e}"),
+                    RecvError::Truncated { .. } | RecvError::Io(_) => {
+                        self.close(slot);
+                        return;
+                    }
+                };
+                match version {
+                    // The header was readable: tell the client before closing.
+                    Some(version) => self.send_reply(slot, Frame::Error { version, text }, true),
+                    None => self.close(slot),
+                }
+            }
+            RecvProgress::Frame { frame, wire_len } => {
+                stats::global().record_raw_frame_received(wire_len);
+                if let Some(Conn {
+                    role: Role::Server(server),
+                    deadline,
+                    ..
+                }) = self.conn_mut_by_slot(slot)
+                {
+                    server.frame_started = false;
+                    server.seq = server.seq.wrapping_add(1);
+                    *deadline = None; // the handler takes as long as it takes
+                }
+                self.dispatch(slot, frame);
+            }
+        }
+    }
+
+    fn dispatch(&mut self, slot: u32, frame: Frame) {
+        let version = frame.version();
+        let (path, message, kind) = match frame {
+            Frame::Ask { path, message } => (path, message, RequestKind::Ask),
+            Frame::Tell { path, message } => (path, message, RequestKind::Tell),
+            other => {
+                let text = format!("unexpected request frame: {}", other.kind());
+                self.send_reply(slot, Frame::Error { version, text }, false);
+                return;
+            }
+        };
+        let mailbox = match self.shared.registry.lookup(&path) {
+            Ok(mailbox) => mailbox,
+            Err(e) => {
+                self.send_reply(
+                    slot,
+                    Frame::Error {
+                        version,
+                        text: e.to_string(),
+                    },
+                    false,
+                );
+                return;
+            }
+        };
+        let Some(token) = self.token(slot) else {
+            return;
+        };
+        let tell = kind == RequestKind::Tell;
+        let responder = (!tell).then(|| Responder::Remote {
+            core: self.handle.clone(),
+            token,
+        });
+        let incoming = Incoming::new(
+            Request {
+                path,
+                kind,
+                message,
+            },
+            responder,
+        );
+        self.push_to_mailbox(slot, incoming, mailbox, version, tell);
+    }
+
+    fn push_to_mailbox(
+        &mut self,
+        slot: u32,
+        incoming: Incoming,
+        mailbox: Arc<crate::endpoint::Mailbox>,
+        version: u32,
+        tell: bool,
+    ) {
+        let Some(token) = self.token(slot) else {
+            return;
+        };
+        let core = self.handle.clone();
+        let on_space = move || {
+            let _ = core.send(Command::MailboxSpace { token });
+        };
+        match mailbox.try_push(incoming, on_space) {
+            TryPush::Pushed if tell => self.send_reply(slot, Frame::Ack { version }, false),
+            TryPush::Pushed => self.set_server_state(slot, ServerState::Dispatched { version }),
+            TryPush::Full(incoming) => self.set_server_state(
+                slot,
+                ServerState::WaitingForMailbox {
+                    incoming,
+                    mailbox,
+                    version,
+                    tell,
+                },
+            ),
+            TryPush::Closed(incoming) if tell => {
+                drop(incoming);
+                let text = Error::MailboxClosed.to_string();
+                self.send_reply(slot, Frame::Error { version, text }, false);
+            }
+            TryPush::Closed(incoming) => {
+                // Answered through the normal reply path, like any handler error.
+                self.set_server_state(slot, ServerState::Dispatched { version });
+                incoming.reply(Err(Error::MailboxClosed.to_string()));
+            }
+        }
+    }
+
+    fn retry_mailbox(&mut self, token: ConnToken) {
+        let Some(conn) = self.conn_mut(token) else {
+            return;
+        };
+        let Role::Server(server) = &mut conn.role else {
+            return;
+        };
+        if !matches!(server.state, ServerState::WaitingForMailbox { .. }) || server.seq != token.seq
+        {
+            return;
+        }
+        let state = std::mem::replace(&mut server.state, ServerState::Reading);
+        if let ServerState::WaitingForMailbox {
+            incoming,
+            mailbox,
+            version,
+            tell,
+        } = state
+        {
+            self.push_to_mailbox(token.slot, incoming, mailbox, version, tell);
+        }
+    }
+
+    fn on_handler_reply(&mut self, token: ConnToken, result: Result<Reply, String>) {
+        let Some(conn) = self.conn_mut(token) else {
+            return;
+        };
+        let Role::Server(server) = &mut conn.role else {
+            return;
+        };
+        let ServerState::Dispatched { version } = server.state else {
+            return;
+        };
+        if server.seq != token.seq {
+            return; // a late answer to an earlier request on this connection
+        }
+        let frame = match result {
+            Ok(Reply::Tensor(message)) => Frame::TensorResponse(message),
+            Ok(Reply::Single { msg_type, data }) => Frame::SingleResponse {
+                version,
+                msg_type,
+                data,
+            },
+            Err(text) => Frame::Error { version, text },
+        };
+        self.send_reply(token.slot, frame, false);
+    }
+
+    /// Encodes and sends a reply. A reply over the limits becomes an Error frame saying so.
+    fn send_reply(&mut self, slot: u32, frame: Frame, close_after: bool) {
+        let limits = self.shared.limits;
+        let version = frame.version();
+        let encoded = ptr1::encode(&frame, &limits).or_else(|e| {
+            let text = truncate(format!("reply could not be sent: {e}"), &limits);
+            ptr1::encode(&Frame::Error { version, text }, &limits)
+        });
+        let Ok(encoded) = encoded else {
+            self.close(slot); // not even a short error text fits the configured limits
+            return;
+        };
+        let Some(conn) = self.conn_mut_by_slot(slot) else {
+            return;
+        };
+        let Role::Server(server) = &mut conn.role else {
+            return;
+        };
+        server.state = ServerState::Replying { close_after };
+        server.send = Some(FrameSend::new(encoded));
+        self.submit_send(slot);
+    }
+
+    fn on_send(&mut self, slot: u32, res: i32) {
+        let idle_timeout = self.shared.config.idle_timeout;
+        let Some(conn) = self.conn_mut_by_slot(slot) else {
+            return;
+        };
+        let (done, wire_len) = match &mut conn.role {
+            Role::Server(Server {
+                send: Some(send), ..
+            })
+            | Role::Client(Client {
+                send: Some(send), ..
+            }) => (send.complete(res), send.wire_len()),
+            _ => return,
+        };
+        match (&mut conn.role, done) {
+            (_, Ok(false)) => self.submit_send(slot),
+            (Role::Server(server), Ok(true)) => {
+                stats::global().record_raw_frame_sent(wire_len);
+                server.send = None;
+                let close_after =
+                    matches!(server.state, ServerState::Replying { close_after: true });
+                server.state = ServerState::Reading;
+                if close_after {
+                    self.close_gracefully(slot);
+                } else {
+                    conn.deadline = Some(Instant::now() + idle_timeout);
+                    self.arm_timer(slot);
+                    self.submit_recv(slot);
+                }
+            }
+            (Role::Server(_), Err(_)) => self.close(slot),
+            (Role::Client(client), result) => {
+                client.send = None;
+                if let ClientState::Busy {
+                    send_done,
+                    send_error,
+                    ..
+                } = &mut client.state
+                {
+                    match result {
+                        Ok(_) => {
+                            stats::global().record_raw_frame_sent(wire_len);
+                            *send_done = true;
+                        }
+                        // Wait for the receive: the peer may have answered with an Error frame.
+                        Err(e) => *send_error = Some(e),
+                    }
+                }
+                self.client_maybe_finish(slot);
+            }
+        }
+    }
+
+    fn hand_off(&mut self, slot: u32, preface: [u8; 4]) {
+        let handoff = self.shared.handoff.clone();
+        let Some(conn) = self.conn_mut_by_slot(slot) else {
+            return;
+        };
+        match (handoff, conn.fd.take()) {
+            (Some(handoff), Some(fd)) if conn.inflight == 0 => {
+                conn.closing = true;
+                handoff.hand_off(fd, preface);
+            }
+            (_, fd) => {
+                conn.fd = fd;
+                self.close(slot);
+            }
+        }
+    }
+
+    // ---- client side --------------------------------------------------------------------------
+
+    fn start_request(&mut self, request: ClientRequest) {
+        if self.stopping {
+            request.completer.fail(Error::Shutdown);
+            return;
+        }
+        if let Some(slot) = self.idle.get_mut(&request.peer).and_then(Vec::pop) {
+            // Stop watching for the peer's close; its completion is ignored from now on.
+            if let Some(token) = self.token(slot) {
+                let entry =
+                    opcode::AsyncCancel::new(user_data(slot, token.generation, TAG_IDLE_POLL))
+                        .build();
+                self.push(slot, TAG_CANCEL, entry);
+                self.start_exchange(slot, request);
+                return;
+            }
+        }
+        let peer = request.peer;
+        let fd = match sys::tcp_socket(&peer) {
+            Ok(fd) => fd,
+            Err(e) => {
+                request.completer.fail(Error::Connect { peer, source: e });
+                return;
+            }
+        };
+        let _ = sys::set_nodelay(fd.as_raw_fd());
+        let connect_deadline = Instant::now() + self.shared.config.connect_timeout;
+        let slot = self.insert(Conn {
+            generation: 0,
+            fd: Some(fd),
+            inflight: 0,
+            closing: false,
+            deadline: Some(connect_deadline.min(request.deadline)),
+            role: Role::Client(Client {
+                peer,
+                state: ClientState::Connecting,
+                recv: FrameRecv::new(),
+                send: None,
+                request: Some(request),
+                addr: Box::new(sys::RawAddr::new(peer)),
+            }),
+        });
+        self.arm_timer(slot);
+        let Some(conn) = self.conn_mut_by_slot(slot) else {
+            return;
+        };
+        let (Some(fd), Role::Client(client)) = (&conn.fd, &conn.role) else {
+            return;
+        };
+        let entry = opcode::Connect::new(
+            types::Fd(fd.as_raw_fd()),
+            client.addr.as_ptr(),
+            client.addr.len(),
+        )
+        .build();
+        self.push(slot, TAG_CONNECT, entry);
+    }
+
+    fn on_connect(&mut self, slot: u32, res: i32) {
+        let Some(conn) = self.conn_mut_by_slot(slot) else {
+            return;
+        };
+        let Role::Client(client) = &mut conn.role else {
+            return;
+        };
+        if res < 0 {
+            if let Some(request) = client.request.take() {
+                let source = std::io::Error::from_raw_os_error(-res);
+                request.completer.fail(Error::Connect {
+                    peer: client.peer,
+                    source,
+                });
+            }
+            self.close(slot);
+            return;
+        }
+        if let Some(request) = client.request.take() {
+            self.start_exchange(slot, request);
+        }
+    }
+
+    fn start_exchange(&mut self, slot: u32, request: ClientRequest) {
+        let Some(conn) = self.conn_mut_by_slot(slot) else {
+            return;
+        };
+        let Role::Client(client) = &mut conn.role else {
+            return;
+        };
+        conn.deadline = Some(request.deadline);
+        client.state = ClientState::Busy {
+            send_done: false,
+            send_error: None,
+            reply: None,
+        };
+        client.send = Some(FrameSend::new(request.encoded.clone()));
+        client.recv = FrameRecv::new();
+        client.request = Some(request);
+        self.arm_timer(slot);
+        // Send and receive at once: a server that rejects the request answers while we send.
+        self.submit_send(slot);
+        self.submit_recv(slot);
+    }
+
+    fn client_progress(&mut self, slot: u32, progress: RecvProgress) {
+        let Some(conn) = self.conn_mut_by_slot(slot) else {
+            return;
+        };
+        let Role::Client(client) = &mut conn.role else {
+            return;
+        };
+        let peer = client.peer;
+        match progress {
+            RecvProgress::More => self.submit_recv(slot),
+            RecvProgress::Frame { frame, wire_len } => {
+                stats::global().record_raw_frame_received(wire_len);
+                if let ClientState::Busy { reply, .. } = &mut client.state {
+                    *reply = Some(frame);
+                }
+                self.client_maybe_finish(slot);
+            }
+            RecvProgress::ForeignPreface(_) => self.client_fail(slot, None),
+            RecvProgress::Closed => self.client_fail(slot, None),
+            RecvProgress::Failed { error, .. } => {
+                let error = match error {
+                    RecvError::Wire(source) => Error::Protocol { peer, source },
+                    RecvError::Truncated { received } => {
+                        let detail = std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            format!("closed after {received} bytes of the reply"),
+                        );
+                        Error::ConnectionClosed {
+                            peer,
+                            detail: Some(detail),
+                        }
+                    }
+                    RecvError::Io(e) => Error::ConnectionClosed {
+                        peer,
+                        detail: Some(e),
+                    },
+                };
+                self.client_fail(slot, Some(error));
+            }
+        }
+    }
+
+    /// Fails the connection's request (with the send error if there was one) and closes it.
+    fn client_fail(&mut self, slot: u32, error: Option<Error>) {
+        let Some(conn) = self.conn_mut_by_slot(slot) else {
+            return;
+        };
+        let Role::Client(client) = &mut conn.role else {
+            return;
+        };
+        let send_error = match &mut client.state {
+            ClientState::Busy { send_error, .. } => send_error.take(),
+            _ => None,
+        };
+        let peer = client.peer;
+        let error = error.unwrap_or(Error::ConnectionClosed {
+            peer,
+            detail: send_error,
+        });
+        if let Some(request) = client.request.take() {
+            request.completer.fail(error);
+        }
+        self.close(slot);
+    }
+
+    fn client_maybe_finish(&mut self, slot: u32) {
+        let idle_cap = self.shared.config.idle_connections_per_peer;
+        let pool_full = match self.conns.get(slot as usize) {
+            Some(Some(Conn {
+                role: Role::Client(client),
+                ..
+            })) => self.stopping || self.idle.get(&client.peer).map_or(0, Vec::len) >= idle_cap,
+            _ => return,
+        };
+        let Some(conn) = self.conn_mut_by_slot(slot) else {
+            return;
+        };
+        let Role::Client(client) = &mut conn.role else {
+            return;
+        };
+        let ClientState::Busy {
+            send_done,
+            send_error,
+            reply,
+        } = &mut client.state
+        else {
+            return;
+        };
+        // Without a reply yet there is nothing to do: after a failed send, the pending receive
+        // decides (the peer's Error frame, or the close).
+        let _ = send_error;
+        let Some(frame) = reply.take() else { return };
+        let in_sync = *send_done;
+        let peer = client.peer;
+        if let Some(request) = client.request.take() {
+            request.completer.deliver(peer, frame);
+        }
+        if !in_sync {
+            // The peer answered before taking the whole request: the stream is out of step.
+            self.close(slot);
+            return;
+        }
+        if pool_full {
+            self.close(slot);
+            return;
+        }
+        client.state = ClientState::Idle;
+        conn.deadline = None;
+        let Some(fd) = conn.fd.as_ref().map(AsRawFd::as_raw_fd) else {
+            return;
+        };
+        let events = u32::try_from(libc::POLLIN | libc::POLLRDHUP).unwrap_or(0);
+        self.push(
+            slot,
+            TAG_IDLE_POLL,
+            opcode::PollAdd::new(types::Fd(fd), events).build(),
+        );
+        self.idle.entry(peer).or_default().push(slot);
+    }
+
+    fn on_idle_poll(&mut self, slot: u32) {
+        let Some(conn) = self.conn_mut_by_slot(slot) else {
+            return;
+        };
+        let Role::Client(client) = &conn.role else {
+            return;
+        };
+        if !matches!(client.state, ClientState::Idle) {
+            return; // the poll was cancelled when the connection was reused
+        }
+        // The idle peer closed (or sent bytes nobody asked for): drop it from the pool.
+        let peer = client.peer;
+        if let Some(list) = self.idle.get_mut(&peer) {
+            list.retain(|&s| s != slot);
+        }
+        self.close(slot);
+    }
+
+    // ---- timers -------------------------------------------------------------------------------
+
+    fn arm_timer(&mut self, slot: u32) {
+        if let Some(conn) = self.conn_mut_by_slot(slot) {
+            if let Some(at) = conn.deadline {
+                let generation = conn.generation;
+                self.timers.push(Reverse((at, slot, generation)));
+            }
+        }
+    }
+
+    fn fire_timers(&mut self) {
+        let now = Instant::now();
+        while let Some(&Reverse((at, slot, generation))) = self.timers.peek() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            let Some(conn) = self.conn_mut_by_generation(slot, generation) else {
+                continue;
+            };
+            if conn.closing || conn.deadline.is_none_or(|d| d > now) {
+                continue; // re-armed or finished since
+            }
+            conn.deadline = None;
+            match &mut conn.role {
+                Role::Client(client) => {
+                    let what = match client.state {
+                        ClientState::Connecting => "connect",
+                        _ => client
+                            .request
+                            .as_ref()
+                            .map_or("request", |r| r.completer.name()),
+                    };
+                    let after = client
+                        .request
+                        .as_ref()
+                        .map_or(Duration::ZERO, |r| r.timeout);
+                    self.client_fail(slot, Some(Error::Timeout { what, after }));
+                }
+                // A silent, idle or too slow client is closed at its deadline.
+                Role::Server(_) => self.close(slot),
+            }
+        }
+    }
+
+    // ---- connection table and submission -------------------------------------------------------
+
+    fn insert(&mut self, mut conn: Conn) -> u32 {
+        self.next_generation = (self.next_generation + 1) & GENERATION_MASK;
+        conn.generation = self.next_generation;
+        match self.free.pop() {
+            Some(slot) => {
+                self.conns[slot as usize] = Some(conn);
+                slot
+            }
+            None => {
+                self.conns.push(Some(conn));
+                u32::try_from(self.conns.len() - 1).unwrap_or(u32::MAX - 1)
+            }
+        }
+    }
+
+    fn token(&self, slot: u32) -> Option<ConnToken> {
+        let conn = self.conns.get(slot as usize)?.as_ref()?;
+        let seq = match &conn.role {
+            Role::Server(server) => server.seq,
+            Role::Client(_) => 0,
+        };
+        Some(ConnToken {
+            slot,
+            generation: conn.generation,
+            seq,
+        })
+    }
+
+    fn conn_mut(&mut self, token: ConnToken) -> Option<&mut Conn> {
+        self.conns
+            .get_mut(token.slot as usize)?
+            .as_mut()
+            .filter(|c| c.generation == token.generation)
+    }
+
+    fn conn_mut_by_generation(&mut self, slot: u32, generation: u32) -> Option<&mut Conn> {
+        self.conns
+            .get_mut(slot as usize)?
+            .as_mut()
+            .filter(|c| c.generation == generation)
+    }
+
+    fn conn_mut_by_slot(&mut self, slot: u32) -> Option<&mut Conn> {
+        self.conns.get_mut(slot as usize)?.as_mut()
+    }
+
+    fn set_server_state(&mut self, slot: u32, state: ServerState) {
+        if let Some(Conn {
+            role: Role::Server(server),
+            ..
+        }) = self.conn_mut_by_slot(slot)
+        {
+            server.state = state;
+        }
+    }
+
+    fn submit_recv(&mut self, slot: u32) {
+        let Some(conn) = self.conn_mut_by_slot(slot) else {
+            return;
+        };
+        let Some(fd) = conn.fd.as_ref().map(AsRawFd::as_raw_fd) else {
+            return;
+        };
+        let entry = match &mut conn.role {
+            Role::Server(server) => server.recv.next_op(fd),
+            Role::Client(client) => client.recv.next_op(fd),
+        };
+        self.push(slot, TAG_RECV, entry);
+    }
+
+    fn submit_send(&mut self, slot: u32) {
+        let Some(conn) = self.conn_mut_by_slot(slot) else {
+            return;
+        };
+        let Some(fd) = conn.fd.as_ref().map(AsRawFd::as_raw_fd) else {
+            return;
+        };
+        let entry = match &mut conn.role {
+            Role::Server(Server {
+                send: Some(send), ..
+            })
+            | Role::Client(Client {
+                send: Some(send), ..
+            }) => send.next_op(fd),
+            _ => return,
+        };
+        self.push(slot, TAG_SEND, entry);
+    }
+
+    /// Queues an operation of connection `slot`.
+    fn push(&mut self, slot: u32, tag: u8, entry: squeue::Entry) {
+        let Some(conn) = self.conn_mut_by_slot(slot) else {
+            return;
+        };
+        let entry = entry.user_data(user_data(slot, conn.generation, tag));
+        conn.inflight += 1;
+        // SAFETY: every pointer in `entry` refers to heap memory owned by this connection
+        // (FrameRecv/FrameSend/Client::addr/its fd), and the connection is only freed by `reap`
+        // once `inflight` is back to zero, i.e. after this entry's completion.
+        if let Err(e) = unsafe { self.ring.push(&entry) } {
+            eprintln!("tensorwire: cannot submit to the ring: {e}");
+            if let Some(conn) = self.conn_mut_by_slot(slot) {
+                conn.inflight -= 1;
+            }
+            self.close(slot);
+        }
+    }
+
+    /// Queues one of the core's own operations (wake read, accept, their cancels).
+    fn push_core(&mut self, entry: squeue::Entry, tag: u8) {
+        let entry = entry.user_data(user_data(CORE_SLOT, 0, tag));
+        // SAFETY: the only memory core operations use is `wake_buf` (a Box owned by the core,
+        // which outlives the ring's use of it: the core thread exits only after the loop) and
+        // the listener fd (owned by the node, closed only after every core thread joined).
+        if let Err(e) = unsafe { self.ring.push(&entry) } {
+            eprintln!("tensorwire: cannot submit to the ring: {e}");
+        }
+    }
+
+    fn arm_wake(&mut self) {
+        if self.wake_armed {
+            return;
+        }
+        let fd = self.handle.inner.wake.as_raw_fd();
+        let entry = opcode::Read::new(types::Fd(fd), (&raw mut *self.wake_buf).cast(), 8).build();
+        self.push_core(entry, TAG_WAKE);
+        self.wake_armed = true;
+    }
+
+    fn arm_accept(&mut self) {
+        let Some(listener) = self.listener else {
+            return;
+        };
+        if self.accept_armed || self.stopping {
+            return;
+        }
+        self.push_core(
+            opcode::AcceptMulti::new(types::Fd(listener))
+                .flags(libc::SOCK_CLOEXEC)
+                .build(),
+            TAG_ACCEPT,
+        );
+        self.accept_armed = true;
+    }
+
+    /// Closes a connection: cancels its operations; it is freed when they have completed.
+    fn close(&mut self, slot: u32) {
+        let Some(conn) = self.conn_mut_by_slot(slot) else {
+            return;
+        };
+        if !conn.closing {
+            conn.closing = true;
+            conn.deadline = None;
+            if conn.inflight > 0 {
+                if let Some(fd) = conn.fd.as_ref().map(AsRawFd::as_raw_fd) {
+                    let _ = sys::shutdown(fd, libc::SHUT_RDWR);
+                    let cancel = types::CancelBuilder::fd(types::Fd(fd)).all();
+                    self.push(slot, TAG_CANCEL, opcode::AsyncCancel2::new(cancel).build());
+                }
+            }
+        }
+        self.reap(slot);
+    }
+
+    /// After an error reply: stop writing, let the peer read the reply, then close.
+    fn close_gracefully(&mut self, slot: u32) {
+        if let Some(fd) = self
+            .conn_mut_by_slot(slot)
+            .and_then(|c| c.fd.as_ref().map(AsRawFd::as_raw_fd))
+        {
+            let _ = sys::shutdown(fd, libc::SHUT_WR);
+        }
+        // Discard what the client is still sending, for a bounded time, so the kernel does not
+        // answer with a reset that could destroy our reply in the client's receive queue.
+        let drain_timeout = self.shared.config.drain_timeout;
+        if let Some(conn) = self.conn_mut_by_slot(slot) {
+            if let Role::Server(server) = &mut conn.role {
+                server.state = ServerState::Draining;
+                server.drain = Some(vec![0; DRAIN_CHUNK].into_boxed_slice());
+                conn.deadline = Some(Instant::now() + drain_timeout);
+            }
+        }
+        self.arm_timer(slot);
+        self.submit_drain(slot);
+    }
+
+    fn submit_drain(&mut self, slot: u32) {
+        let Some(conn) = self.conn_mut_by_slot(slot) else {
+            return;
+        };
+        let Some(fd) = conn.fd.as_ref().map(AsRawFd::as_raw_fd) else {
+            return;
+        };
+        let Role::Server(Server {
+            drain: Some(buf), ..
+        }) = &mut conn.role
+        else {
+            return;
+        };
+        let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
+        let entry = opcode::Recv::new(types::Fd(fd), buf.as_mut_ptr(), len).build();
+        self.push(slot, TAG_RECV, entry);
+    }
+
+    /// Frees the connection if it is closing and nothing is in flight.
+    fn reap(&mut self, slot: u32) {
+        let Some(entry) = self.conns.get_mut(slot as usize) else {
+            return;
+        };
+        if entry.as_ref().is_some_and(|c| c.closing && c.inflight == 0) {
+            *entry = None; // drops the fd (close) and every buffer
+            self.free.push(slot);
+        }
+    }
+}
+
+/// Shortens an error text so it fits the metadata limit (at a character boundary).
+fn truncate(mut text: String, limits: &tensorwire_proto::Limits) -> String {
+    let max = usize::try_from(limits.max_metadata_bytes())
+        .unwrap_or(usize::MAX)
+        .min(4096);
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}

@@ -1,0 +1,149 @@
+//! One io_uring instance, owned by one core thread; the only place SQEs are pushed.
+
+use std::io;
+use std::time::Duration;
+
+use io_uring::{IoUring, Probe, cqueue, opcode, squeue, types};
+
+/// Opcodes the engine needs; a kernel without one of them gets the fallback.
+const REQUIRED: [(u8, &str); 8] = [
+    (opcode::SendMsg::CODE, "SENDMSG"),
+    (opcode::RecvMsg::CODE, "RECVMSG"),
+    (opcode::Recv::CODE, "RECV"),
+    (opcode::Read::CODE, "READ"),
+    (opcode::Accept::CODE, "ACCEPT"),
+    (opcode::Connect::CODE, "CONNECT"),
+    (opcode::AsyncCancel::CODE, "ASYNC_CANCEL"),
+    (opcode::PollAdd::CODE, "POLL_ADD"),
+];
+
+/// A ring plus what setup found out.
+pub(crate) struct Ring {
+    ring: IoUring,
+    /// Setup flags that were accepted, for logs and stats.
+    pub(crate) flags: &'static str,
+}
+
+impl Ring {
+    /// Creates a ring with `SINGLE_ISSUER | DEFER_TASKRUN | COOP_TASKRUN | TASKRUN_FLAG`, retrying
+    /// with fewer flags on `EINVAL` (older kernels), and checks the required opcodes.
+    ///
+    /// Must run on the thread that will use the ring (DEFER_TASKRUN requires it).
+    pub(crate) fn new(entries: u32) -> io::Result<Self> {
+        let cq = entries.saturating_mul(4);
+        let attempts: [(&'static str, fn(&mut io_uring::Builder)); 3] = [
+            ("single_issuer|defer_taskrun|coop_taskrun", |b| {
+                b.setup_single_issuer()
+                    .setup_defer_taskrun()
+                    .setup_coop_taskrun();
+            }),
+            ("coop_taskrun", |b| {
+                b.setup_coop_taskrun();
+            }),
+            ("none", |_| {}),
+        ];
+        let mut last = io::Error::from_raw_os_error(libc::EINVAL);
+        for (flags, configure) in attempts {
+            let mut builder = IoUring::builder();
+            builder.setup_cqsize(cq).dontfork();
+            configure(&mut builder);
+            match builder.build(entries) {
+                Ok(ring) => {
+                    let ring = Self { ring, flags };
+                    ring.check_features()?;
+                    return Ok(ring);
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => last = e,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last)
+    }
+
+    fn check_features(&self) -> io::Result<()> {
+        let params = self.ring.params();
+        if !params.is_feature_nodrop()
+            || !params.is_feature_ext_arg()
+            || !params.is_feature_fast_poll()
+        {
+            return Err(io::Error::other(
+                "kernel lacks IORING_FEAT_NODROP, EXT_ARG or FAST_POLL (needs Linux 5.11 or newer)",
+            ));
+        }
+        let mut probe = Probe::new();
+        self.ring.submitter().register_probe(&mut probe)?;
+        for (code, name) in REQUIRED {
+            if !probe.is_supported(code) {
+                return Err(io::Error::other(format!(
+                    "kernel does not support IORING_OP_{name}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues one entry, submitting first if the submission queue is full.
+    ///
+    /// # Safety
+    ///
+    /// Every buffer, `msghdr`, `iovec` array, address and descriptor the entry points to must
+    /// stay valid (and not move) until the entry's last completion has been reaped.
+    pub(crate) unsafe fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
+        loop {
+            // SAFETY: forwarded from this function's contract.
+            if unsafe { self.ring.submission().push(entry) }.is_ok() {
+                return Ok(());
+            }
+            self.ring.submit()?;
+        }
+    }
+
+    /// Submits everything queued and waits until at least one completion arrives or `timeout`
+    /// passes. Interruptions and timeouts are not errors.
+    pub(crate) fn submit_and_wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        let result = match timeout {
+            Some(timeout) => {
+                let ts = types::Timespec::from(timeout);
+                let args = types::SubmitArgs::new().timespec(&ts);
+                self.ring.submitter().submit_with_args(1, &args)
+            }
+            None => self.ring.submitter().submit_and_wait(1),
+        };
+        match result {
+            Ok(_) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ETIME | libc::EINTR | libc::EBUSY)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Takes every available completion as `(user_data, result, flags)`.
+    pub(crate) fn drain(&mut self, out: &mut Vec<(u64, i32, u32)>) {
+        let mut cq = self.ring.completion();
+        cq.sync();
+        out.extend(cq.map(|cqe: cqueue::Entry| (cqe.user_data(), cqe.result(), cqe.flags())));
+    }
+}
+
+/// Whether a ring can be created in this process at all, and why not.
+pub(crate) fn availability() -> Result<&'static str, String> {
+    if std::env::var_os("TENSORWIRE_FORCE_FALLBACK").is_some_and(|v| v != "0" && !v.is_empty()) {
+        return Err("TENSORWIRE_FORCE_FALLBACK is set".to_owned());
+    }
+    match Ring::new(8) {
+        Ok(ring) => Ok(ring.flags),
+        Err(e) => Err(match e.raw_os_error() {
+            Some(libc::ENOSYS) => "io_uring_setup: ENOSYS (kernel without io_uring)".to_owned(),
+            Some(libc::EPERM) => {
+                "io_uring_setup: EPERM (blocked by seccomp or kernel.io_uring_disabled)".to_owned()
+            }
+            _ => format!("io_uring setup failed: {e}"),
+        }),
+    }
+}

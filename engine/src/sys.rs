@@ -1,0 +1,186 @@
+//! The one place that calls libc directly (besides the ring and the receive-pool mappings).
+//!
+//! Every function returns `io::Result` with the OS error; none of them panics.
+
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// Calls a libc function and turns `-1` into the thread's `errno`.
+macro_rules! syscall {
+    ($fn:ident ( $($arg:expr),* $(,)? )) => {{
+        // SAFETY: each call site passes arguments that satisfy the function's contract; the
+        // site's own SAFETY comment says why.
+        #[allow(unused_unsafe)]
+        let res = unsafe { libc::$fn($($arg),*) };
+        if res == -1 { Err(std::io::Error::last_os_error()) } else { Ok(res) }
+    }};
+}
+
+/// A socket address in the C layout, for `bind`, `connect` and `getsockname`.
+#[derive(Clone, Copy)]
+pub(crate) struct RawAddr {
+    storage: libc::sockaddr_storage,
+    len: libc::socklen_t,
+}
+
+impl RawAddr {
+    pub(crate) fn new(addr: SocketAddr) -> Self {
+        // SAFETY: sockaddr_storage is plain old data; all-zero is a valid value.
+        let mut storage: libc::sockaddr_storage = unsafe { zeroed() };
+        let len = match addr {
+            SocketAddr::V4(v4) => {
+                let sin = libc::sockaddr_in {
+                    sin_family: libc::AF_INET as libc::sa_family_t,
+                    sin_port: v4.port().to_be(),
+                    sin_addr: libc::in_addr {
+                        s_addr: u32::from_ne_bytes(v4.ip().octets()),
+                    },
+                    sin_zero: [0; 8],
+                };
+                // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+                unsafe { std::ptr::write((&raw mut storage).cast(), sin) };
+                size_of::<libc::sockaddr_in>()
+            }
+            SocketAddr::V6(v6) => {
+                let sin6 = libc::sockaddr_in6 {
+                    sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                    sin6_port: v6.port().to_be(),
+                    sin6_flowinfo: v6.flowinfo(),
+                    sin6_addr: libc::in6_addr {
+                        s6_addr: v6.ip().octets(),
+                    },
+                    sin6_scope_id: v6.scope_id(),
+                };
+                // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+                unsafe { std::ptr::write((&raw mut storage).cast(), sin6) };
+                size_of::<libc::sockaddr_in6>()
+            }
+        };
+        Self {
+            storage,
+            len: socklen(len),
+        }
+    }
+
+    pub(crate) fn as_ptr(&self) -> *const libc::sockaddr {
+        (&raw const self.storage).cast()
+    }
+
+    pub(crate) fn len(&self) -> libc::socklen_t {
+        self.len
+    }
+
+    fn to_socket_addr(&self) -> io::Result<SocketAddr> {
+        match i32::from(self.storage.ss_family) {
+            libc::AF_INET => {
+                // SAFETY: the family says the storage holds a sockaddr_in.
+                let sin: libc::sockaddr_in =
+                    unsafe { std::ptr::read((&raw const self.storage).cast()) };
+                let ip = std::net::Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+                Ok(SocketAddr::V4(SocketAddrV4::new(
+                    ip,
+                    u16::from_be(sin.sin_port),
+                )))
+            }
+            libc::AF_INET6 => {
+                // SAFETY: the family says the storage holds a sockaddr_in6.
+                let sin6: libc::sockaddr_in6 =
+                    unsafe { std::ptr::read((&raw const self.storage).cast()) };
+                Ok(SocketAddr::V6(SocketAddrV6::new(
+                    sin6.sin6_addr.s6_addr.into(),
+                    u16::from_be(sin6.sin6_port),
+                    sin6.sin6_flowinfo,
+                    sin6.sin6_scope_id,
+                )))
+            }
+            family => Err(io::Error::other(format!(
+                "unexpected address family {family}"
+            ))),
+        }
+    }
+}
+
+/// A new TCP socket (blocking; io_uring drives it without blocking a thread) with
+/// `CLOEXEC`.
+pub(crate) fn tcp_socket(addr: &SocketAddr) -> io::Result<OwnedFd> {
+    let domain = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    let fd = syscall!(socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0))?;
+    // SAFETY: socket() just returned this descriptor and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A listening socket bound to `addr` with `SO_REUSEADDR`.
+pub(crate) fn tcp_listener(addr: SocketAddr, backlog: i32) -> io::Result<OwnedFd> {
+    let fd = tcp_socket(&addr)?;
+    set_int_option(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+    let raw = RawAddr::new(addr);
+    syscall!(bind(fd.as_raw_fd(), raw.as_ptr(), raw.len()))?;
+    syscall!(listen(fd.as_raw_fd(), backlog))?;
+    Ok(fd)
+}
+
+/// The local address a socket is bound to.
+pub(crate) fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
+    let mut raw = RawAddr::new(SocketAddr::from(([0, 0, 0, 0], 0)));
+    raw.len = socklen(size_of::<libc::sockaddr_storage>());
+    syscall!(getsockname(
+        fd,
+        (&raw mut raw.storage).cast(),
+        &raw mut raw.len
+    ))?;
+    raw.to_socket_addr()
+}
+
+/// Sets `TCP_NODELAY`: frames end in partial segments that must not wait for an ACK.
+pub(crate) fn set_nodelay(fd: RawFd) -> io::Result<()> {
+    set_int_option(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1)
+}
+
+fn set_int_option(fd: RawFd, level: i32, name: i32, value: i32) -> io::Result<()> {
+    syscall!(setsockopt(
+        fd,
+        level,
+        name,
+        (&raw const value).cast(),
+        socklen(size_of::<i32>())
+    ))?;
+    Ok(())
+}
+
+/// `shutdown(fd, how)`; wakes any operation still waiting on the socket.
+pub(crate) fn shutdown(fd: RawFd, how: i32) -> io::Result<()> {
+    syscall!(shutdown(fd, how))?;
+    Ok(())
+}
+
+/// A close-on-exec eventfd used to wake a core thread. It is blocking on purpose: io_uring
+/// answers a READ on a non-blocking file with `EAGAIN` instead of waiting.
+pub(crate) fn eventfd_blocking() -> io::Result<OwnedFd> {
+    let fd = syscall!(eventfd(0, libc::EFD_CLOEXEC))?;
+    // SAFETY: eventfd() just returned this descriptor and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds one to an eventfd counter (wakes its reader).
+pub(crate) fn eventfd_signal(fd: RawFd) {
+    let one: u64 = 1;
+    // A failed write means the counter is saturated (the reader is already woken) or the fd is
+    // closing; both are fine to ignore.
+    let _ = syscall!(write(fd, (&raw const one).cast(), size_of::<u64>()));
+}
+
+/// `size_of` of a C struct as `socklen_t`. Struct sizes are small constants.
+pub(crate) fn socklen(len: usize) -> libc::socklen_t {
+    libc::socklen_t::try_from(len).unwrap_or(libc::socklen_t::MAX)
+}
+
+/// Number of file descriptors this process has open (`/proc/self/fd`), for leak checks.
+pub fn open_fd_count() -> io::Result<usize> {
+    Ok(std::fs::read_dir("/proc/self/fd")?.count())
+}
