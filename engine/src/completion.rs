@@ -113,6 +113,26 @@ impl<T> Future for Pending<T> {
     }
 }
 
+impl<T: Send + 'static> Completer<T> {
+    /// Fails the request with `error()` at `deadline` unless it completed before. Needs no
+    /// runtime: one process-wide timer thread serves every deadline.
+    pub(crate) fn expire_at(
+        &self,
+        deadline: Instant,
+        error: impl FnOnce() -> Error + Send + 'static,
+    ) {
+        let slot = Arc::downgrade(&self.slot);
+        timer::schedule(
+            deadline,
+            Box::new(move || {
+                if let Some(slot) = slot.upgrade() {
+                    Self { slot }.complete(Err(error()));
+                }
+            }),
+        );
+    }
+}
+
 impl<T> Completer<T> {
     /// Delivers the result; the first call wins.
     pub(crate) fn complete(self, result: Result<T, Error>) {
@@ -141,6 +161,88 @@ impl<T> Drop for Completer<T> {
     /// instead of leaving it hanging.
     fn drop(&mut self) {
         self.finish(None);
+    }
+}
+
+/// The process-wide deadline thread for requests that no core thread watches (in-process
+/// asks). Started on first use; sleeps until the earliest deadline.
+mod timer {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
+    use std::time::Instant;
+
+    type Action = Box<dyn FnOnce() + Send>;
+
+    /// Pending deadlines: the heap orders them, the map holds what to do (removed when done).
+    #[derive(Default)]
+    struct Queue {
+        heap: BinaryHeap<Reverse<(Instant, u64)>>,
+        actions: std::collections::HashMap<u64, Action>,
+        next_id: u64,
+    }
+
+    struct Timer {
+        queue: Mutex<Queue>,
+        changed: Condvar,
+    }
+
+    fn timer() -> &'static Timer {
+        static TIMER: OnceLock<Timer> = OnceLock::new();
+        TIMER.get_or_init(|| {
+            let spawned = std::thread::Builder::new()
+                .name("tensorwire-deadlines".into())
+                .spawn(run);
+            if let Err(e) = spawned {
+                eprintln!("tensorwire: cannot start the deadline thread: {e}");
+            }
+            Timer {
+                queue: Mutex::new(Default::default()),
+                changed: Condvar::new(),
+            }
+        })
+    }
+
+    pub(super) fn schedule(at: Instant, action: Action) {
+        let timer = timer();
+        let mut queue = timer.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        let id = queue.next_id;
+        queue.next_id += 1;
+        queue.heap.push(Reverse((at, id)));
+        queue.actions.insert(id, action);
+        drop(queue);
+        timer.changed.notify_one();
+    }
+
+    fn run() {
+        let timer = timer();
+        let mut queue = timer.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            let now = Instant::now();
+            match queue.heap.peek().copied() {
+                Some(Reverse((at, id))) if at <= now => {
+                    queue.heap.pop();
+                    if let Some(action) = queue.actions.remove(&id) {
+                        drop(queue);
+                        action();
+                        queue = timer.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                    }
+                }
+                Some(Reverse((at, _))) => {
+                    queue = timer
+                        .changed
+                        .wait_timeout(queue, at - now)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                }
+                None => {
+                    queue = timer
+                        .changed
+                        .wait(queue)
+                        .unwrap_or_else(PoisonError::into_inner)
+                }
+            }
+        }
     }
 }
 

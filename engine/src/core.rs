@@ -9,7 +9,7 @@
 //! memory, even after a cancellation.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
@@ -40,7 +40,7 @@ pub(crate) struct ConnToken {
 /// Work handed to a core from other threads.
 pub(crate) enum Command {
     /// Send a request to a peer and deliver the reply.
-    Request(ClientRequest),
+    Request(Box<ClientRequest>),
     /// A handler answered the ask that arrived on a connection.
     Reply {
         token: ConnToken,
@@ -281,6 +281,11 @@ struct Core {
     next_generation: u32,
     /// Idle client connections by peer, most recently used last.
     idle: HashMap<SocketAddr, Vec<u32>>,
+    /// Client connections (busy, idle or connecting) by peer; at most
+    /// `Config::max_connections_per_peer`.
+    open: HashMap<SocketAddr, usize>,
+    /// Requests waiting for a connection to the peer to become free, oldest first.
+    waiting: HashMap<SocketAddr, VecDeque<ClientRequest>>,
     timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
     listener: Option<RawFd>,
     accept_armed: bool,
@@ -308,6 +313,8 @@ impl Core {
             free: Vec::new(),
             next_generation: 1,
             idle: HashMap::new(),
+            open: HashMap::new(),
+            waiting: HashMap::new(),
             timers: BinaryHeap::new(),
             listener,
             accept_armed: false,
@@ -322,18 +329,13 @@ impl Core {
         self.arm_wake();
         self.arm_accept();
         loop {
-            while let Ok(command) = self.rx.try_recv() {
-                self.handle_command(command);
-            }
-            if self.stopping && self.conns.iter().all(Option::is_none) && !self.accept_armed {
-                break;
-            }
-            let timeout = self.next_timeout();
+            // Sleep only when no command is queued; the flag tells senders to write the eventfd.
             self.handle.inner.sleeping.store(true, Ordering::SeqCst);
-            if !self.rx.is_empty() {
-                self.handle.inner.sleeping.store(false, Ordering::SeqCst);
-                continue;
-            }
+            let timeout = if self.rx.is_empty() {
+                self.next_timeout()
+            } else {
+                Some(Duration::ZERO)
+            };
             let waited = self.ring.submit_and_wait(timeout);
             self.handle.inner.sleeping.store(false, Ordering::SeqCst);
             if let Err(e) = waited {
@@ -342,6 +344,8 @@ impl Core {
                 self.stop_all();
                 break;
             }
+            // Completions first: an idle peer's close is seen before a command could reuse the
+            // connection.
             let mut completions = std::mem::take(&mut self.completions);
             self.ring.drain(&mut completions);
             for (ud, res, flags) in completions.drain(..) {
@@ -349,6 +353,12 @@ impl Core {
             }
             self.completions = completions;
             self.fire_timers();
+            while let Ok(command) = self.rx.try_recv() {
+                self.handle_command(command);
+            }
+            if self.stopping && self.conns.iter().all(Option::is_none) && !self.accept_armed {
+                break;
+            }
         }
         // Anything still queued fails instead of hanging.
         while let Ok(command) = self.rx.try_recv() {
@@ -357,17 +367,25 @@ impl Core {
     }
 
     fn next_timeout(&mut self) -> Option<Duration> {
-        let now = Instant::now();
-        self.timers
-            .peek()
-            .map(|Reverse((at, _, _))| at.saturating_duration_since(now))
+        let conn = self.timers.peek().map(|Reverse((at, _, _))| *at);
+        let queued = self
+            .waiting
+            .values()
+            .flatten()
+            .map(|request| request.deadline)
+            .min();
+        let next = match (conn, queued) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        next.map(|at| at.saturating_duration_since(Instant::now()))
     }
 
     // ---- commands -----------------------------------------------------------------------------
 
     fn handle_command(&mut self, command: Command) {
         match command {
-            Command::Request(request) => self.start_request(request),
+            Command::Request(request) => self.start_request(*request),
             Command::Reply { token, result } => self.on_handler_reply(token, result),
             Command::MailboxSpace { token } => self.retry_mailbox(token),
             Command::Shutdown => self.stop_all(),
@@ -392,6 +410,9 @@ impl Core {
             self.close(slot);
         }
         self.idle.clear();
+        for request in std::mem::take(&mut self.waiting).into_values().flatten() {
+            request.completer.fail(Error::Shutdown);
+        }
     }
 
     // ---- completions --------------------------------------------------------------------------
@@ -796,6 +817,11 @@ impl Core {
             }
         }
         let peer = request.peer;
+        let open = self.open.get(&peer).copied().unwrap_or(0);
+        if open >= self.shared.config.max_connections_per_peer {
+            self.waiting.entry(peer).or_default().push_back(request);
+            return;
+        }
         let fd = match sys::tcp_socket(&peer) {
             Ok(fd) => fd,
             Err(e) => {
@@ -804,6 +830,7 @@ impl Core {
             }
         };
         let _ = sys::set_nodelay(fd.as_raw_fd());
+        *self.open.entry(peer).or_default() += 1;
         let connect_deadline = Instant::now() + self.shared.config.connect_timeout;
         let slot = self.insert(Conn {
             generation: 0,
@@ -983,6 +1010,17 @@ impl Core {
             self.close(slot);
             return;
         }
+        if let Some(next) = self.waiting.get_mut(&peer).and_then(VecDeque::pop_front) {
+            // A request is waiting for a connection to this peer: it takes this one.
+            self.start_exchange(slot, next);
+            return;
+        }
+        let Some(conn) = self.conn_mut_by_slot(slot) else {
+            return;
+        };
+        let Role::Client(client) = &mut conn.role else {
+            return;
+        };
         if pool_full {
             self.close(slot);
             return;
@@ -1032,6 +1070,18 @@ impl Core {
 
     fn fire_timers(&mut self) {
         let now = Instant::now();
+        for queue in self.waiting.values_mut() {
+            if queue.iter().any(|request| request.deadline <= now) {
+                let (expired, kept): (VecDeque<_>, VecDeque<_>) = std::mem::take(queue)
+                    .into_iter()
+                    .partition(|r| r.deadline <= now);
+                *queue = kept;
+                for request in expired {
+                    let (what, after) = (request.completer.name(), request.timeout);
+                    request.completer.fail(Error::Timeout { what, after });
+                }
+            }
+        }
         while let Some(&Reverse((at, slot, generation))) = self.timers.peek() {
             if at > now {
                 break;
@@ -1276,9 +1326,23 @@ impl Core {
         let Some(entry) = self.conns.get_mut(slot as usize) else {
             return;
         };
-        if entry.as_ref().is_some_and(|c| c.closing && c.inflight == 0) {
-            *entry = None; // drops the fd (close) and every buffer
-            self.free.push(slot);
+        if !entry.as_ref().is_some_and(|c| c.closing && c.inflight == 0) {
+            return;
+        }
+        // Drops the fd (close) and every buffer its operations used.
+        let Some(conn) = entry.take() else { return };
+        self.free.push(slot);
+        if let Role::Client(client) = conn.role {
+            let peer = client.peer;
+            if let Some(open) = self.open.get_mut(&peer) {
+                *open = open.saturating_sub(1);
+            }
+            if let Some(list) = self.idle.get_mut(&peer) {
+                list.retain(|&s| s != slot);
+            }
+            if let Some(next) = self.waiting.get_mut(&peer).and_then(VecDeque::pop_front) {
+                self.start_request(next);
+            }
         }
     }
 }

@@ -38,7 +38,10 @@ pub(crate) struct Config {
     pub(crate) connect_timeout: Duration,
     pub(crate) stream_timeout: Duration,
     pub(crate) idle_connections_per_peer: usize,
+    pub(crate) max_connections_per_peer: usize,
     pub(crate) require_tls: bool,
+    pub(crate) force_fallback: bool,
+    pub(crate) in_process_delivery: bool,
 }
 
 /// Everything the cores of one node share.
@@ -88,7 +91,10 @@ impl NodeBuilder {
                 connect_timeout: Duration::from_secs(5),
                 stream_timeout: Duration::from_secs(300),
                 idle_connections_per_peer: 8,
+                max_connections_per_peer: 32,
                 require_tls: false,
+                force_fallback: false,
+                in_process_delivery: true,
             },
             limits: None,
             pool: PoolConfig::default(),
@@ -144,9 +150,31 @@ impl NodeBuilder {
         self
     }
 
+    /// Most connections to one peer per core (default 32); further requests wait, in order,
+    /// for one to become free (their deadline still runs).
+    pub fn max_connections_per_peer(mut self, count: usize) -> Self {
+        self.config.max_connections_per_peer = count.max(1);
+        self
+    }
+
     /// Refuse plaintext PTR1 connections (only handed-off TLS connections are served).
     pub fn require_tls(mut self, require: bool) -> Self {
         self.config.require_tls = require;
+        self
+    }
+
+    /// Behave as if io_uring were unavailable (as `TENSORWIRE_FORCE_FALLBACK=1` does), to
+    /// exercise the fallback path.
+    pub fn force_fallback(mut self, force: bool) -> Self {
+        self.config.force_fallback = force;
+        self
+    }
+
+    /// Whether sends to a node in this same process go straight to its mailbox (default
+    /// `true`, no copy). Tests and benchmarks turn it off to exercise the TCP path in one
+    /// process.
+    pub fn in_process_delivery(mut self, enabled: bool) -> Self {
+        self.config.in_process_delivery = enabled;
         self
     }
 
@@ -181,7 +209,12 @@ impl NodeBuilder {
             None => Limits::from_env()?,
         };
         let preference = Preference::from_env()?;
-        if let Err(reason) = crate::ring::availability() {
+        let available = if self.config.force_fallback {
+            Err("forced by NodeBuilder::force_fallback".to_owned())
+        } else {
+            crate::ring::availability()
+        };
+        if let Err(reason) = available {
             crate::stats::record_fallback(&reason);
             return Err(Error::IoUringUnavailable { reason });
         }
@@ -341,6 +374,10 @@ impl Node {
     ) -> Pending<Reply> {
         let (completer, pending) = completion::pair();
         if self.route(peer) == Route::LocalMailbox {
+            completer.expire_at(Instant::now() + timeout, move || Error::Timeout {
+                what: "ask",
+                after: timeout,
+            });
             let responder = Some(Responder::Local(completer));
             return match self.local_deliver(
                 peer,
@@ -397,7 +434,9 @@ impl Node {
     }
 
     fn route(&self, peer: SocketAddr) -> Route {
-        let locality = if lookup_local(peer).is_some() {
+        let in_process =
+            self.inner.shared.config.in_process_delivery && lookup_local(peer).is_some();
+        let locality = if in_process {
             Locality::SameProcess
         } else {
             Locality::Remote
@@ -451,13 +490,13 @@ impl Node {
         };
         let cores = &self.inner.cores;
         let index = self.inner.next_core.fetch_add(1, Ordering::Relaxed) % cores.len().max(1);
-        let request = ClientRequest {
+        let request = Box::new(ClientRequest {
             peer,
             encoded,
             deadline: Instant::now() + timeout,
             timeout,
             completer,
-        };
+        });
         match cores
             .get(index)
             .map(|core| core.send(Command::Request(request)))

@@ -217,7 +217,7 @@ impl ReceiveBuffer for PoolBuffer {
     fn freeze(mut self) -> Bytes {
         match std::mem::replace(&mut self.storage, Storage::Heap(Vec::new())) {
             Storage::Heap(vec) => Bytes::from(vec),
-            slot @ Storage::Slot { .. } => Bytes::from_owner(PoolBuffer { storage: slot }),
+            slot @ Storage::Slot { .. } => Bytes::from_owner(Self { storage: slot }),
         }
     }
 }
@@ -288,11 +288,8 @@ impl Mapping {
         } else {
             base
         };
-        // SAFETY: `start` is the non-null start of a live mapping of `len` bytes.
-        let mapping = Self {
-            ptr: unsafe { NonNull::new_unchecked(start) },
-            len,
-        };
+        let ptr = NonNull::new(start).ok_or_else(|| std::io::Error::other("mmap returned null"))?;
+        let mapping = Self { ptr, len };
         mapping.prefault(huge);
         Ok(mapping)
     }

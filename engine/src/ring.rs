@@ -31,22 +31,27 @@ impl Ring {
     /// Must run on the thread that will use the ring (DEFER_TASKRUN requires it).
     pub(crate) fn new(entries: u32) -> io::Result<Self> {
         let cq = entries.saturating_mul(4);
-        let attempts: [(&'static str, fn(&mut io_uring::Builder)); 3] = [
-            ("single_issuer|defer_taskrun|coop_taskrun", |b| {
-                b.setup_single_issuer()
-                    .setup_defer_taskrun()
-                    .setup_coop_taskrun();
-            }),
-            ("coop_taskrun", |b| {
-                b.setup_coop_taskrun();
-            }),
-            ("none", |_| {}),
-        ];
         let mut last = io::Error::from_raw_os_error(libc::EINVAL);
-        for (flags, configure) in attempts {
+        for flags in [
+            "single_issuer|defer_taskrun|coop_taskrun|taskrun_flag",
+            "coop_taskrun",
+            "none",
+        ] {
             let mut builder = IoUring::builder();
             builder.setup_cqsize(cq).dontfork();
-            configure(&mut builder);
+            match flags {
+                "none" => {}
+                "coop_taskrun" => {
+                    builder.setup_coop_taskrun();
+                }
+                _ => {
+                    builder
+                        .setup_single_issuer()
+                        .setup_defer_taskrun()
+                        .setup_coop_taskrun()
+                        .setup_taskrun_flag();
+                }
+            }
             match builder.build(entries) {
                 Ok(ring) => {
                     let ring = Self { ring, flags };
@@ -136,8 +141,16 @@ pub(crate) fn availability() -> Result<&'static str, String> {
     if std::env::var_os("TENSORWIRE_FORCE_FALLBACK").is_some_and(|v| v != "0" && !v.is_empty()) {
         return Err("TENSORWIRE_FORCE_FALLBACK is set".to_owned());
     }
-    match Ring::new(8) {
-        Ok(ring) => Ok(ring.flags),
+    // Probe on a throwaway thread so no user thread ever holds io_uring task state.
+    let probe = std::thread::Builder::new()
+        .name("tensorwire-probe".into())
+        .spawn(|| Ring::new(8).map(|ring| ring.flags))
+        .map_err(|e| format!("cannot start the io_uring probe thread: {e}"))?;
+    let result = probe
+        .join()
+        .map_err(|_| "the io_uring probe thread panicked".to_owned())?;
+    match result {
+        Ok(flags) => Ok(flags),
         Err(e) => Err(match e.raw_os_error() {
             Some(libc::ENOSYS) => "io_uring_setup: ENOSYS (kernel without io_uring)".to_owned(),
             Some(libc::EPERM) => {

@@ -32,7 +32,7 @@ impl RawAddr {
         let len = match addr {
             SocketAddr::V4(v4) => {
                 let sin = libc::sockaddr_in {
-                    sin_family: libc::AF_INET as libc::sa_family_t,
+                    sin_family: family(libc::AF_INET),
                     sin_port: v4.port().to_be(),
                     sin_addr: libc::in_addr {
                         s_addr: u32::from_ne_bytes(v4.ip().octets()),
@@ -45,7 +45,7 @@ impl RawAddr {
             }
             SocketAddr::V6(v6) => {
                 let sin6 = libc::sockaddr_in6 {
-                    sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                    sin6_family: family(libc::AF_INET6),
                     sin6_port: v6.port().to_be(),
                     sin6_flowinfo: v6.flowinfo(),
                     sin6_addr: libc::in6_addr {
@@ -72,7 +72,7 @@ impl RawAddr {
         self.len
     }
 
-    fn to_socket_addr(&self) -> io::Result<SocketAddr> {
+    fn to_socket_addr(self) -> io::Result<SocketAddr> {
         match i32::from(self.storage.ss_family) {
             libc::AF_INET => {
                 // SAFETY: the family says the storage holds a sockaddr_in.
@@ -173,6 +173,11 @@ pub(crate) fn eventfd_signal(fd: RawFd) {
     // A failed write means the counter is saturated (the reader is already woken) or the fd is
     // closing; both are fine to ignore.
     let _ = syscall!(write(fd, (&raw const one).cast(), size_of::<u64>()));
+}
+
+/// An address family constant in the width `sockaddr` stores it (they are small numbers).
+fn family(af: i32) -> libc::sa_family_t {
+    libc::sa_family_t::try_from(af).unwrap_or_default()
 }
 
 /// `size_of` of a C struct as `socklen_t`. Struct sizes are small constants.

@@ -38,6 +38,7 @@ pub fn client_node() -> Node {
     require_io_uring();
     Node::builder(any_local_address())
         .cores(2)
+        .in_process_delivery(false)
         .build()
         .expect("client node starts")
 }
@@ -53,7 +54,7 @@ pub fn patterned(version: u32, count: usize, len: usize) -> TensorMessage {
 
 /// The byte at offset `j` of buffer `i` in [`patterned`] messages.
 pub fn pattern(i: usize, j: usize) -> u8 {
-    (i.wrapping_mul(31) ^ j.wrapping_mul(7) ^ (j >> 8)) as u8
+    (i.wrapping_mul(31) ^ j.wrapping_mul(7) ^ (j >> 8)).to_le_bytes()[0]
 }
 
 /// A generous per-request timeout for tests on a noisy machine.
@@ -76,4 +77,60 @@ pub fn checksum(message: &TensorMessage) -> u64 {
         .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
             (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
         })
+}
+
+/// Serializes the tests that count file descriptors or set process-wide state; every engine
+/// test takes it so fd counts are not disturbed by a neighbour.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Waits up to 5 s for the process's open fd count to drop to `baseline`; returns the last count.
+pub fn settle_fds(baseline: usize) -> usize {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = tensorwire_engine::open_fd_count().expect("/proc/self/fd is readable");
+        if now <= baseline || std::time::Instant::now() > deadline {
+            return now;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Reads one PTR1 frame from a plain socket (for tests that play a raw peer).
+pub fn read_frame(
+    stream: &mut std::net::TcpStream,
+) -> std::io::Result<Option<tensorwire_proto::ptr1::Frame>> {
+    use std::io::Read;
+    let mut decoder = tensorwire_proto::ptr1::Decoder::new(tensorwire_proto::Limits::default());
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            return Ok(None);
+        }
+        let mut rest = &buf[..n];
+        while !rest.is_empty() {
+            let (used, frame) = decoder
+                .decode(rest)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+            if frame.is_some() {
+                return Ok(frame);
+            }
+            rest = &rest[used..];
+        }
+    }
+}
+
+/// A PTR1 fixed header with the given fields (for hand-made frames).
+pub fn raw_header(kind: u8, version: u32, path_len: u32, metadata_len: u64, count: u32) -> Vec<u8> {
+    let mut h = b"PTR1".to_vec();
+    h.extend_from_slice(&[kind, 0, 0, 0]);
+    h.extend_from_slice(&version.to_le_bytes());
+    h.extend_from_slice(&path_len.to_le_bytes());
+    h.extend_from_slice(&metadata_len.to_le_bytes());
+    h.extend_from_slice(&count.to_le_bytes());
+    h
 }
