@@ -506,10 +506,28 @@ impl Core {
             Role::Server(server) => server.recv.complete(res, &shared.limits, &shared.pool),
             Role::Client(client) => client.recv.complete(res, &shared.limits, &shared.pool),
         };
-        if matches!(conn.role, Role::Server(_)) {
-            self.server_progress(slot, progress);
-        } else {
-            self.client_progress(slot, progress);
+        self.on_recv_progress(slot, progress);
+    }
+
+    fn on_recv_progress(&mut self, slot: u32, progress: RecvProgress) {
+        let require_tls = self.shared.config.require_tls;
+        let Some(conn) = self.conn_mut_by_slot(slot) else {
+            return;
+        };
+        match &mut conn.role {
+            Role::Server(server) => {
+                if !server.raw && !server.recv.awaiting_preface() {
+                    // The PTR1 preface arrived.
+                    server.raw = true;
+                    if require_tls {
+                        self.close(slot);
+                        return;
+                    }
+                    stats::global().record_raw_connection_accepted();
+                }
+                self.server_progress(slot, progress);
+            }
+            Role::Client(_) => self.client_progress(slot, progress),
         }
     }
 
@@ -523,16 +541,7 @@ impl Core {
                 let Role::Server(server) = &mut conn.role else {
                     return;
                 };
-                if !server.raw {
-                    // The PTR1 preface arrived.
-                    server.raw = true;
-                    if config.require_tls {
-                        self.close(slot);
-                        return;
-                    }
-                    stats::global().record_raw_connection_accepted();
-                }
-                if !server.frame_started {
+                if server.raw && !server.frame_started {
                     // A request started: from now on the frame deadline runs, not the idle one.
                     server.frame_started = true;
                     conn.deadline = Some(Instant::now() + config.frame_timeout);
@@ -781,7 +790,7 @@ impl Core {
         }
     }
 
-    fn hand_off(&mut self, slot: u32, preface: [u8; 4]) {
+    fn hand_off(&mut self, slot: u32, already_read: Vec<u8>) {
         let handoff = self.shared.handoff.clone();
         let Some(conn) = self.conn_mut_by_slot(slot) else {
             return;
@@ -789,7 +798,7 @@ impl Core {
         match (handoff, conn.fd.take()) {
             (Some(handoff), Some(fd)) if conn.inflight == 0 => {
                 conn.closing = true;
-                handoff.hand_off(fd, preface);
+                handoff.hand_off(fd, already_read);
             }
             (_, fd) => {
                 conn.fd = fd;
@@ -1174,6 +1183,19 @@ impl Core {
     }
 
     fn submit_recv(&mut self, slot: u32) {
+        let shared = Arc::clone(&self.shared);
+        let Some(conn) = self.conn_mut_by_slot(slot) else {
+            return;
+        };
+        // Bytes already received may complete a frame without another receive.
+        let buffered = match &mut conn.role {
+            Role::Server(server) => server.recv.buffered(&shared.limits, &shared.pool),
+            Role::Client(client) => client.recv.buffered(&shared.limits, &shared.pool),
+        };
+        if let Some(progress) = buffered {
+            self.on_recv_progress(slot, progress);
+            return;
+        }
         let Some(conn) = self.conn_mut_by_slot(slot) else {
             return;
         };

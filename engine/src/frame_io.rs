@@ -17,13 +17,17 @@ use crate::pool::{PoolBuffer, ReceivePool};
 /// Most iovecs one `sendmsg`/`recvmsg` takes (`UIO_MAXIOV`).
 const MAX_IOVECS: usize = 1024;
 
+/// Bytes of per-connection scratch for heads (and small bodies): one `RECV` usually brings a
+/// small frame whole.
+const SCRATCH_LEN: usize = 16 << 10;
+
 /// What a completed receive step means.
 pub(crate) enum RecvProgress {
     /// Submit [`FrameRecv::next_op`] again.
     More,
-    /// The first four bytes are in and are not `PTR1` (only when created with
-    /// [`FrameRecv::preface`]).
-    ForeignPreface([u8; 4]),
+    /// The first bytes are in and are not `PTR1` (only when created with
+    /// [`FrameRecv::preface`]); carries every byte read so far.
+    ForeignPreface(Vec<u8>),
     /// A whole frame arrived.
     Frame { frame: Frame, wire_len: u64 },
     /// The peer closed the connection cleanly between frames.
@@ -48,12 +52,15 @@ pub(crate) enum RecvError {
 }
 
 enum Stage {
+    /// Reading into scratch until the fixed header and length table are there.
     Head,
+    /// A length table too large for scratch, read into its own memory.
     Table {
         fixed: FixedHeader,
         table: Vec<u8>,
         filled: usize,
     },
+    /// Reading the rest of the body straight into its final memory.
     Body {
         body: Body<PoolBuffer>,
         iov: Vec<libc::iovec>,
@@ -61,32 +68,38 @@ enum Stage {
     },
 }
 
-/// Receives one frame: fixed header and length table into scratch, then one `RECVMSG` with
-/// `MSG_WAITALL` straight into the final receive-pool memory.
+/// Receives frames: a plain `RECV` into scratch brings the head (and often a small body); the
+/// rest of a larger body arrives by one `RECVMSG` with `MSG_WAITALL` straight into final
+/// receive-pool memory.
 pub(crate) struct FrameRecv {
-    /// Fixed header scratch; `filled` bytes are valid.
-    head: Box<[u8; ptr1::FIXED_HEADER_LEN]>,
-    filled: usize,
-    /// Stop after the first 4 bytes to look at the preface (server side, first frame).
+    /// Bytes `start..end` are received and not yet consumed.
+    scratch: Box<[u8]>,
+    start: usize,
+    end: usize,
+    /// The connection's first bytes have not been checked for `PTR1` yet.
     preface: bool,
     stage: Stage,
-    /// Bytes of this frame received so far.
-    received: u64,
+    /// Bytes of the current frame consumed so far.
+    frame_bytes: u64,
+    /// Version field of the current frame, once its header parsed.
+    version: Option<u32>,
 }
 
 impl FrameRecv {
-    /// Ready for the next frame on an established PTR1 connection.
+    /// Ready for frames on an established PTR1 connection.
     pub(crate) fn new() -> Self {
         Self {
-            head: Box::new([0; ptr1::FIXED_HEADER_LEN]),
-            filled: 0,
+            scratch: vec![0; SCRATCH_LEN].into_boxed_slice(),
+            start: 0,
+            end: 0,
             preface: false,
             stage: Stage::Head,
-            received: 0,
+            frame_bytes: 0,
+            version: None,
         }
     }
 
-    /// For a newly accepted connection: the first step reads only 4 bytes.
+    /// For a newly accepted connection: the first bytes are checked for `PTR1`.
     pub(crate) fn preface() -> Self {
         Self {
             preface: true,
@@ -94,20 +107,23 @@ impl FrameRecv {
         }
     }
 
+    /// Whether the connection's first bytes have not yet been confirmed as `PTR1`.
+    pub(crate) fn awaiting_preface(&self) -> bool {
+        self.preface
+    }
+
     /// The receive operation for the next step.
     pub(crate) fn next_op(&mut self, fd: RawFd) -> squeue::Entry {
         let fd = types::Fd(fd);
         match &mut self.stage {
             Stage::Head => {
-                let want = if self.preface {
-                    4
-                } else {
-                    ptr1::FIXED_HEADER_LEN
-                };
-                let dest = &mut self.head[self.filled..want];
-                opcode::Recv::new(fd, dest.as_mut_ptr(), len_u32(dest.len()))
-                    .flags(libc::MSG_WAITALL)
-                    .build()
+                if self.start > 0 {
+                    self.scratch.copy_within(self.start..self.end, 0);
+                    self.end -= self.start;
+                    self.start = 0;
+                }
+                let dest = &mut self.scratch[self.end..];
+                opcode::Recv::new(fd, dest.as_mut_ptr(), len_u32(dest.len())).build()
             }
             Stage::Table { table, filled, .. } => {
                 let dest = &mut table[*filled..];
@@ -130,6 +146,18 @@ impl FrameRecv {
         }
     }
 
+    /// A frame (or failure) that bytes already in scratch complete, without reading more.
+    /// `None` means a receive is needed.
+    pub(crate) fn buffered(&mut self, limits: &Limits, pool: &ReceivePool) -> Option<RecvProgress> {
+        if !matches!(self.stage, Stage::Head) || self.start == self.end {
+            return None;
+        }
+        match self.parse_scratch(limits, pool) {
+            RecvProgress::More => None,
+            progress => Some(progress),
+        }
+    }
+
     /// Applies the result of the operation from [`FrameRecv::next_op`].
     pub(crate) fn complete(
         &mut self,
@@ -138,50 +166,23 @@ impl FrameRecv {
         pool: &ReceivePool,
     ) -> RecvProgress {
         let n = match usize::try_from(res) {
-            Ok(0) if self.received == 0 => return RecvProgress::Closed,
             Ok(0) => {
-                let received = self.received;
+                let mid_frame = self.frame_bytes > 0
+                    || self.start < self.end
+                    || !matches!(self.stage, Stage::Head);
+                if !mid_frame {
+                    return RecvProgress::Closed;
+                }
+                let received = self.frame_bytes + crate::len_u64(self.end - self.start);
                 return self.fail(RecvError::Truncated { received });
             }
             Ok(n) => n,
             Err(_) => return self.fail(RecvError::Io(io::Error::from_raw_os_error(-res))),
         };
-        self.received += crate::len_u64(n);
         match &mut self.stage {
             Stage::Head => {
-                self.filled += n;
-                if self.preface {
-                    if self.filled < 4 {
-                        return RecvProgress::More;
-                    }
-                    self.preface = false;
-                    let magic = [self.head[0], self.head[1], self.head[2], self.head[3]];
-                    if &magic != b"PTR1" {
-                        return RecvProgress::ForeignPreface(magic);
-                    }
-                    return RecvProgress::More;
-                }
-                if self.filled < ptr1::FIXED_HEADER_LEN {
-                    return RecvProgress::More;
-                }
-                let fixed = match FixedHeader::parse(Format::Ptr1, &self.head[..], limits) {
-                    Ok(fixed) => fixed,
-                    Err(e) => return self.fail(RecvError::Wire(e)),
-                };
-                let table_len = match fixed.table_len() {
-                    Ok(len) => len,
-                    Err(e) => return self.fail(RecvError::Wire(e)),
-                };
-                if table_len == 0 {
-                    return self.start_body(fixed, &[], limits, pool);
-                }
-                // Bounded by 8 × the buffer limit, checked by `FixedHeader::parse`.
-                self.stage = Stage::Table {
-                    fixed,
-                    table: vec![0; table_len],
-                    filled: 0,
-                };
-                RecvProgress::More
+                self.end += n;
+                self.parse_scratch(limits, pool)
             }
             Stage::Table {
                 fixed,
@@ -189,13 +190,18 @@ impl FrameRecv {
                 filled,
             } => {
                 *filled += n;
+                self.frame_bytes += crate::len_u64(n);
                 if *filled < table.len() {
                     return RecvProgress::More;
                 }
                 let (fixed, table) = (*fixed, std::mem::take(table));
-                self.start_body(fixed, &table, limits, pool)
+                match fixed.layout(&table, limits) {
+                    Ok(layout) => self.start_body(layout, pool),
+                    Err(e) => self.fail(RecvError::Wire(e)),
+                }
             }
             Stage::Body { body, .. } => {
+                self.frame_bytes += crate::len_u64(n);
                 if let Err(e) = body.advance(n) {
                     return self.fail(RecvError::Wire(e));
                 }
@@ -208,20 +214,78 @@ impl FrameRecv {
         }
     }
 
-    fn start_body(
-        &mut self,
-        fixed: FixedHeader,
-        table: &[u8],
-        limits: &Limits,
-        pool: &ReceivePool,
-    ) -> RecvProgress {
-        let body = fixed
-            .layout(table, limits)
-            .and_then(|layout| Body::new(layout, pool.allocator()));
-        let body = match body {
+    /// Parses what scratch holds: preface, fixed header, length table, then as much body as
+    /// is there.
+    fn parse_scratch(&mut self, limits: &Limits, pool: &ReceivePool) -> RecvProgress {
+        let available = &self.scratch[self.start..self.end];
+        if self.preface {
+            if available.len() < 4 {
+                return RecvProgress::More;
+            }
+            if &available[..4] != b"PTR1" {
+                return RecvProgress::ForeignPreface(available.to_vec());
+            }
+            self.preface = false;
+        }
+        if available.len() < ptr1::FIXED_HEADER_LEN {
+            return RecvProgress::More;
+        }
+        let header = &available[..ptr1::FIXED_HEADER_LEN];
+        if &header[..4] == b"PTR1" {
+            self.version = Some(u32::from_le_bytes([
+                header[8], header[9], header[10], header[11],
+            ]));
+        }
+        let fixed = match FixedHeader::parse(Format::Ptr1, header, limits) {
+            Ok(fixed) => fixed,
+            Err(e) => return self.fail(RecvError::Wire(e)),
+        };
+        let table_len = match fixed.table_len() {
+            Ok(len) => len,
+            Err(e) => return self.fail(RecvError::Wire(e)),
+        };
+        let head_len = ptr1::FIXED_HEADER_LEN + table_len;
+        if available.len() >= head_len {
+            let layout = fixed.layout(&available[ptr1::FIXED_HEADER_LEN..head_len], limits);
+            self.start += head_len;
+            self.frame_bytes = crate::len_u64(head_len);
+            return match layout {
+                Ok(layout) => self.start_body(layout, pool),
+                Err(e) => self.fail(RecvError::Wire(e)),
+            };
+        }
+        if head_len <= self.scratch.len() {
+            return RecvProgress::More; // the rest of the table fits scratch: read on
+        }
+        // A table larger than scratch (thousands of buffers): bounded by 8 × the buffer limit,
+        // which `FixedHeader::parse` checked.
+        let mut table = vec![0; table_len];
+        let have = available.len() - ptr1::FIXED_HEADER_LEN;
+        table[..have].copy_from_slice(&available[ptr1::FIXED_HEADER_LEN..]);
+        self.frame_bytes = crate::len_u64(available.len());
+        self.start = self.end;
+        self.stage = Stage::Table {
+            fixed,
+            table,
+            filled: have,
+        };
+        RecvProgress::More
+    }
+
+    fn start_body(&mut self, layout: tensorwire_proto::Layout, pool: &ReceivePool) -> RecvProgress {
+        let mut body = match Body::new(layout, pool.allocator()) {
             Ok(body) => body,
             Err(e) => return self.fail(RecvError::Wire(e)),
         };
+        // Body bytes that came with the head are copied into place (at most the scratch size).
+        match body.fill(&self.scratch[self.start..self.end]) {
+            Ok(used) => {
+                self.start += used;
+                self.frame_bytes += crate::len_u64(used);
+            }
+            Err(e) => return self.fail(RecvError::Wire(e)),
+        }
+        let complete = body.is_complete();
         // SAFETY: msghdr is plain old data; all-zero is a valid empty header.
         let msg = Box::new(unsafe { std::mem::zeroed::<libc::msghdr>() });
         self.stage = Stage::Body {
@@ -229,23 +293,20 @@ impl FrameRecv {
             iov: Vec::new(),
             msg,
         };
-        match &self.stage {
-            Stage::Body { body, .. } if body.is_complete() => self.finish(),
-            _ => RecvProgress::More,
+        if complete {
+            self.finish()
+        } else {
+            RecvProgress::More
         }
     }
 
     fn finish(&mut self) -> RecvProgress {
-        let wire_len = self.received;
-        let version = self.header_version();
-        let stage = std::mem::replace(&mut self.stage, Stage::Head);
-        self.filled = 0;
-        self.received = 0;
-        let Stage::Body { body, .. } = stage else {
-            return RecvProgress::Failed {
-                error: RecvError::Io(io::Error::other("frame finished outside the body stage")),
-                version,
-            };
+        let wire_len = self.frame_bytes;
+        let version = self.version.take();
+        self.frame_bytes = 0;
+        let Stage::Body { body, .. } = std::mem::replace(&mut self.stage, Stage::Head) else {
+            let error = RecvError::Io(io::Error::other("frame finished outside the body stage"));
+            return RecvProgress::Failed { error, version };
         };
         match Frame::from_body(body) {
             Ok(frame) => RecvProgress::Frame { frame, wire_len },
@@ -259,14 +320,8 @@ impl FrameRecv {
     fn fail(&mut self, error: RecvError) -> RecvProgress {
         RecvProgress::Failed {
             error,
-            version: self.header_version(),
+            version: self.version,
         }
-    }
-
-    /// The version field, once the header is in and its magic is right.
-    fn header_version(&self) -> Option<u32> {
-        (self.filled >= 12 && &self.head[..4] == b"PTR1")
-            .then(|| u32::from_le_bytes([self.head[8], self.head[9], self.head[10], self.head[11]]))
     }
 }
 

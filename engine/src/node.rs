@@ -21,8 +21,9 @@ use crate::{Error, sys};
 /// Receives connections whose first four bytes are not `PTR1` (TLS, HTTP/2), together with
 /// those bytes. The HTTP/2 + TLS server of `tensorwire-compat` implements it.
 pub trait Handoff: Send + Sync + 'static {
-    /// Takes over the connection; `preface` are the bytes already read from it.
-    fn hand_off(&self, fd: OwnedFd, preface: [u8; 4]);
+    /// Takes over the connection; `already_read` are the bytes read from it so far (at least
+    /// four, in order), which the new owner must treat as the start of the stream.
+    fn hand_off(&self, fd: OwnedFd, already_read: Vec<u8>);
 }
 
 /// Node settings (see [`NodeBuilder`] for the defaults).

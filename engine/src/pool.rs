@@ -27,7 +27,7 @@ const MADV_POPULATE_WRITE: i32 = 23;
 /// Receive-pool settings.
 #[derive(Clone, Copy, Debug)]
 pub struct PoolConfig {
-    /// Sections smaller than this come from the heap (default 256 KiB).
+    /// Sections smaller than this come from the heap (default 64 KiB).
     pub min_pooled_bytes: usize,
     /// Most bytes of idle slots kept for reuse (default 1 GiB); 0 disables reuse.
     pub max_idle_bytes: usize,

@@ -771,13 +771,14 @@ fn tls_required_node_refuses_ptr1() {
 
 #[test]
 fn non_ptr1_connection_is_handed_off_with_its_preface() {
-    struct Catch(Mutex<Vec<[u8; 4]>>);
+    struct Catch(Mutex<Vec<Vec<u8>>>);
     impl Handoff for Catch {
-        fn hand_off(&self, fd: OwnedFd, preface: [u8; 4]) {
-            self.0.lock().unwrap().push(preface);
+        fn hand_off(&self, fd: OwnedFd, already_read: Vec<u8>) {
             let mut stream = TcpStream::from(fd);
-            let mut rest = [0u8; 20]; // the rest of the HTTP/2 preface
+            // The rest of the 24-byte HTTP/2 preface, after what the engine already read.
+            let mut rest = vec![0u8; 24 - already_read.len()];
             let _ = stream.read_exact(&mut rest);
+            self.0.lock().unwrap().push([already_read, rest].concat());
             let _ = stream.write_all(b"handled");
         }
     }
@@ -797,7 +798,10 @@ fn non_ptr1_connection_is_handed_off_with_its_preface() {
     let mut answer = Vec::new();
     stream.read_to_end(&mut answer).unwrap();
     assert_eq!(answer, b"handled");
-    assert_eq!(catch.0.lock().unwrap().as_slice(), &[*b"PRI "]);
+    assert_eq!(
+        catch.0.lock().unwrap().as_slice(),
+        &[b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec()]
+    );
 }
 
 #[test]

@@ -1,0 +1,421 @@
+//! `ptr1-bench compare`: every transport against a server in its own process, side by side.
+//!
+//! Each repetition runs every case on every transport, rotating the transport order, so slow
+//! and fast moments of a noisy machine fall on all of them; the table shows medians. CPU is
+//! user + system time of both processes (from `/proc`, 10 ms ticks; softirq time the kernel
+//! accounts separately is not included) per GB of payload.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use crate::measure::{self, Sample};
+use crate::{Mode, Options, Transport, blocking, engine_side, seed};
+
+const TRANSPORTS: [Transport; 3] = [Transport::Engine, Transport::Seed, Transport::Std];
+
+/// A fixture server in a child process; killed on drop.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Server {
+    fn start(exe: &Path, transport: Transport) -> Result<Self> {
+        let mut child = Command::new(exe)
+            .args([
+                "serve",
+                "--transport",
+                transport.name(),
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting a fixture server")?;
+        let stdout = child.stdout.take().context("server stdout")?;
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .with_context(|| format!("server said {line:?}"))?
+            .parse()?;
+        Ok(Self { child, addr })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Case {
+    label: String,
+    mode: Mode,
+    size: usize,
+    buffers: usize,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Measurement {
+    gb_per_s: f64,
+    ops_per_s: f64,
+    latency_p50_us: f64,
+    cpu_s_per_gb: f64,
+}
+
+struct Clients {
+    engine: tensorwire_engine::Node,
+    seed: seed::Client,
+}
+
+pub(crate) fn compare(options: &Options) -> Result<()> {
+    let exe = std::env::current_exe()?;
+    let quick = options.quick;
+    let reps = if quick { 1 } else { options.reps };
+    let seconds = if quick { 0.25 } else { 1.0 };
+    let mut cases = Vec::new();
+    let sizes: &[usize] = if quick {
+        &[4 << 10, 1 << 20, 64 << 20]
+    } else {
+        &[4 << 10, 1 << 20, 64 << 20, 256 << 20]
+    };
+    for &size in sizes {
+        for buffers in [1, 16] {
+            let label = format!("one-way {} × {buffers}", human(size));
+            cases.push(Case {
+                label,
+                mode: Mode::OneWay,
+                size,
+                buffers,
+            });
+        }
+    }
+    cases.push(Case {
+        label: "ask RTT 4 KiB".into(),
+        mode: Mode::Rtt,
+        size: 4 << 10,
+        buffers: 1,
+    });
+    let inflight_label = format!("asks 4 KiB, {} in flight", options.inflight);
+    cases.push(Case {
+        label: inflight_label,
+        mode: Mode::InFlight,
+        size: 4 << 10,
+        buffers: 1,
+    });
+
+    let servers: Vec<Server> = TRANSPORTS
+        .iter()
+        .map(|&t| Server::start(&exe, t))
+        .collect::<Result<_>>()?;
+    let mut clients = Clients {
+        engine: engine_side::client(None)?,
+        seed: seed::Client::new()?,
+    };
+    let mut results = vec![vec![Vec::<Measurement>::new(); TRANSPORTS.len()]; cases.len()];
+
+    for rep in 0..reps {
+        for (c, case) in cases.iter().enumerate() {
+            let message = measure::message(case.size, case.buffers);
+            let run_options = Options {
+                mode: case.mode,
+                size: case.size,
+                buffers: case.buffers,
+                duration: Duration::from_secs_f64(seconds),
+                ..options.clone()
+            };
+            for k in 0..TRANSPORTS.len() {
+                let t = (k + rep + c) % TRANSPORTS.len();
+                let server = &servers[t];
+                let measurement =
+                    measure_one(&mut clients, TRANSPORTS[t], server, &run_options, &message)?;
+                results[c][t].push(measurement);
+            }
+            eprintln!("rep {}/{reps}: {}", rep + 1, case.label);
+        }
+    }
+    drop(servers);
+
+    let iperf = iperf3(reps, if quick { 1 } else { 3 });
+    let rss = if quick {
+        Vec::new()
+    } else {
+        peak_rss_for_one_gib(&exe, &mut clients)?
+    };
+    print_report(&cases, &results, iperf.as_ref().ok().copied(), &rss, reps);
+    if let Err(e) = &iperf {
+        println!("\niperf3: {e}");
+    }
+    if let Some(path) = &options.json {
+        let json = to_json(&cases, &results, iperf.ok(), &rss);
+        std::fs::write(path, serde_json::to_string_pretty(&json)?)?;
+        println!("\nwrote {path}");
+    }
+    Ok(())
+}
+
+fn measure_one(
+    clients: &mut Clients,
+    transport: Transport,
+    server: &Server,
+    options: &Options,
+    message: &tensorwire_proto::TensorMessage,
+) -> Result<Measurement> {
+    let (client_cpu, server_cpu) = (
+        measure::cpu_time(None)?,
+        measure::cpu_time(Some(server.pid()))?,
+    );
+    let sample: Sample = match transport {
+        Transport::Engine => engine_side::measure(&clients.engine, server.addr, options, message)?,
+        Transport::Seed => clients.seed.measure(server.addr, options, message)?,
+        Transport::Std => blocking::run(server.addr, options, message)?,
+    };
+    let cpu = (measure::cpu_time(None)? - client_cpu)
+        + (measure::cpu_time(Some(server.pid()))? - server_cpu);
+    let gb = sample.payload_bytes as f64 / 1e9;
+    Ok(Measurement {
+        gb_per_s: sample.gb_per_s(),
+        ops_per_s: sample.ops_per_s(),
+        latency_p50_us: sample.latency_us(0.5),
+        cpu_s_per_gb: if gb > 0.0 {
+            cpu.as_secs_f64() / gb
+        } else {
+            f64::NAN
+        },
+    })
+}
+
+/// iperf3 single-stream loopback throughput in GB/s (median of `reps` runs).
+fn iperf3(reps: usize, seconds: u32) -> Result<f64> {
+    let port = free_port()?;
+    let mut runs = Vec::new();
+    for _ in 0..reps {
+        let mut server = Command::new("iperf3")
+            .args(["-s", "-1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("iperf3 is not installed (apt-get install iperf3); skipped")?;
+        std::thread::sleep(Duration::from_millis(300));
+        let output = Command::new("iperf3")
+            .args([
+                "-c",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-t",
+                &seconds.to_string(),
+                "-J",
+            ])
+            .output()?;
+        let _ = server.wait();
+        let json: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+        let bits = json["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .context("iperf3 output")?;
+        runs.push(bits / 8e9);
+    }
+    Ok(median(&runs))
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Peak RSS of a fresh receiver process after it received one 1 GiB message.
+fn peak_rss_for_one_gib(exe: &Path, clients: &mut Clients) -> Result<Vec<(Transport, u64)>> {
+    let message = measure::message(1 << 30, 1);
+    let mut out = Vec::new();
+    for &transport in &TRANSPORTS {
+        let server = Server::start(exe, transport)?;
+        let options = Options {
+            mode: Mode::OneWay,
+            size: 1 << 30,
+            buffers: 1,
+            duration: Duration::ZERO,
+            ..Options::for_compare()
+        };
+        let _ = measure_one(clients, transport, &server, &options, &message)?;
+        out.push((transport, measure::peak_rss(server.pid())?));
+    }
+    Ok(out)
+}
+
+impl Options {
+    fn for_compare() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            connect: None,
+            transport: Transport::Engine,
+            cores: None,
+            mode: Mode::OneWay,
+            size: 0,
+            buffers: 1,
+            duration: Duration::ZERO,
+            inflight: 64,
+            quick: false,
+            reps: 1,
+            json: None,
+        }
+    }
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted: Vec<f64> = values.iter().copied().filter(|v| !v.is_nan()).collect();
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
+}
+
+fn pick(results: &[Measurement], f: impl Fn(&Measurement) -> f64) -> f64 {
+    median(&results.iter().map(f).collect::<Vec<_>>())
+}
+
+fn print_report(
+    cases: &[Case],
+    results: &[Vec<Vec<Measurement>>],
+    iperf: Option<f64>,
+    rss: &[(Transport, u64)],
+    reps: usize,
+) {
+    println!(
+        "\nmedians of {reps} interleaved repetition(s); CPU = both processes, s per GB of payload\n"
+    );
+    println!(
+        "| case | engine | seed (tokio) | std (blocking) | engine ÷ seed | CPU s/GB engine / seed / std |"
+    );
+    println!("|---|---:|---:|---:|---:|---|");
+    for (case, per_transport) in cases.iter().zip(results) {
+        let cpu: Vec<String> = per_transport
+            .iter()
+            .map(|r| format!("{:.2}", pick(r, |m| m.cpu_s_per_gb)))
+            .collect();
+        match case.mode {
+            Mode::OneWay => {
+                let v: Vec<f64> = per_transport
+                    .iter()
+                    .map(|r| pick(r, |m| m.gb_per_s))
+                    .collect();
+                println!(
+                    "| {} | {:.2} GB/s | {:.2} GB/s | {:.2} GB/s | {:.2}× | {} |",
+                    case.label,
+                    v[0],
+                    v[1],
+                    v[2],
+                    v[0] / v[1],
+                    cpu.join(" / ")
+                );
+            }
+            Mode::Rtt => {
+                let v: Vec<f64> = per_transport
+                    .iter()
+                    .map(|r| pick(r, |m| m.latency_p50_us))
+                    .collect();
+                println!(
+                    "| {} (p50) | {:.1} µs | {:.1} µs | {:.1} µs | {:.2}× (std ÷ engine: {:.2}×) | {} |",
+                    case.label,
+                    v[0],
+                    v[1],
+                    v[2],
+                    v[1] / v[0],
+                    v[2] / v[0],
+                    cpu.join(" / ")
+                );
+            }
+            Mode::InFlight => {
+                let v: Vec<f64> = per_transport
+                    .iter()
+                    .map(|r| pick(r, |m| m.ops_per_s))
+                    .collect();
+                println!(
+                    "| {} | {:.0} asks/s | {:.0} asks/s | {:.0} asks/s | {:.2}× | {} |",
+                    case.label,
+                    v[0],
+                    v[1],
+                    v[2],
+                    v[0] / v[1],
+                    cpu.join(" / ")
+                );
+            }
+        }
+    }
+    if let Some(iperf) = iperf {
+        println!("\niperf3 single stream, loopback: {iperf:.2} GB/s");
+        for (case, per_transport) in cases.iter().zip(results) {
+            if case.mode == Mode::OneWay && case.size >= 64 << 20 {
+                let engine = pick(&per_transport[0], |m| m.gb_per_s);
+                println!("  {}: engine ÷ iperf3 = {:.2}×", case.label, engine / iperf);
+            }
+        }
+    }
+    if !rss.is_empty() {
+        println!("\nreceiver peak RSS after one 1 GiB message:");
+        for (transport, bytes) in rss {
+            println!(
+                "  {}: {:.2} GiB",
+                transport.name(),
+                *bytes as f64 / f64::from(1u32 << 30)
+            );
+        }
+    }
+}
+
+fn to_json(
+    cases: &[Case],
+    results: &[Vec<Vec<Measurement>>],
+    iperf: Option<f64>,
+    rss: &[(Transport, u64)],
+) -> serde_json::Value {
+    let rows: Vec<serde_json::Value> = cases
+        .iter()
+        .zip(results)
+        .map(|(case, per_transport)| {
+            let by_transport: serde_json::Map<String, serde_json::Value> = TRANSPORTS
+                .iter()
+                .zip(per_transport)
+                .map(|(t, r)| {
+                    (
+                        t.name().to_owned(),
+                        serde_json::json!({
+                            "gb_per_s": pick(r, |m| m.gb_per_s),
+                            "ops_per_s": pick(r, |m| m.ops_per_s),
+                            "latency_p50_us": pick(r, |m| m.latency_p50_us),
+                            "cpu_s_per_gb": pick(r, |m| m.cpu_s_per_gb),
+                        }),
+                    )
+                })
+                .collect();
+            serde_json::json!({ "case": case.label, "size": case.size, "buffers": case.buffers, "results": by_transport })
+        })
+        .collect();
+    let rss: serde_json::Map<String, serde_json::Value> = rss
+        .iter()
+        .map(|(t, b)| (t.name().to_owned(), serde_json::json!(b)))
+        .collect();
+    serde_json::json!({ "cases": rows, "iperf3_gb_per_s": iperf, "peak_rss_1gib_bytes": rss })
+}
+
+fn human(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 20 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}

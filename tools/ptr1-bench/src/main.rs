@@ -1,0 +1,177 @@
+//! `ptr1-bench`: the PTR1 test fixture and transport microbenchmark.
+//!
+//! ```text
+//! ptr1-bench serve   [--listen ADDR] [--transport engine|seed|std] [--cores N]
+//! ptr1-bench run     --connect ADDR [--transport engine|seed|std] [--mode oneway|rtt|inflight]
+//!                    [--size BYTES] [--buffers N] [--seconds S] [--inflight K]
+//! ptr1-bench compare [--quick] [--reps N] [--json FILE]
+//! ```
+//!
+//! `serve` hosts two endpoints on one port: `/actors/echo` (ask → the same TensorMessage back)
+//! and `/actors/sink` (ask → SingleResponse `ack` with the payload byte count as decimal ASCII;
+//! tell → Ack). It prints `listening on ADDR` once ready. `run` measures one transport against
+//! one address and prints JSON. `compare` starts a server process per transport and measures
+//! them side by side (interleaved repetitions, medians), plus iperf3 when installed.
+
+mod blocking;
+mod compare;
+mod engine_side;
+mod measure;
+mod seed;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+fn main() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let command = args.next().unwrap_or_default();
+    let options = Options::parse(args)?;
+    match command.as_str() {
+        "serve" => serve(&options),
+        "run" => {
+            let report = run(&options)?;
+            println!("{report}");
+            Ok(())
+        }
+        "compare" => compare::compare(&options),
+        _ => {
+            eprintln!("{}", USAGE);
+            bail!("unknown command {command:?}")
+        }
+    }
+}
+
+const USAGE: &str = "usage:
+  ptr1-bench serve   [--listen ADDR] [--transport engine|seed|std] [--cores N]
+  ptr1-bench run     --connect ADDR [--transport engine|seed|std] [--mode oneway|rtt|inflight]
+                     [--size BYTES] [--buffers N] [--seconds S] [--inflight K]
+  ptr1-bench compare [--quick] [--reps N] [--json FILE]";
+
+/// Which implementation is on each end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Transport {
+    /// tensorwire's io_uring engine.
+    Engine,
+    /// The seed design: tokio, `write_vectored` of at most 64 slices, `read_exact` into a fresh
+    /// zero-filled `Vec` per buffer.
+    Seed,
+    /// Blocking `std::net`, one thread per connection.
+    Std,
+}
+
+impl Transport {
+    fn parse(text: &str) -> Result<Self> {
+        Ok(match text {
+            "engine" => Self::Engine,
+            "seed" => Self::Seed,
+            "std" => Self::Std,
+            _ => bail!("unknown transport {text:?} (engine, seed or std)"),
+        })
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Engine => "engine",
+            Self::Seed => "seed",
+            Self::Std => "std",
+        }
+    }
+}
+
+/// What `run` measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Asks to `sink`, one at a time: payload throughput one way.
+    OneWay,
+    /// Asks to `echo`, one at a time: round-trip time.
+    Rtt,
+    /// Asks to `echo` with `inflight` outstanding: request rate.
+    InFlight,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Options {
+    pub(crate) listen: SocketAddr,
+    pub(crate) connect: Option<SocketAddr>,
+    pub(crate) transport: Transport,
+    pub(crate) cores: Option<usize>,
+    pub(crate) mode: Mode,
+    pub(crate) size: usize,
+    pub(crate) buffers: usize,
+    pub(crate) duration: Duration,
+    pub(crate) inflight: usize,
+    pub(crate) quick: bool,
+    pub(crate) reps: usize,
+    pub(crate) json: Option<String>,
+}
+
+impl Options {
+    fn parse(mut args: impl Iterator<Item = String>) -> Result<Self> {
+        let mut o = Self {
+            listen: "127.0.0.1:0".parse()?,
+            connect: None,
+            transport: Transport::Engine,
+            cores: None,
+            mode: Mode::OneWay,
+            size: 1 << 20,
+            buffers: 1,
+            duration: Duration::from_secs(2),
+            inflight: 64,
+            quick: false,
+            reps: 3,
+            json: None,
+        };
+        while let Some(flag) = args.next() {
+            let mut value = || args.next().with_context(|| format!("{flag} needs a value"));
+            match flag.as_str() {
+                "--listen" => o.listen = value()?.parse()?,
+                "--connect" => o.connect = Some(value()?.parse()?),
+                "--transport" => o.transport = Transport::parse(&value()?)?,
+                "--cores" => o.cores = Some(value()?.parse()?),
+                "--mode" => {
+                    o.mode = match value()?.as_str() {
+                        "oneway" => Mode::OneWay,
+                        "rtt" => Mode::Rtt,
+                        "inflight" => Mode::InFlight,
+                        other => bail!("unknown mode {other:?}"),
+                    }
+                }
+                "--size" => o.size = value()?.parse()?,
+                "--buffers" => o.buffers = value()?.parse::<usize>()?.max(1),
+                "--seconds" => o.duration = Duration::from_secs_f64(value()?.parse()?),
+                "--inflight" => o.inflight = value()?.parse::<usize>()?.max(1),
+                "--quick" => o.quick = true,
+                "--reps" => o.reps = value()?.parse::<usize>()?.max(1),
+                "--json" => o.json = Some(value()?),
+                "--help" | "-h" => {
+                    println!("{USAGE}");
+                    std::process::exit(0);
+                }
+                other => bail!("unknown option {other:?}\n{USAGE}"),
+            }
+        }
+        Ok(o)
+    }
+}
+
+fn serve(options: &Options) -> Result<()> {
+    match options.transport {
+        Transport::Engine => engine_side::serve(options),
+        Transport::Seed => seed::serve(options.listen),
+        Transport::Std => blocking::serve(options.listen),
+    }
+}
+
+/// Runs one measurement against a server and returns it as JSON.
+pub(crate) fn run(options: &Options) -> Result<serde_json::Value> {
+    let peer = options.connect.context("run needs --connect ADDR")?;
+    let message = measure::message(options.size, options.buffers);
+    let result = match options.transport {
+        Transport::Engine => engine_side::run(peer, options, &message)?,
+        Transport::Seed => seed::run(peer, options, &message)?,
+        Transport::Std => blocking::run(peer, options, &message)?,
+    };
+    Ok(result.to_json(options))
+}

@@ -1,0 +1,144 @@
+//! Messages, timing loops, CPU and memory readings shared by every transport.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use bytes::Bytes;
+use tensorwire_proto::TensorMessage;
+
+use crate::{Mode, Options};
+
+/// A message with `size` payload bytes split over `buffers` buffers (the last takes the rest).
+pub(crate) fn message(size: usize, buffers: usize) -> TensorMessage {
+    let each = size / buffers;
+    let mut parts: Vec<Bytes> = (0..buffers)
+        .map(|i| {
+            let len = if i + 1 == buffers {
+                size - each * (buffers - 1)
+            } else {
+                each
+            };
+            Bytes::from(vec![0xA5u8 ^ (i.to_le_bytes()[0]); len])
+        })
+        .collect();
+    parts.shrink_to_fit();
+    TensorMessage::new(1, Bytes::from_static(b"{\"dtype\":\"u8\"}"), parts)
+}
+
+/// Checks a sink's answer: the payload byte count as decimal ASCII.
+pub(crate) fn check_sink_ack(msg_type: &str, data: &[u8], expected: u64) -> Result<()> {
+    if msg_type != "ack" || data != expected.to_string().as_bytes() {
+        bail!(
+            "sink answered {msg_type:?} {:?}, expected ack {expected}",
+            String::from_utf8_lossy(data)
+        );
+    }
+    Ok(())
+}
+
+/// What one measurement found.
+#[derive(Debug, Default)]
+pub(crate) struct Sample {
+    pub(crate) ops: u64,
+    pub(crate) payload_bytes: u64,
+    pub(crate) elapsed: Duration,
+    /// Per-operation latency (sequential modes only).
+    pub(crate) latencies: Vec<Duration>,
+}
+
+impl Sample {
+    pub(crate) fn gb_per_s(&self) -> f64 {
+        self.payload_bytes as f64 / 1e9 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    pub(crate) fn ops_per_s(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    pub(crate) fn latency_us(&self, quantile: f64) -> f64 {
+        if self.latencies.is_empty() {
+            return f64::NAN;
+        }
+        let mut sorted = self.latencies.clone();
+        sorted.sort_unstable();
+        let last = sorted.len() - 1;
+        // Nearest rank: the first index at or above quantile × last.
+        let position = (last as f64) * quantile;
+        let pick = (0..=last).find(|&i| i as f64 >= position).unwrap_or(last);
+        sorted[pick].as_secs_f64() * 1e6
+    }
+
+    pub(crate) fn to_json(&self, options: &Options) -> serde_json::Value {
+        serde_json::json!({
+            "transport": options.transport.name(),
+            "mode": format!("{:?}", options.mode),
+            "size": options.size,
+            "buffers": options.buffers,
+            "inflight": if options.mode == Mode::InFlight { options.inflight } else { 1 },
+            "ops": self.ops,
+            "payload_bytes": self.payload_bytes,
+            "seconds": self.elapsed.as_secs_f64(),
+            "gb_per_s": self.gb_per_s(),
+            "ops_per_s": self.ops_per_s(),
+            "latency_p50_us": self.latency_us(0.5),
+            "latency_p99_us": self.latency_us(0.99),
+        })
+    }
+}
+
+/// Runs `op` back to back for about `duration` (at least `min_ops` times) and times each call.
+pub(crate) fn sequential(
+    duration: Duration,
+    min_ops: u64,
+    bytes_per_op: u64,
+    mut op: impl FnMut() -> Result<()>,
+) -> Result<Sample> {
+    op()?; // warm-up: connection set-up and first-touch memory are not measured
+    let started = Instant::now();
+    let mut sample = Sample::default();
+    while sample.ops < min_ops || started.elapsed() < duration {
+        let t = Instant::now();
+        op()?;
+        sample.latencies.push(t.elapsed());
+        sample.ops += 1;
+        sample.payload_bytes += bytes_per_op;
+    }
+    sample.elapsed = started.elapsed();
+    Ok(sample)
+}
+
+/// CPU time (user + system) of a process so far: `None` is this process.
+pub(crate) fn cpu_time(pid: Option<u32>) -> Result<Duration> {
+    let path = pid.map_or_else(
+        || "/proc/self/stat".to_owned(),
+        |p| format!("/proc/{p}/stat"),
+    );
+    let stat = std::fs::read_to_string(&path)?;
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = stat
+        .rsplit_once(')')
+        .map_or(stat.as_str(), |(_, rest)| rest);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11).and_then(|f| f.parse().ok()).unwrap_or(0)
+        + fields.get(12).and_then(|f| f.parse().ok()).unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let per_second = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100);
+    Ok(Duration::from_secs_f64(
+        ticks as f64 / per_second.max(1) as f64,
+    ))
+}
+
+/// Peak resident memory (VmHWM) of a process, in bytes.
+pub(crate) fn peak_rss(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .unwrap_or("VmHWM: 0 kB");
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    Ok(kib * 1024)
+}
