@@ -36,7 +36,7 @@ pub struct PoolConfig {
 impl Default for PoolConfig {
     fn default() -> Self {
         Self {
-            min_pooled_bytes: 256 << 10,
+            min_pooled_bytes: 64 << 10,
             max_idle_bytes: 1 << 30,
         }
     }
