@@ -180,13 +180,15 @@ pub(crate) fn spawn(
 const TAG_RECV: u8 = 1;
 const TAG_SEND: u8 = 2;
 const TAG_CONNECT: u8 = 3;
-const TAG_IDLE_POLL: u8 = 4;
+
 const TAG_CANCEL: u8 = 5;
 const TAG_WAKE: u8 = 6;
 const TAG_ACCEPT: u8 = 7;
 /// Slot number of the core's own operations (wake, accept).
 const CORE_SLOT: u32 = u32::MAX;
 const GENERATION_MASK: u32 = (1 << 24) - 1;
+/// How long a pooled connection above the idle cap may stay idle before it is closed.
+const IDLE_TRIM_DELAY: Duration = Duration::from_secs(1);
 /// Bytes read per step while discarding input after an error reply.
 const DRAIN_CHUNK: usize = 64 << 10;
 
@@ -256,6 +258,9 @@ struct Client {
     recv: FrameRecv,
     send: Option<FrameSend>,
     request: Option<ClientRequest>,
+    /// A receive is in flight (its memory is `recv`'s scratch or body: never replace `recv`
+    /// while this is set).
+    recv_armed: bool,
     /// Destination for CONNECT; must stay put until it completes.
     addr: Box<sys::RawAddr>,
 }
@@ -439,7 +444,7 @@ impl Core {
                 TAG_RECV => self.on_recv(slot, res),
                 TAG_SEND => self.on_send(slot, res),
                 TAG_CONNECT => self.on_connect(slot, res),
-                TAG_IDLE_POLL => self.on_idle_poll(slot),
+
                 _ => {}
             }
         }
@@ -504,7 +509,14 @@ impl Core {
         }
         let progress = match &mut conn.role {
             Role::Server(server) => server.recv.complete(res, &shared.limits, &shared.pool),
-            Role::Client(client) => client.recv.complete(res, &shared.limits, &shared.pool),
+            Role::Client(client) => {
+                client.recv_armed = false;
+                if matches!(client.state, ClientState::Idle) {
+                    self.on_idle_recv(slot);
+                    return;
+                }
+                client.recv.complete(res, &shared.limits, &shared.pool)
+            }
         };
         self.on_recv_progress(slot, progress);
     }
@@ -815,15 +827,9 @@ impl Core {
             return;
         }
         if let Some(slot) = self.idle.get_mut(&request.peer).and_then(Vec::pop) {
-            // Stop watching for the peer's close; its completion is ignored from now on.
-            if let Some(token) = self.token(slot) {
-                let entry =
-                    opcode::AsyncCancel::new(user_data(slot, token.generation, TAG_IDLE_POLL))
-                        .build();
-                self.push(slot, TAG_CANCEL, entry);
-                self.start_exchange(slot, request);
-                return;
-            }
+            // Its receive is still armed (it watched for the peer closing): the reply lands there.
+            self.start_exchange(slot, request);
+            return;
         }
         let peer = request.peer;
         let open = self.open.get(&peer).copied().unwrap_or(0);
@@ -853,6 +859,7 @@ impl Core {
                 recv: FrameRecv::new(),
                 send: None,
                 request: Some(request),
+                recv_armed: false,
                 addr: Box::new(sys::RawAddr::new(peer)),
             }),
         });
@@ -909,12 +916,14 @@ impl Core {
             reply: None,
         };
         client.send = Some(FrameSend::new(request.encoded.clone()));
-        client.recv = FrameRecv::new();
         client.request = Some(request);
+        let recv_armed = client.recv_armed;
         self.arm_timer(slot);
         // Send and receive at once: a server that rejects the request answers while we send.
         self.submit_send(slot);
-        self.submit_recv(slot);
+        if !recv_armed {
+            self.submit_recv(slot);
+        }
     }
 
     fn client_progress(&mut self, slot: u32, progress: RecvProgress) {
@@ -924,6 +933,11 @@ impl Core {
         let Role::Client(client) = &mut conn.role else {
             return;
         };
+        if matches!(client.state, ClientState::Idle) {
+            // Bytes nobody asked for (left over in scratch): the stream is not trustworthy.
+            self.on_idle_recv(slot);
+            return;
+        }
         let peer = client.peer;
         match progress {
             RecvProgress::More => self.submit_recv(slot),
@@ -984,11 +998,12 @@ impl Core {
 
     fn client_maybe_finish(&mut self, slot: u32) {
         let idle_cap = self.shared.config.idle_connections_per_peer;
-        let pool_full = match self.conns.get(slot as usize) {
+        let stopping = self.stopping;
+        let over_cap = match self.conns.get(slot as usize) {
             Some(Some(Conn {
                 role: Role::Client(client),
                 ..
-            })) => self.stopping || self.idle.get(&client.peer).map_or(0, Vec::len) >= idle_cap,
+            })) => self.idle.get(&client.peer).map_or(0, Vec::len) >= idle_cap,
             _ => return,
         };
         let Some(conn) = self.conn_mut_by_slot(slot) else {
@@ -1030,35 +1045,31 @@ impl Core {
         let Role::Client(client) = &mut conn.role else {
             return;
         };
-        if pool_full {
+        if stopping {
             self.close(slot);
             return;
         }
         client.state = ClientState::Idle;
-        conn.deadline = None;
-        let Some(fd) = conn.fd.as_ref().map(AsRawFd::as_raw_fd) else {
-            return;
-        };
-        let events = u32::try_from(libc::POLLIN | libc::POLLRDHUP).unwrap_or(0);
-        self.push(
-            slot,
-            TAG_IDLE_POLL,
-            opcode::PollAdd::new(types::Fd(fd), events).build(),
-        );
+        // Beyond the idle cap a connection is trimmed only if it stays idle for a while, so a
+        // burst of replies does not close connections the next burst would reopen.
+        conn.deadline = over_cap.then(|| Instant::now() + IDLE_TRIM_DELAY);
+        self.arm_timer(slot);
         self.idle.entry(peer).or_default().push(slot);
+        // Keep a receive armed while idle: it completes if the peer closes (or misbehaves), and
+        // it is the receive that takes the next reply when the connection is reused.
+        self.submit_recv(slot);
     }
 
-    fn on_idle_poll(&mut self, slot: u32) {
-        let Some(conn) = self.conn_mut_by_slot(slot) else {
+    /// The idle connection's receive completed: the peer closed, or sent bytes nobody asked
+    /// for. Either way the connection leaves the pool.
+    fn on_idle_recv(&mut self, slot: u32) {
+        let Some(Conn {
+            role: Role::Client(client),
+            ..
+        }) = self.conn_mut_by_slot(slot)
+        else {
             return;
         };
-        let Role::Client(client) = &conn.role else {
-            return;
-        };
-        if !matches!(client.state, ClientState::Idle) {
-            return; // the poll was cancelled when the connection was reused
-        }
-        // The idle peer closed (or sent bytes nobody asked for): drop it from the pool.
         let peer = client.peer;
         if let Some(list) = self.idle.get_mut(&peer) {
             list.retain(|&s| s != slot);
@@ -1104,6 +1115,9 @@ impl Core {
             }
             conn.deadline = None;
             match &mut conn.role {
+                Role::Client(client) if matches!(client.state, ClientState::Idle) => {
+                    self.on_idle_recv(slot); // idle past the trim delay, above the cap
+                }
                 Role::Client(client) => {
                     let what = match client.state {
                         ClientState::Connecting => "connect",
@@ -1204,7 +1218,10 @@ impl Core {
         };
         let entry = match &mut conn.role {
             Role::Server(server) => server.recv.next_op(fd),
-            Role::Client(client) => client.recv.next_op(fd),
+            Role::Client(client) => {
+                client.recv_armed = true;
+                client.recv.next_op(fd)
+            }
         };
         self.push(slot, TAG_RECV, entry);
     }
