@@ -213,6 +213,40 @@ struct Conn {
     closing: bool,
     deadline: Option<Instant>,
     role: Role,
+    /// Frames to this peer may go out with `SENDMSG_ZC`.
+    zero_copy: bool,
+    /// `SENDMSG_ZC` notifications still to come (each is also counted in `inflight`).
+    zero_copy_notifs: u32,
+    /// Sent frames whose memory the kernel may still read: released when no notification is
+    /// outstanding.
+    zero_copy_kept: Vec<FrameSend>,
+}
+
+impl Conn {
+    fn new(fd: OwnedFd, deadline: Option<Instant>, zero_copy: bool, role: Role) -> Self {
+        Self {
+            generation: 0,
+            fd: Some(fd),
+            inflight: 0,
+            closing: false,
+            deadline,
+            role,
+            zero_copy,
+            zero_copy_notifs: 0,
+            zero_copy_kept: Vec::new(),
+        }
+    }
+
+    /// Drops the finished send, or keeps its memory while zero-copy notifications are due.
+    fn retire_send(&mut self) {
+        let send = match &mut self.role {
+            Role::Server(server) => server.send.take(),
+            Role::Client(client) => client.send.take(),
+        };
+        if let Some(send) = send.filter(|s| s.zero_copy && self.zero_copy_notifs > 0) {
+            self.zero_copy_kept.push(send);
+        }
+    }
 }
 
 enum Role {
@@ -435,10 +469,31 @@ impl Core {
             }
             return;
         }
+        let auto_zero_copy = self.shared.config.zero_copy == crate::node::ZeroCopy::Auto;
         let Some(conn) = self.conn_mut_by_generation(slot, generation) else {
             return; // cannot happen: a slot is freed only with no operation in flight
         };
         conn.inflight -= 1;
+        if cqueue::notif(flags) {
+            // A SENDMSG_ZC notification: the kernel is done with the pages of an earlier send.
+            let copied =
+                u32::from_ne_bytes(res.to_ne_bytes()) & crate::frame_io::NOTIF_USAGE_ZC_COPIED != 0;
+            crate::stats::record_zero_copy_notification(copied);
+            conn.zero_copy_notifs = conn.zero_copy_notifs.saturating_sub(1);
+            if conn.zero_copy_notifs == 0 {
+                conn.zero_copy_kept.clear();
+            }
+            if copied && auto_zero_copy {
+                conn.zero_copy = false; // the kernel copies anyway: plain sends are cheaper
+            }
+            self.reap(slot);
+            return;
+        }
+        if tag == TAG_SEND && cqueue::more(flags) {
+            // A notification follows this completion: keep the connection (and memory) for it.
+            conn.inflight += 1;
+            conn.zero_copy_notifs += 1;
+        }
         if !conn.closing {
             match tag {
                 TAG_RECV => self.on_recv(slot, res),
@@ -468,22 +523,23 @@ impl Core {
         }
         let _ = sys::set_nodelay(fd.as_raw_fd());
         let deadline = Instant::now() + self.shared.config.preface_timeout;
-        let slot = self.insert(Conn {
-            generation: 0,
-            fd: Some(fd),
-            inflight: 0,
-            closing: false,
-            deadline: Some(deadline),
-            role: Role::Server(Server {
-                state: ServerState::Reading,
-                recv: FrameRecv::preface(),
-                send: None,
-                raw: false,
-                frame_started: false,
-                seq: 0,
-                drain: None,
-            }),
-        });
+        let peer = sys::peer_addr(fd.as_raw_fd()).ok();
+        let zero_copy = zero_copy_allowed(self.shared.config.zero_copy, peer);
+        let server = Server {
+            state: ServerState::Reading,
+            recv: FrameRecv::preface(),
+            send: None,
+            raw: false,
+            frame_started: false,
+            seq: 0,
+            drain: None,
+        };
+        let slot = self.insert(Conn::new(
+            fd,
+            Some(deadline),
+            zero_copy,
+            Role::Server(server),
+        ));
         self.arm_timer(slot);
         self.submit_recv(slot);
     }
@@ -728,6 +784,7 @@ impl Core {
 
     /// Encodes and sends a reply. A reply over the limits becomes an Error frame saying so.
     fn send_reply(&mut self, slot: u32, frame: Frame, close_after: bool) {
+        let zero_copy_min = self.zero_copy_min();
         let limits = self.shared.limits;
         let version = frame.version();
         let encoded = ptr1::encode(&frame, &limits).or_else(|e| {
@@ -745,7 +802,7 @@ impl Core {
             return;
         };
         server.state = ServerState::Replying { close_after };
-        server.send = Some(FrameSend::new(encoded));
+        server.send = Some(new_send(encoded, conn.zero_copy, zero_copy_min));
         self.submit_send(slot);
     }
 
@@ -767,10 +824,10 @@ impl Core {
             (_, Ok(false)) => self.submit_send(slot),
             (Role::Server(server), Ok(true)) => {
                 stats::global().record_raw_frame_sent(wire_len);
-                server.send = None;
                 let close_after =
                     matches!(server.state, ServerState::Replying { close_after: true });
                 server.state = ServerState::Reading;
+                conn.retire_send();
                 if close_after {
                     self.close_gracefully(slot);
                 } else {
@@ -780,8 +837,11 @@ impl Core {
                 }
             }
             (Role::Server(_), Err(_)) => self.close(slot),
-            (Role::Client(client), result) => {
-                client.send = None;
+            (Role::Client(_), result) => {
+                conn.retire_send();
+                let Role::Client(client) = &mut conn.role else {
+                    return;
+                };
                 if let ClientState::Busy {
                     send_done,
                     send_error,
@@ -847,22 +907,19 @@ impl Core {
         let _ = sys::set_nodelay(fd.as_raw_fd());
         *self.open.entry(peer).or_default() += 1;
         let connect_deadline = Instant::now() + self.shared.config.connect_timeout;
-        let slot = self.insert(Conn {
-            generation: 0,
-            fd: Some(fd),
-            inflight: 0,
-            closing: false,
-            deadline: Some(connect_deadline.min(request.deadline)),
-            role: Role::Client(Client {
-                peer,
-                state: ClientState::Connecting,
-                recv: FrameRecv::new(),
-                send: None,
-                request: Some(request),
-                recv_armed: false,
-                addr: Box::new(sys::RawAddr::new(peer)),
-            }),
-        });
+        let client_deadline = request.deadline;
+        let zero_copy = zero_copy_allowed(self.shared.config.zero_copy, Some(peer));
+        let client = Client {
+            peer,
+            state: ClientState::Connecting,
+            recv: FrameRecv::new(),
+            send: None,
+            request: Some(request),
+            recv_armed: false,
+            addr: Box::new(sys::RawAddr::new(peer)),
+        };
+        let deadline = Some(connect_deadline.min(client_deadline));
+        let slot = self.insert(Conn::new(fd, deadline, zero_copy, Role::Client(client)));
         self.arm_timer(slot);
         let Some(conn) = self.conn_mut_by_slot(slot) else {
             return;
@@ -903,6 +960,7 @@ impl Core {
     }
 
     fn start_exchange(&mut self, slot: u32, request: ClientRequest) {
+        let zero_copy_min = self.zero_copy_min();
         let Some(conn) = self.conn_mut_by_slot(slot) else {
             return;
         };
@@ -915,7 +973,11 @@ impl Core {
             send_error: None,
             reply: None,
         };
-        client.send = Some(FrameSend::new(request.encoded.clone()));
+        client.send = Some(new_send(
+            request.encoded.clone(),
+            conn.zero_copy,
+            zero_copy_min,
+        ));
         client.request = Some(request);
         let recv_armed = client.recv_armed;
         self.arm_timer(slot);
@@ -1136,6 +1198,13 @@ impl Core {
                 Role::Server(_) => self.close(slot),
             }
         }
+    }
+
+    /// The smallest frame sent with `SENDMSG_ZC`, or `None` if this ring cannot.
+    fn zero_copy_min(&self) -> Option<u64> {
+        self.ring
+            .send_zc
+            .then_some(self.shared.config.zero_copy_min_bytes)
     }
 
     // ---- connection table and submission -------------------------------------------------------
@@ -1383,6 +1452,28 @@ impl Core {
                 self.start_request(next);
             }
         }
+    }
+}
+
+/// A send of `encoded`, zero-copy if the connection allows it and the frame is large enough.
+/// `zero_copy_min` is `None` where the ring has no `SENDMSG_ZC`.
+fn new_send(
+    encoded: tensorwire_proto::Encoded,
+    zero_copy: bool,
+    zero_copy_min: Option<u64>,
+) -> FrameSend {
+    let mut send = FrameSend::new(encoded);
+    send.zero_copy = zero_copy && zero_copy_min.is_some_and(|min| send.wire_len() >= min);
+    send
+}
+
+/// Whether frames to `peer` may use `SENDMSG_ZC` under `mode`.
+fn zero_copy_allowed(mode: crate::node::ZeroCopy, peer: Option<SocketAddr>) -> bool {
+    match mode {
+        crate::node::ZeroCopy::Always => true,
+        crate::node::ZeroCopy::Never => false,
+        // On loopback the kernel copies every zero-copy skb anyway (deferred copy).
+        crate::node::ZeroCopy::Auto => peer.is_some_and(|peer| !peer.ip().is_loopback()),
     }
 }
 

@@ -14,6 +14,11 @@ use tensorwire_proto::{Body, FixedHeader, Format, Limits, WireError};
 
 use crate::pool::{PoolBuffer, ReceivePool};
 
+/// `IORING_SEND_ZC_REPORT_USAGE`: the notification says whether the kernel had to copy.
+const SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
+/// `IORING_NOTIF_USAGE_ZC_COPIED`, in a notification's result.
+pub(crate) const NOTIF_USAGE_ZC_COPIED: u32 = 1 << 31;
+
 /// Most iovecs one `sendmsg`/`recvmsg` takes (`UIO_MAXIOV`).
 const MAX_IOVECS: usize = 1024;
 
@@ -335,6 +340,9 @@ pub(crate) struct FrameSend {
     next: usize,
     msg: Box<libc::msghdr>,
     wire_len: u64,
+    /// Send with `SENDMSG_ZC`: the memory must outlive the kernel's notification, not just the
+    /// send's completion (the connection keeps it, see `Conn::zero_copy_kept`).
+    pub(crate) zero_copy: bool,
 }
 
 impl FrameSend {
@@ -353,6 +361,7 @@ impl FrameSend {
             next: 0,
             // SAFETY: msghdr is plain old data; all-zero is a valid empty header.
             msg: Box::new(unsafe { std::mem::zeroed::<libc::msghdr>() }),
+            zero_copy: false,
         }
     }
 
@@ -366,8 +375,16 @@ impl FrameSend {
         let count = rest.len().min(MAX_IOVECS);
         self.msg.msg_iov = rest.as_mut_ptr();
         self.msg.msg_iovlen = count;
+        let flags = u32::try_from(libc::MSG_WAITALL | libc::MSG_NOSIGNAL).unwrap_or(0);
+        if self.zero_copy {
+            crate::stats::record_zero_copy_request();
+            return opcode::SendMsgZc::new(types::Fd(fd), &raw const *self.msg)
+                .ioprio(SEND_ZC_REPORT_USAGE)
+                .flags(flags)
+                .build();
+        }
         opcode::SendMsg::new(types::Fd(fd), &raw const *self.msg)
-            .flags(u32::try_from(libc::MSG_WAITALL | libc::MSG_NOSIGNAL).unwrap_or(0))
+            .flags(flags)
             .build()
     }
 

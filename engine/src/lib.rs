@@ -32,7 +32,7 @@ mod sys;
 pub use completion::Pending;
 pub use endpoint::{Endpoint, Incoming, Replier, Reply, Request, RequestKind};
 pub use error::Error;
-pub use node::{Handoff, Node, NodeBuilder};
+pub use node::{Handoff, Node, NodeBuilder, ZeroCopy};
 pub use pool::{PoolBuffer, PoolConfig, PoolStats, ReceivePool};
 pub use sys::open_fd_count;
 pub use tensorwire_proto::{TensorMessage, ptr1::FrameKind};

@@ -43,6 +43,21 @@ pub(crate) struct Config {
     pub(crate) require_tls: bool,
     pub(crate) force_fallback: bool,
     pub(crate) in_process_delivery: bool,
+    pub(crate) zero_copy: ZeroCopy,
+    pub(crate) zero_copy_min_bytes: u64,
+}
+
+/// When frames are sent with `SENDMSG_ZC` (the kernel sends from the caller's pages instead of
+/// copying them; the memory is held until the kernel's notification).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ZeroCopy {
+    /// For frames of at least `zero_copy_min_bytes` to peers that are not on loopback (where
+    /// the kernel copies anyway); a connection whose sends come back "copied" stops using it.
+    Auto,
+    /// For every frame of at least `zero_copy_min_bytes`, loopback included (for measuring).
+    Always,
+    /// Never.
+    Never,
 }
 
 /// Everything the cores of one node share.
@@ -96,6 +111,8 @@ impl NodeBuilder {
                 require_tls: false,
                 force_fallback: false,
                 in_process_delivery: true,
+                zero_copy: ZeroCopy::Auto,
+                zero_copy_min_bytes: 64 << 10,
             },
             limits: None,
             pool: PoolConfig::default(),
@@ -176,6 +193,18 @@ impl NodeBuilder {
     /// process.
     pub fn in_process_delivery(mut self, enabled: bool) -> Self {
         self.config.in_process_delivery = enabled;
+        self
+    }
+
+    /// When to send with `SENDMSG_ZC` (default [`ZeroCopy::Auto`]).
+    pub fn zero_copy(mut self, mode: ZeroCopy) -> Self {
+        self.config.zero_copy = mode;
+        self
+    }
+
+    /// Smallest frame sent with `SENDMSG_ZC` (default 64 KiB; below it copying is cheaper).
+    pub fn zero_copy_min_bytes(mut self, bytes: u64) -> Self {
+        self.config.zero_copy_min_bytes = bytes;
         self
     }
 

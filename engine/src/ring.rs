@@ -20,6 +20,8 @@ const REQUIRED: [(u8, &str); 8] = [
 /// A ring plus what setup found out.
 pub(crate) struct Ring {
     ring: IoUring,
+    /// `SENDMSG_ZC` is supported (Linux 6.1).
+    pub(crate) send_zc: bool,
     /// Setup flags that were accepted, for logs and stats.
     pub(crate) flags: &'static str,
 }
@@ -54,8 +56,12 @@ impl Ring {
             }
             match builder.build(entries) {
                 Ok(ring) => {
-                    let ring = Self { ring, flags };
-                    ring.check_features()?;
+                    let mut ring = Self {
+                        ring,
+                        send_zc: false,
+                        flags,
+                    };
+                    ring.send_zc = ring.check_features()?;
                     return Ok(ring);
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => last = e,
@@ -65,7 +71,8 @@ impl Ring {
         Err(last)
     }
 
-    fn check_features(&self) -> io::Result<()> {
+    /// Checks what the engine needs; returns whether `SENDMSG_ZC` is there too.
+    fn check_features(&self) -> io::Result<bool> {
         let params = self.ring.params();
         if !params.is_feature_nodrop()
             || !params.is_feature_ext_arg()
@@ -84,7 +91,7 @@ impl Ring {
                 )));
             }
         }
-        Ok(())
+        Ok(probe.is_supported(opcode::SendMsgZc::CODE))
     }
 
     /// Queues one entry, submitting first if the submission queue is full.

@@ -137,6 +137,18 @@ pub(crate) fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
     raw.to_socket_addr()
 }
 
+/// The address of a connected socket's peer.
+pub(crate) fn peer_addr(fd: RawFd) -> io::Result<SocketAddr> {
+    let mut raw = RawAddr::new(SocketAddr::from(([0, 0, 0, 0], 0)));
+    raw.len = socklen(size_of::<libc::sockaddr_storage>());
+    syscall!(getpeername(
+        fd,
+        (&raw mut raw.storage).cast(),
+        &raw mut raw.len
+    ))?;
+    raw.to_socket_addr()
+}
+
 /// Sets `TCP_NODELAY`: frames end in partial segments that must not wait for an ACK.
 pub(crate) fn set_nodelay(fd: RawFd) -> io::Result<()> {
     set_int_option(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1)

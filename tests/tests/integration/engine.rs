@@ -882,3 +882,121 @@ fn echo_node_with(
 fn open_fd_count() -> usize {
     tensorwire_engine::open_fd_count().unwrap()
 }
+
+#[test]
+fn pending_results_can_be_awaited_by_any_executor() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    /// The smallest executor there is: poll, park until woken, repeat.
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    fn block_on<F: Future>(future: F) -> F::Output {
+        let mut future = std::pin::pin!(future);
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        loop {
+            if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+                return output;
+            }
+            std::thread::park_timeout(Duration::from_millis(100));
+        }
+    }
+
+    let _serial = serial();
+    let (server, client) = (echo_node(), client_node());
+    let message = patterned(9, 2, 5000);
+    let reply = block_on(client.ask(
+        server.local_addr(),
+        "/actors/echo",
+        message.clone(),
+        TIMEOUT,
+    ));
+    assert_eq!(tensor(reply.unwrap()), message);
+
+    // Many at once, polled together by one task.
+    let mut pendings: Vec<_> = (0..32u32)
+        .map(|i| {
+            Some(client.ask(
+                server.local_addr(),
+                "/actors/echo",
+                patterned(i, 1, 100),
+                TIMEOUT,
+            ))
+        })
+        .collect();
+    let replies = block_on(std::future::poll_fn(|cx| {
+        let mut done = true;
+        for slot in pendings.iter_mut() {
+            if let Some(pending) = slot {
+                match std::pin::Pin::new(pending).poll(cx) {
+                    Poll::Ready(result) => {
+                        assert!(result.is_ok(), "{result:?}");
+                        *slot = None;
+                    }
+                    Poll::Pending => done = false,
+                }
+            }
+        }
+        if done { Poll::Ready(()) } else { Poll::Pending }
+    }));
+    let () = replies;
+}
+
+#[test]
+fn forced_zero_copy_sends_arrive_intact_and_every_notification_is_counted() {
+    use tensorwire_engine::ZeroCopy;
+    let _serial = serial();
+    let server = echo_node_with(|b| b.zero_copy(ZeroCopy::Always));
+    let client = Node::builder(any_local_address())
+        .zero_copy(ZeroCopy::Always)
+        .in_process_delivery(false)
+        .build()
+        .unwrap();
+    let before = tensorwire_engine::stats::snapshot();
+    let message = patterned(3, 4, 1 << 20); // 4 MiB: above the 64 KiB zero-copy threshold
+    for _ in 0..3 {
+        assert_eq!(
+            tensor(ask(&client, &server, "/actors/echo", message.clone()).unwrap()),
+            message
+        );
+    }
+    // Notifications come after the sends complete (when the peer has the data): wait for them.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (requests, notified, copied) = loop {
+        let now = tensorwire_engine::stats::snapshot();
+        let requests = now.zero_copy_requests - before.zero_copy_requests;
+        let copied = now.zero_copy_copied - before.zero_copy_copied;
+        let notified = now.zero_copy_done - before.zero_copy_done + copied;
+        if notified >= requests || Instant::now() > deadline {
+            break (requests, notified, copied);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(
+        requests >= 6,
+        "3 requests and 3 echoes went out zero-copy: {requests}"
+    );
+    assert_eq!(notified, requests, "one notification per zero-copy send");
+    eprintln!("loopback zero-copy: {requests} sends, {copied} reported copied by the kernel");
+}
+
+#[test]
+fn automatic_zero_copy_is_not_used_on_loopback() {
+    let _serial = serial();
+    let (server, client) = (echo_node(), client_node());
+    let before = tensorwire_engine::stats::snapshot().zero_copy_requests;
+    let message = patterned(3, 1, 4 << 20);
+    assert_eq!(
+        tensor(ask(&client, &server, "/actors/echo", message.clone()).unwrap()),
+        message
+    );
+    assert_eq!(
+        tensorwire_engine::stats::snapshot().zero_copy_requests,
+        before
+    );
+}

@@ -149,17 +149,24 @@ pub(crate) fn compare(options: &Options) -> Result<()> {
     }
     drop(servers);
 
+    // The main table first: the extra steps below cannot lose it.
+    print_table(&cases, &results, reps);
     let iperf = iperf3(reps, if quick { 1 } else { 3 });
+    match &iperf {
+        Ok(gb_per_s) => print_iperf(&cases, &results, *gb_per_s),
+        Err(e) => println!("\niperf3: {e:#}"),
+    }
     let rss = if quick {
-        Vec::new()
+        Ok(Vec::new())
     } else {
-        peak_rss_for_one_gib(&exe, &mut clients)?
+        peak_rss_for_one_gib(&exe, &mut clients)
     };
-    print_report(&cases, &results, iperf.as_ref().ok().copied(), &rss, reps);
-    if let Err(e) = &iperf {
-        println!("\niperf3: {e}");
+    match &rss {
+        Ok(rss) => print_rss(rss),
+        Err(e) => println!("\npeak RSS measurement failed: {e:#}"),
     }
     if let Some(path) = &options.json {
+        let rss = rss.unwrap_or_default();
         let json = to_json(&cases, &results, iperf.ok(), &rss);
         std::fs::write(path, serde_json::to_string_pretty(&json)?)?;
         println!("\nwrote {path}");
@@ -288,13 +295,7 @@ fn pick(results: &[Measurement], f: impl Fn(&Measurement) -> f64) -> f64 {
     median(&results.iter().map(f).collect::<Vec<_>>())
 }
 
-fn print_report(
-    cases: &[Case],
-    results: &[Vec<Vec<Measurement>>],
-    iperf: Option<f64>,
-    rss: &[(Transport, u64)],
-    reps: usize,
-) {
+fn print_table(cases: &[Case], results: &[Vec<Vec<Measurement>>], reps: usize) {
     println!(
         "\nmedians of {reps} interleaved repetition(s); CPU = both processes, s per GB of payload\n"
     );
@@ -356,7 +357,10 @@ fn print_report(
             }
         }
     }
-    if let Some(iperf) = iperf {
+}
+
+fn print_iperf(cases: &[Case], results: &[Vec<Vec<Measurement>>], iperf: f64) {
+    {
         println!("\niperf3 single stream, loopback: {iperf:.2} GB/s");
         for (case, per_transport) in cases.iter().zip(results) {
             if case.mode == Mode::OneWay && case.size >= 64 << 20 {
@@ -365,6 +369,9 @@ fn print_report(
             }
         }
     }
+}
+
+fn print_rss(rss: &[(Transport, u64)]) {
     if !rss.is_empty() {
         println!("\nreceiver peak RSS after one 1 GiB message:");
         for (transport, bytes) in rss {

@@ -138,7 +138,8 @@ async fn connect(peer: SocketAddr) -> Result<TcpStream> {
 /// A seed-design client: a tokio runtime and one pooled connection.
 pub(crate) struct Client {
     runtime: tokio::runtime::Runtime,
-    stream: Option<TcpStream>,
+    /// The pooled connection and the peer it goes to.
+    stream: Option<(SocketAddr, TcpStream)>,
 }
 
 impl Client {
@@ -167,10 +168,10 @@ impl Client {
                 };
                 sequential(options.duration, min_ops, total, || {
                     runtime.block_on(async {
-                        if slot.is_none() {
-                            *slot = Some(connect(peer).await?);
+                        if slot.as_ref().is_none_or(|(to, _)| *to != peer) {
+                            *slot = Some((peer, connect(peer).await?));
                         }
-                        let stream = slot.as_mut().context("connected above")?;
+                        let (_, stream) = slot.as_mut().context("connected above")?;
                         match ask(stream, path, message).await? {
                             Frame::SingleResponse { msg_type, data, .. } => {
                                 check_sink_ack(&msg_type, &data, total)

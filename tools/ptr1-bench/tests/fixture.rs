@@ -1,0 +1,166 @@
+//! The fixture in a second process: every server implementation answers the engine client
+//! byte-exactly (wire compatibility between engine, seed-design and blocking peers), `run`
+//! prints measurements, and the forced fallback stops the engine server with a clear error.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tensorwire_engine::{Node, Reply, TensorMessage};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ptr1-bench");
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+struct Server(Child, SocketAddr);
+
+impl Server {
+    fn start(transport: &str) -> Self {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--transport", transport, "--listen", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("ptr1-bench starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .expect("ready line")
+            .parse()
+            .unwrap();
+        Self(child, addr)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn client() -> Node {
+    Node::builder("127.0.0.1:0".parse().unwrap())
+        .build()
+        .expect("client node")
+}
+
+fn message() -> TensorMessage {
+    let buffers = (0..5u8)
+        .map(|i| {
+            Bytes::from(
+                (0..1000 * usize::from(i))
+                    .map(|j| j.to_le_bytes()[0] ^ i)
+                    .collect::<Vec<u8>>(),
+            )
+        })
+        .collect();
+    TensorMessage::new(42, Bytes::from_static(b"{\"schema\":1}"), buffers)
+}
+
+fn check_fixture(transport: &str) {
+    let server = Server::start(transport);
+    let client = client();
+    let sent = message();
+    let echo = client
+        .ask(server.1, "/actors/echo", sent.clone(), TIMEOUT)
+        .wait()
+        .unwrap();
+    assert_eq!(
+        echo,
+        Reply::Tensor(sent.clone()),
+        "{transport} echo returns the message, version included"
+    );
+    let sink = client
+        .ask(server.1, "/actors/sink", sent.clone(), TIMEOUT)
+        .wait()
+        .unwrap();
+    let expected = Reply::Single {
+        msg_type: "ack".into(),
+        data: Bytes::from(sent.total_bytes().to_string()),
+    };
+    assert_eq!(
+        sink, expected,
+        "{transport} sink acknowledges the byte count"
+    );
+    client
+        .tell(server.1, "/actors/sink", sent, TIMEOUT)
+        .wait()
+        .unwrap();
+}
+
+#[test]
+fn engine_fixture_answers_echo_sink_and_tell_from_another_process() {
+    check_fixture("engine");
+}
+
+#[test]
+fn seed_design_fixture_speaks_the_same_wire_format() {
+    check_fixture("seed");
+}
+
+#[test]
+fn blocking_fixture_speaks_the_same_wire_format() {
+    check_fixture("std");
+}
+
+#[test]
+fn run_prints_a_json_measurement() {
+    let server = Server::start("engine");
+    let output = Command::new(BIN)
+        .args([
+            "run",
+            "--connect",
+            &server.1.to_string(),
+            "--mode",
+            "rtt",
+            "--size",
+            "4096",
+            "--seconds",
+            "0.2",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(json["transport"], "engine");
+    assert!(json["ops"].as_u64().unwrap() >= 100, "{json}");
+    assert!(json["latency_p50_us"].as_f64().unwrap() > 0.0, "{json}");
+}
+
+#[test]
+fn forced_fallback_stops_the_engine_server_with_a_clear_error() {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--transport", "engine", "--listen", "127.0.0.1:0"])
+        .env("TENSORWIRE_FORCE_FALLBACK", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the server did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(!status.success());
+    assert!(stderr.contains("io_uring unavailable"), "{stderr}");
+    assert!(stderr.contains("TENSORWIRE_FORCE_FALLBACK"), "{stderr}");
+}
