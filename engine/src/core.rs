@@ -175,6 +175,62 @@ pub(crate) fn spawn(
     }
 }
 
+/// A core driven by the calling thread, for blocking calls: the exchange runs on a ring owned
+/// by that thread, so no other thread has to be woken on the way out or back.
+pub(crate) struct CallerCore {
+    core: Core,
+}
+
+impl CallerCore {
+    /// Creates the ring on the calling thread (which must be the only one to use it).
+    pub(crate) fn new(shared: Arc<Shared>) -> Result<Self, Error> {
+        let ring =
+            Ring::new(shared.config.ring_entries).map_err(|e| Error::IoUringUnavailable {
+                reason: format!("caller ring setup: {e}"),
+            })?;
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let wake = sys::eventfd_blocking().map_err(|e| Error::io("eventfd", e))?;
+        let handle = CoreHandle {
+            inner: Arc::new(CoreShared {
+                tx,
+                wake,
+                sleeping: AtomicBool::new(false),
+            }),
+        };
+        Ok(Self {
+            core: Core::new(ring, shared, handle, rx, None),
+        })
+    }
+
+    /// Runs `request` on this thread until `done()` (its completer has the result).
+    pub(crate) fn exchange(&mut self, request: ClientRequest, done: impl Fn() -> bool) {
+        let core = &mut self.core;
+        if core
+            .idle
+            .get(&request.peer)
+            .is_some_and(|idle| !idle.is_empty())
+        {
+            // Let what happened while this thread was away land first (an idle peer's close).
+            if core.turn(Some(Duration::ZERO)).is_err() {
+                core.drain();
+            }
+        }
+        core.start_request(request);
+        while !done() {
+            let timeout = core.next_timeout();
+            if core.turn(timeout).is_err() {
+                core.drain(); // fails the request: `done()` becomes true
+            }
+        }
+    }
+}
+
+impl Drop for CallerCore {
+    fn drop(&mut self) {
+        self.core.drain();
+    }
+}
+
 // ---- user_data layout: | generation: 24 bits | slot: 32 bits | tag: 8 bits | ----
 
 const TAG_RECV: u8 = 1;
@@ -375,25 +431,11 @@ impl Core {
             } else {
                 Some(Duration::ZERO)
             };
-            let waited = self.ring.submit_and_wait(timeout);
-            self.handle.inner.sleeping.store(false, Ordering::SeqCst);
-            if let Err(e) = waited {
+            if let Err(e) = self.turn(timeout) {
                 // The ring itself failed: nothing more can be done on this core.
                 eprintln!("tensorwire: core ring failed: {e}; closing its connections");
-                self.stop_all();
+                self.drain();
                 break;
-            }
-            // Completions first: an idle peer's close is seen before a command could reuse the
-            // connection.
-            let mut completions = std::mem::take(&mut self.completions);
-            self.ring.drain(&mut completions);
-            for (ud, res, flags) in completions.drain(..) {
-                self.on_completion(ud, res, flags);
-            }
-            self.completions = completions;
-            self.fire_timers();
-            while let Ok(command) = self.rx.try_recv() {
-                self.handle_command(command);
             }
             if self.stopping && self.conns.iter().all(Option::is_none) && !self.accept_armed {
                 break;
@@ -402,6 +444,43 @@ impl Core {
         // Anything still queued fails instead of hanging.
         while let Ok(command) = self.rx.try_recv() {
             self.handle_command(command);
+        }
+    }
+
+    /// One round: submit and wait (at most `timeout`), then completions, timers and commands.
+    fn turn(&mut self, timeout: Option<Duration>) -> std::io::Result<()> {
+        let waited = self.ring.submit_and_wait(timeout);
+        self.handle.inner.sleeping.store(false, Ordering::SeqCst);
+        waited?;
+        // Completions first: an idle peer's close is seen before a command could reuse the
+        // connection.
+        let mut completions = std::mem::take(&mut self.completions);
+        self.ring.drain(&mut completions);
+        for (ud, res, flags) in completions.drain(..) {
+            self.on_completion(ud, res, flags);
+        }
+        self.completions = completions;
+        self.fire_timers();
+        while let Ok(command) = self.rx.try_recv() {
+            self.handle_command(command);
+        }
+        Ok(())
+    }
+
+    /// Fails every request, closes every connection and waits (bounded) until no operation is
+    /// in flight. Connections whose operations never completed are leaked rather than freed:
+    /// the kernel may still write into their memory.
+    fn drain(&mut self) {
+        self.stop_all();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.conns.iter().any(Option::is_some) && Instant::now() < deadline {
+            if self.turn(Some(Duration::from_millis(10))).is_err() {
+                break;
+            }
+        }
+        if self.conns.iter().any(Option::is_some) {
+            eprintln!("tensorwire: operations still in flight at shutdown; leaking their memory");
+            std::mem::forget(std::mem::take(&mut self.conns));
         }
     }
 

@@ -18,6 +18,13 @@ use crate::endpoint::{Endpoint, Incoming, Mailbox, Reply, Request, RequestKind, 
 use crate::pool::{PoolConfig, ReceivePool};
 use crate::{Error, sys};
 
+type Callers = Vec<(u64, Weak<Shared>, core::CallerCore)>;
+
+thread_local! {
+    /// This thread's caller cores, one per node it made blocking calls to.
+    static CALLERS: std::cell::RefCell<Callers> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Receives connections whose first four bytes are not `PTR1` (TLS, HTTP/2), together with
 /// those bytes. The HTTP/2 + TLS server of `tensorwire-compat` implements it.
 pub trait Handoff: Send + Sync + 'static {
@@ -62,6 +69,10 @@ pub enum ZeroCopy {
 
 /// Everything the cores of one node share.
 pub(crate) struct Shared {
+    /// Unique per node in this process (never reused).
+    pub(crate) id: u64,
+    /// Set by `Node::shutdown`; blocking calls check it.
+    pub(crate) shut_down: std::sync::atomic::AtomicBool,
     pub(crate) config: Config,
     pub(crate) limits: Limits,
     pub(crate) pool: ReceivePool,
@@ -252,7 +263,10 @@ impl NodeBuilder {
         let local_addr =
             sys::local_addr(listener.as_raw_fd()).map_err(|e| Error::io("getsockname", e))?;
         let registry = Arc::new(Registry::default());
+        static NODE_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let shared = Arc::new(Shared {
+            id: NODE_IDS.fetch_add(1, Ordering::Relaxed),
+            shut_down: std::sync::atomic::AtomicBool::new(false),
             config: self.config.clone(),
             limits,
             pool: ReceivePool::new(self.pool),
@@ -457,6 +471,117 @@ impl Node {
         pending
     }
 
+    /// The blocking form of [`Node::ask`]: the exchange runs on a ring owned by the calling thread
+    /// (created on its first blocking call to this node and kept, with its pooled connections,
+    /// until the thread exits or the node shuts down), so no core thread is woken on the way.
+    ///
+    /// # Errors
+    ///
+    /// As the result of [`Node::ask`].
+    pub fn ask_blocking(
+        &self,
+        peer: SocketAddr,
+        path: &str,
+        message: TensorMessage,
+        timeout: Duration,
+    ) -> Result<Reply, Error> {
+        if self.route(peer) == Route::LocalMailbox {
+            return self.ask(peer, path, message, timeout).wait();
+        }
+        let (completer, pending) = completion::pair();
+        let frame = Frame::Ask {
+            path: path.to_owned(),
+            message,
+        };
+        self.on_caller(
+            peer,
+            &frame,
+            timeout,
+            ClientCompleter::Ask(completer),
+            || pending.is_ready(),
+        );
+        pending.wait()
+    }
+
+    /// The blocking form of [`Node::tell`], run on the calling thread like
+    /// [`Node::ask_blocking`].
+    ///
+    /// # Errors
+    ///
+    /// As the result of [`Node::tell`].
+    pub fn tell_blocking(
+        &self,
+        peer: SocketAddr,
+        path: &str,
+        message: TensorMessage,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        if self.route(peer) == Route::LocalMailbox {
+            return self.tell(peer, path, message, timeout).wait();
+        }
+        let (completer, pending) = completion::pair();
+        let frame = Frame::Tell {
+            path: path.to_owned(),
+            message,
+        };
+        self.on_caller(
+            peer,
+            &frame,
+            timeout,
+            ClientCompleter::Tell(completer),
+            || pending.is_ready(),
+        );
+        pending.wait()
+    }
+
+    /// Runs one exchange on this thread's caller core for this node.
+    fn on_caller(
+        &self,
+        peer: SocketAddr,
+        frame: &Frame,
+        timeout: Duration,
+        completer: ClientCompleter,
+        done: impl Fn() -> bool,
+    ) {
+        let shared = &self.inner.shared;
+        if shared.shut_down.load(Ordering::Acquire) {
+            return completer_fail(completer, Error::Shutdown);
+        }
+        let encoded = match ptr1::encode(frame, &shared.limits) {
+            Ok(encoded) => encoded,
+            Err(e) => return completer_fail(completer, Error::Encode(e)),
+        };
+        let request = ClientRequest {
+            peer,
+            encoded,
+            deadline: Instant::now() + timeout,
+            timeout,
+            completer,
+        };
+        CALLERS.with(|callers| {
+            let Ok(mut callers) = callers.try_borrow_mut() else {
+                // Re-entered from inside a blocking call on this thread: use a core thread.
+                return self.send_to_core(request);
+            };
+            // Caller cores of nodes that have shut down close their connections here.
+            callers.retain(|(_, node, _)| {
+                node.upgrade()
+                    .is_some_and(|s| !s.shut_down.load(Ordering::Acquire))
+            });
+            let index = match callers.iter().position(|(id, _, _)| *id == shared.id) {
+                Some(index) => index,
+                None => match core::CallerCore::new(Arc::clone(shared)) {
+                    Ok(core) => {
+                        callers.push((shared.id, Arc::downgrade(shared), core));
+                        callers.len() - 1
+                    }
+                    Err(_) => return self.send_to_core(request),
+                },
+            };
+            callers[index].2.exchange(request, done);
+        });
+    }
+
     /// Stops accepting, fails every request in flight, closes every connection and endpoint,
     /// and joins the threads. Idempotent.
     pub fn shutdown(&self) {
@@ -518,18 +643,23 @@ impl Node {
             Ok(encoded) => encoded,
             Err(e) => return completer_fail(completer, Error::Encode(e)),
         };
-        let cores = &self.inner.cores;
-        let index = self.inner.next_core.fetch_add(1, Ordering::Relaxed) % cores.len().max(1);
-        let request = Box::new(ClientRequest {
+        let request = ClientRequest {
             peer,
             encoded,
             deadline: Instant::now() + timeout,
             timeout,
             completer,
-        });
+        };
+        self.send_to_core(request);
+    }
+
+    /// Hands a request to a core thread, round-robin.
+    fn send_to_core(&self, request: ClientRequest) {
+        let cores = &self.inner.cores;
+        let index = self.inner.next_core.fetch_add(1, Ordering::Relaxed) % cores.len().max(1);
         match cores
             .get(index)
-            .map(|core| core.send(Command::Request(request)))
+            .map(|core| core.send(Command::Request(Box::new(request))))
         {
             Some(Ok(())) => {}
             Some(Err(Command::Request(request))) => {
@@ -560,6 +690,7 @@ fn completer_fail(completer: ClientCompleter, error: Error) {
 
 impl NodeInner {
     fn shutdown(&self) {
+        self.shared.shut_down.store(true, Ordering::Release);
         local_nodes().remove(self.local_addr);
         for core in &self.cores {
             let _ = core.send(Command::Shutdown);

@@ -1000,3 +1000,130 @@ fn automatic_zero_copy_is_not_used_on_loopback() {
         before
     );
 }
+
+#[test]
+fn blocking_asks_run_on_the_calling_thread_and_reuse_one_connection() {
+    let _serial = serial();
+    let server = echo_node();
+    let client = client_node();
+    let before = stats::global().snapshot().raw_connections_accepted;
+    for i in 0..20 {
+        let message = patterned(i, 2, 3000);
+        let reply = client.ask_blocking(
+            server.local_addr(),
+            "/actors/echo",
+            message.clone(),
+            TIMEOUT,
+        );
+        assert_eq!(tensor(reply.unwrap()), message);
+    }
+    client
+        .tell_blocking(
+            server.local_addr(),
+            "/actors/echo",
+            patterned(1, 1, 1),
+            TIMEOUT,
+        )
+        .unwrap();
+    let opened = stats::global().snapshot().raw_connections_accepted - before;
+    assert_eq!(opened, 1, "this thread's ring kept one pooled connection");
+}
+
+#[test]
+fn blocking_ask_fails_at_its_deadline() {
+    let _serial = serial();
+    let server = client_node();
+    server
+        .serve("slow", 1, |r| {
+            std::thread::sleep(Duration::from_millis(800));
+            Ok(Reply::Tensor(r.message))
+        })
+        .unwrap();
+    let client = client_node();
+    let started = Instant::now();
+    let err = client
+        .ask_blocking(
+            server.local_addr(),
+            "/actors/slow",
+            patterned(1, 1, 1),
+            Duration::from_millis(150),
+        )
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    assert!(started.elapsed() < Duration::from_millis(700));
+}
+
+#[test]
+fn blocking_ask_after_a_server_restart_reconnects() {
+    let _serial = serial();
+    let first = echo_node();
+    let addr = first.local_addr();
+    let client = client_node();
+    let message = patterned(1, 1, 100);
+    assert_eq!(
+        tensor(
+            client
+                .ask_blocking(addr, "/actors/echo", message.clone(), TIMEOUT)
+                .unwrap()
+        ),
+        message
+    );
+    first.shutdown();
+    drop(first);
+    let second = Node::builder(addr).build().unwrap();
+    second
+        .serve("echo", 1, |r| Ok(Reply::Tensor(r.message)))
+        .unwrap();
+    let reply = client.ask_blocking(addr, "/actors/echo", message.clone(), TIMEOUT);
+    assert_eq!(
+        tensor(reply.expect("the stale pooled connection was noticed")),
+        message
+    );
+}
+
+#[test]
+fn blocking_ask_after_shutdown_fails_with_shutdown() {
+    let _serial = serial();
+    let server = echo_node();
+    let client = client_node();
+    client
+        .ask_blocking(
+            server.local_addr(),
+            "/actors/echo",
+            patterned(1, 1, 1),
+            TIMEOUT,
+        )
+        .unwrap();
+    client.shutdown();
+    let err = client.ask_blocking(
+        server.local_addr(),
+        "/actors/echo",
+        patterned(1, 1, 1),
+        TIMEOUT,
+    );
+    assert!(matches!(err, Err(Error::Shutdown)), "{err:?}");
+}
+
+#[test]
+fn blocking_calls_from_many_threads_are_not_mixed_up_and_free_their_fds_on_exit() {
+    let _serial = serial();
+    let server = echo_node();
+    let client = client_node();
+    let baseline = open_fd_count();
+    let threads: Vec<_> = (0..4u32)
+        .map(|t| {
+            let client = client.clone();
+            let peer = server.local_addr();
+            std::thread::spawn(move || {
+                for i in 0..50 {
+                    let message = patterned(t * 1000 + i, 1, 64 + i as usize);
+                    let reply = client.ask_blocking(peer, "/actors/echo", message.clone(), TIMEOUT);
+                    assert_eq!(tensor(reply.unwrap()), message);
+                }
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    // Each thread's ring and pooled connection went away with the thread.
+    assert!(settle_fds(baseline) <= baseline, "fds back to {baseline}");
+}

@@ -65,19 +65,13 @@ pub(crate) fn measure(
     let total = message.total_bytes();
     match options.mode {
         Mode::OneWay => sequential(options.duration, 3, total, || {
-            match node
-                .ask(peer, "/actors/sink", message.clone(), TIMEOUT)
-                .wait()?
-            {
+            match node.ask_blocking(peer, "/actors/sink", message.clone(), TIMEOUT)? {
                 Reply::Single { msg_type, data } => check_sink_ack(&msg_type, &data, total),
                 other => Err(anyhow!("sink answered {other:?}")),
             }
         }),
         Mode::Rtt => sequential(options.duration, 100, total, || {
-            match node
-                .ask(peer, "/actors/echo", message.clone(), TIMEOUT)
-                .wait()?
-            {
+            match node.ask_blocking(peer, "/actors/echo", message.clone(), TIMEOUT)? {
                 Reply::Tensor(reply) if reply.total_bytes() == total => Ok(()),
                 other => Err(anyhow!("echo answered {other:?}")),
             }
