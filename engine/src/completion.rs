@@ -35,6 +35,8 @@ struct State<T> {
     result: Option<Result<T, Error>>,
     waker: Option<Waker>,
     done: bool,
+    /// The deadline registered with the timer thread, cancelled on completion.
+    timer: Option<u64>,
 }
 
 pub(crate) fn pair<T>() -> (Completer<T>, Pending<T>) {
@@ -43,6 +45,7 @@ pub(crate) fn pair<T>() -> (Completer<T>, Pending<T>) {
             result: None,
             waker: None,
             done: false,
+            timer: None,
         }),
         ready: Condvar::new(),
     });
@@ -127,7 +130,7 @@ impl<T: Send + 'static> Completer<T> {
         error: impl FnOnce() -> Error + Send + 'static,
     ) {
         let slot = Arc::downgrade(&self.slot);
-        timer::schedule(
+        let id = timer::schedule(
             deadline,
             Box::new(move || {
                 if let Some(slot) = slot.upgrade() {
@@ -135,6 +138,13 @@ impl<T: Send + 'static> Completer<T> {
                 }
             }),
         );
+        let mut state = lock(&self.slot.state);
+        if state.done {
+            drop(state);
+            timer::cancel(id); // completed in the meantime
+        } else {
+            state.timer = Some(id);
+        }
     }
 }
 
@@ -145,15 +155,18 @@ impl<T> Completer<T> {
     }
 
     fn finish(&self, result: Option<Result<T, Error>>) {
-        let waker = {
+        let (waker, timer) = {
             let mut state = lock(&self.slot.state);
             if state.done {
                 return;
             }
             state.done = true;
             state.result = Some(result.unwrap_or(Err(Error::Shutdown)));
-            state.waker.take()
+            (state.waker.take(), state.timer.take())
         };
+        if let Some(id) = timer {
+            timer::cancel(id);
+        }
         self.slot.ready.notify_all();
         if let Some(waker) = waker {
             waker.wake();
@@ -179,11 +192,13 @@ mod timer {
 
     type Action = Box<dyn FnOnce() + Send>;
 
-    /// Pending deadlines: the heap orders them, the map holds what to do (removed when done).
+    /// Pending deadlines: the heap orders them, the map holds what to do. A cancelled entry
+    /// leaves the map at once and the heap lazily; the heap is rebuilt when stale entries
+    /// dominate, so memory stays proportional to the live deadlines.
     #[derive(Default)]
     struct Queue {
         heap: BinaryHeap<Reverse<(Instant, u64)>>,
-        actions: std::collections::HashMap<u64, Action>,
+        actions: std::collections::HashMap<u64, (Instant, Action)>,
         next_id: u64,
     }
 
@@ -208,15 +223,44 @@ mod timer {
         })
     }
 
-    pub(super) fn schedule(at: Instant, action: Action) {
+    /// Runs `action` at `at` unless cancelled first; returns the id for [`cancel`].
+    pub(super) fn schedule(at: Instant, action: Action) -> u64 {
         let timer = timer();
         let mut queue = timer.queue.lock().unwrap_or_else(PoisonError::into_inner);
         let id = queue.next_id;
         queue.next_id += 1;
+        if queue.heap.len() > 2 * queue.actions.len() + 1024 {
+            let live: BinaryHeap<_> = queue
+                .actions
+                .iter()
+                .map(|(&id, &(at, _))| Reverse((at, id)))
+                .collect();
+            queue.heap = live;
+        }
         queue.heap.push(Reverse((at, id)));
-        queue.actions.insert(id, action);
+        queue.actions.insert(id, (at, action));
         drop(queue);
         timer.changed.notify_one();
+        id
+    }
+
+    /// Entries in the heap and live deadlines (for tests).
+    #[cfg(test)]
+    pub(super) fn sizes() -> (usize, usize) {
+        let queue = timer().queue.lock().unwrap_or_else(PoisonError::into_inner);
+        (queue.heap.len(), queue.actions.len())
+    }
+
+    /// Forgets a deadline (its request completed).
+    pub(super) fn cancel(id: u64) {
+        let timer = timer();
+        let action = timer
+            .queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .actions
+            .remove(&id);
+        drop(action); // outside the lock: it may drop a request's last references
     }
 
     fn run() {
@@ -227,7 +271,7 @@ mod timer {
             match queue.heap.peek().copied() {
                 Some(Reverse((at, id))) if at <= now => {
                     queue.heap.pop();
-                    if let Some(action) = queue.actions.remove(&id) {
+                    if let Some((_, action)) = queue.actions.remove(&id) {
                         drop(queue);
                         action();
                         queue = timer.queue.lock().unwrap_or_else(PoisonError::into_inner);
@@ -264,6 +308,33 @@ mod tests {
         let (completer, pending) = pair::<u32>();
         drop(completer);
         assert!(matches!(pending.wait(), Err(Error::Shutdown)));
+    }
+
+    #[test]
+    fn completed_requests_leave_no_deadline_behind() {
+        let far = Instant::now() + Duration::from_secs(3600);
+        for i in 0..10_000u32 {
+            let (completer, pending) = pair::<u32>();
+            completer.expire_at(far, || Error::Shutdown);
+            completer.complete(Ok(i));
+            assert_eq!(pending.wait().unwrap(), i);
+        }
+        let (heap, live) = timer::sizes();
+        assert_eq!(live, 0, "every deadline was cancelled");
+        assert!(
+            heap <= 1024 + 1,
+            "stale heap entries were compacted: {heap}"
+        );
+    }
+
+    #[test]
+    fn deadline_fails_a_request_nobody_answers() {
+        let (completer, pending) = pair::<u32>();
+        completer.expire_at(Instant::now() + Duration::from_millis(20), || {
+            Error::Shutdown
+        });
+        assert!(matches!(pending.wait(), Err(Error::Shutdown)));
+        drop(completer);
     }
 
     #[test]

@@ -243,6 +243,8 @@ const TAG_ACCEPT: u8 = 7;
 /// Slot number of the core's own operations (wake, accept).
 const CORE_SLOT: u32 = u32::MAX;
 const GENERATION_MASK: u32 = (1 << 24) - 1;
+/// Pause before re-arming an accept that failed (for instance out of file descriptors).
+const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(100);
 /// How long a pooled connection above the idle cap may stay idle before it is closed.
 const IDLE_TRIM_DELAY: Duration = Duration::from_secs(1);
 /// Bytes read per step while discarding input after an error reply.
@@ -384,6 +386,8 @@ struct Core {
     timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
     listener: Option<RawFd>,
     accept_armed: bool,
+    /// When to re-arm an accept that ended on an error.
+    accept_retry_at: Option<Instant>,
     /// The eventfd READ target; must not move while the READ is in flight.
     wake_buf: Box<u64>,
     wake_armed: bool,
@@ -413,6 +417,7 @@ impl Core {
             timers: BinaryHeap::new(),
             listener,
             accept_armed: false,
+            accept_retry_at: None,
             wake_buf: Box::new(0),
             wake_armed: false,
             stopping: false,
@@ -486,6 +491,10 @@ impl Core {
 
     fn next_timeout(&mut self) -> Option<Duration> {
         let conn = self.timers.peek().map(|Reverse((at, _, _))| *at);
+        let conn = match (conn, self.accept_retry_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let queued = self
             .waiting
             .values()
@@ -588,12 +597,16 @@ impl Core {
     fn on_accept(&mut self, res: i32, flags: u32) {
         if !cqueue::more(flags) {
             self.accept_armed = false;
-            if !self.stopping {
+            if res < 0 {
+                // The multishot accept ended on an error (e.g. EMFILE): retry after a pause
+                // instead of spinning on an error that persists.
+                self.accept_retry_at = Some(Instant::now() + ACCEPT_RETRY_DELAY);
+            } else {
                 self.arm_accept();
             }
         }
         if res < 0 {
-            return; // e.g. ECONNABORTED, EMFILE: the listener stays armed
+            return; // e.g. ECONNABORTED: the next connection is accepted as usual
         }
         // SAFETY: a successful accept returns a new descriptor that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(res) };
@@ -602,8 +615,13 @@ impl Core {
         }
         let _ = sys::set_nodelay(fd.as_raw_fd());
         let deadline = Instant::now() + self.shared.config.preface_timeout;
-        let peer = sys::peer_addr(fd.as_raw_fd()).ok();
-        let zero_copy = zero_copy_allowed(self.shared.config.zero_copy, peer);
+        let zero_copy = match self.shared.config.zero_copy {
+            crate::node::ZeroCopy::Auto => zero_copy_allowed(
+                crate::node::ZeroCopy::Auto,
+                sys::peer_addr(fd.as_raw_fd()).ok(),
+            ),
+            mode => zero_copy_allowed(mode, None),
+        };
         let server = Server {
             state: ServerState::Reading,
             recv: FrameRecv::preface(),
@@ -1231,6 +1249,10 @@ impl Core {
 
     fn fire_timers(&mut self) {
         let now = Instant::now();
+        if self.accept_retry_at.is_some_and(|at| at <= now) {
+            self.accept_retry_at = None;
+            self.arm_accept();
+        }
         for queue in self.waiting.values_mut() {
             if queue.iter().any(|request| request.deadline <= now) {
                 let (expired, kept): (VecDeque<_>, VecDeque<_>) = std::mem::take(queue)

@@ -398,7 +398,14 @@ impl Node {
                 .spawn(move || {
                     while let Ok(Some(incoming)) = mailbox.pop(None) {
                         let (request, replier) = incoming.into_parts();
-                        replier.reply(handler(request));
+                        // A panicking handler answers with an error and keeps serving.
+                        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            handler(request)
+                        }))
+                        .unwrap_or_else(|panic| {
+                            Err(format!("handler panicked: {}", panic_text(&*panic)))
+                        });
+                        replier.reply(result);
                     }
                 })
                 .map_err(|e| Error::io("spawning a handler thread", e))?;
@@ -712,8 +719,23 @@ impl NodeInner {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner),
         );
-        handlers.into_iter().for_each(|t| drop(t.join()));
+        // Shutdown may run on a handler thread (a handler that held the last Node handle):
+        // that thread ends by itself once it returns.
+        let current = std::thread::current().id();
+        handlers
+            .into_iter()
+            .filter(|t| t.thread().id() != current)
+            .for_each(|t| drop(t.join()));
     }
+}
+
+/// The message of a panic payload, if it has one.
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
 }
 
 impl Drop for NodeInner {

@@ -1127,3 +1127,29 @@ fn blocking_calls_from_many_threads_are_not_mixed_up_and_free_their_fds_on_exit(
     // Each thread's ring and pooled connection went away with the thread.
     assert!(settle_fds(baseline) <= baseline, "fds back to {baseline}");
 }
+
+#[test]
+fn a_panicking_handler_answers_with_an_error_and_keeps_serving() {
+    let _serial = serial();
+    let server = client_node();
+    server
+        .serve("fragile", 1, |r| {
+            if r.message.version == 13 {
+                panic!("unlucky version");
+            }
+            Ok(Reply::Tensor(r.message))
+        })
+        .unwrap();
+    let client = client_node();
+    let err = ask(&client, &server, "/actors/fragile", patterned(13, 1, 1)).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("handler panicked: unlucky version"),
+        "{err}"
+    );
+    let ok = patterned(14, 1, 1);
+    assert_eq!(
+        tensor(ask(&client, &server, "/actors/fragile", ok.clone()).unwrap()),
+        ok
+    );
+}
