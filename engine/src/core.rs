@@ -41,11 +41,17 @@ pub(crate) struct ConnToken {
 pub(crate) enum Command {
     /// Send a request to a peer and deliver the reply.
     Request(Box<ClientRequest>),
-    /// A handler answered the ask that arrived on a connection.
+    /// A handler answered the ask that arrived on a connection; the core sends the frame,
+    /// of which the handler already wrote the first `sent` bytes itself.
     Reply {
         token: ConnToken,
-        result: Result<Reply, String>,
+        encoded: tensorwire_proto::Encoded,
+        sent: usize,
     },
+    /// A handler wrote its whole reply itself: read the next request.
+    ReplySent { token: ConnToken },
+    /// A handler could not write its reply (the connection broke): close it.
+    ReplyFailed { token: ConnToken },
     /// A mailbox this connection waits on has space again.
     MailboxSpace { token: ConnToken },
     /// Fail everything, close every connection, stop.
@@ -128,11 +134,83 @@ impl CoreHandle {
         }
         Ok(())
     }
+}
 
-    /// Sends a handler's answer back to the connection it came from (dropped if it is gone).
-    pub(crate) fn reply(&self, token: ConnToken, result: Result<Reply, String>) {
-        let _ = self.send(Command::Reply { token, result });
+/// Answers one ask that arrived on a server connection; held by the handler's `Replier`.
+///
+/// The handler thread encodes the reply and, if it is small, writes it to the socket itself
+/// with one non-blocking `sendmsg`: the asker gets it without waiting for the core thread to
+/// wake up. The core is told afterwards (to read the next request), or handed whatever could not
+/// be written. While an ask is dispatched the core has no operation on the socket, and the
+/// descriptor is shared (`Arc<OwnedFd>`), so it cannot be closed and reused under the write.
+#[derive(Debug)]
+pub(crate) struct RemoteReply {
+    core: CoreHandle,
+    token: ConnToken,
+    fd: Arc<OwnedFd>,
+    version: u32,
+    limits: tensorwire_proto::Limits,
+}
+
+impl RemoteReply {
+    pub(crate) fn send(self, result: Result<Reply, String>) {
+        let version = self.version;
+        let frame = match result {
+            Ok(Reply::Tensor(message)) => Frame::TensorResponse(message),
+            Ok(Reply::Single { msg_type, data }) => Frame::SingleResponse {
+                version,
+                msg_type,
+                data,
+            },
+            Err(text) => Frame::Error { version, text },
+        };
+        let Some(encoded) = encode_reply(&frame, &self.limits) else {
+            let _ = self.core.send(Command::ReplyFailed { token: self.token });
+            return;
+        };
+        let token = self.token;
+        let command = if encoded.wire_len() > DIRECT_REPLY_MAX {
+            Command::Reply {
+                token,
+                encoded,
+                sent: 0,
+            }
+        } else {
+            match sys::send_nonblocking(self.fd.as_raw_fd(), encoded.slices()) {
+                Ok(sent) if crate::len_u64(sent) == encoded.wire_len() => {
+                    stats::global().record_raw_frame_sent(encoded.wire_len());
+                    Command::ReplySent { token }
+                }
+                Ok(sent) => Command::Reply {
+                    token,
+                    encoded,
+                    sent,
+                },
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Command::Reply {
+                    token,
+                    encoded,
+                    sent: 0,
+                },
+                Err(_) => Command::ReplyFailed { token },
+            }
+        };
+        let _ = self.core.send(command);
     }
+}
+
+/// Encodes a reply; one over the limits becomes an Error frame saying so. `None` if not even
+/// that fits the configured limits.
+fn encode_reply(
+    frame: &Frame,
+    limits: &tensorwire_proto::Limits,
+) -> Option<tensorwire_proto::Encoded> {
+    let version = frame.version();
+    ptr1::encode(frame, limits)
+        .or_else(|e| {
+            let text = truncate(format!("reply could not be sent: {e}"), limits);
+            ptr1::encode(&Frame::Error { version, text }, limits)
+        })
+        .ok()
 }
 
 /// Starts a core thread. Returns once its ring exists (or failed to).
@@ -247,6 +325,9 @@ const GENERATION_MASK: u32 = (1 << 24) - 1;
 const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(100);
 /// How long a pooled connection above the idle cap may stay idle before it is closed.
 const IDLE_TRIM_DELAY: Duration = Duration::from_secs(1);
+/// Largest reply a handler writes itself (bigger ones go through the core, with `SENDMSG_ZC`
+/// where it applies and without tying up the handler).
+const DIRECT_REPLY_MAX: u64 = 64 << 10;
 /// Bytes read per step while discarding input after an error reply.
 const DRAIN_CHUNK: usize = 64 << 10;
 
@@ -264,7 +345,9 @@ fn split_user_data(ud: u64) -> (u32, u32, u8) {
 /// One TCP connection and everything its operations point to.
 struct Conn {
     generation: u32,
-    fd: Option<OwnedFd>,
+    /// Shared with the replier of a dispatched ask (see `RemoteReply`), so the descriptor can
+    /// never be closed and reused while a handler writes to it.
+    fd: Option<Arc<OwnedFd>>,
     /// Operations submitted and not yet completed. The connection (and so every buffer those
     /// operations use) is freed only when this is zero and `closing` is set.
     inflight: u32,
@@ -284,7 +367,7 @@ impl Conn {
     fn new(fd: OwnedFd, deadline: Option<Instant>, zero_copy: bool, role: Role) -> Self {
         Self {
             generation: 0,
-            fd: Some(fd),
+            fd: Some(Arc::new(fd)),
             inflight: 0,
             closing: false,
             deadline,
@@ -330,7 +413,7 @@ enum ServerState {
     /// Waiting for (the rest of) a request frame.
     Reading,
     /// A handler has the ask; its reply comes as a command.
-    Dispatched { version: u32 },
+    Dispatched,
     /// The endpoint's mailbox was full; retry when it says it has space.
     WaitingForMailbox {
         incoming: Incoming,
@@ -513,7 +596,17 @@ impl Core {
     fn handle_command(&mut self, command: Command) {
         match command {
             Command::Request(request) => self.start_request(*request),
-            Command::Reply { token, result } => self.on_handler_reply(token, result),
+            Command::Reply {
+                token,
+                encoded,
+                sent,
+            } => self.on_handler_reply(token, encoded, sent),
+            Command::ReplySent { token } => self.on_reply_written(token),
+            Command::ReplyFailed { token } => {
+                if self.conn_mut(token).is_some() {
+                    self.close(token.slot);
+                }
+            }
             Command::MailboxSpace { token } => self.retry_mailbox(token),
             Command::Shutdown => self.stop_all(),
         }
@@ -776,10 +869,17 @@ impl Core {
             return;
         };
         let tell = kind == RequestKind::Tell;
-        let responder = (!tell).then(|| Responder::Remote {
-            core: self.handle.clone(),
-            token,
-        });
+        let fd = self.conn_mut_by_slot(slot).and_then(|conn| conn.fd.clone());
+        let responder = match (tell, fd) {
+            (false, Some(fd)) => Some(Responder::Remote(RemoteReply {
+                core: self.handle.clone(),
+                token,
+                fd,
+                version,
+                limits: self.shared.limits,
+            })),
+            _ => None,
+        };
         let incoming = Incoming::new(
             Request {
                 path,
@@ -808,7 +908,7 @@ impl Core {
         };
         match mailbox.try_push(incoming, on_space) {
             TryPush::Pushed if tell => self.send_reply(slot, Frame::Ack { version }, false),
-            TryPush::Pushed => self.set_server_state(slot, ServerState::Dispatched { version }),
+            TryPush::Pushed => self.set_server_state(slot, ServerState::Dispatched),
             TryPush::Full(incoming) => self.set_server_state(
                 slot,
                 ServerState::WaitingForMailbox {
@@ -825,7 +925,7 @@ impl Core {
             }
             TryPush::Closed(incoming) => {
                 // Answered through the normal reply path, like any handler error.
-                self.set_server_state(slot, ServerState::Dispatched { version });
+                self.set_server_state(slot, ServerState::Dispatched);
                 incoming.reply(Err(Error::MailboxClosed.to_string()));
             }
         }
@@ -854,41 +954,54 @@ impl Core {
         }
     }
 
-    fn on_handler_reply(&mut self, token: ConnToken, result: Result<Reply, String>) {
-        let Some(conn) = self.conn_mut(token) else {
+    /// The connection of `token` if it still waits for the handler's answer to that request.
+    fn dispatched(&mut self, token: ConnToken) -> Option<&mut Conn> {
+        let conn = self.conn_mut(token)?;
+        let Role::Server(server) = &conn.role else {
+            return None;
+        };
+        // A late answer to an earlier request on this connection does not count.
+        (matches!(server.state, ServerState::Dispatched) && server.seq == token.seq).then_some(conn)
+    }
+
+    /// The handler wrote `sent` bytes of its reply; the core sends the rest.
+    fn on_handler_reply(
+        &mut self,
+        token: ConnToken,
+        encoded: tensorwire_proto::Encoded,
+        sent: usize,
+    ) {
+        let zero_copy_min = self.zero_copy_min();
+        let Some(conn) = self.dispatched(token) else {
             return;
         };
-        let Role::Server(server) = &mut conn.role else {
-            return;
-        };
-        let ServerState::Dispatched { version } = server.state else {
-            return;
-        };
-        if server.seq != token.seq {
-            return; // a late answer to an earlier request on this connection
+        let mut send = new_send(encoded, conn.zero_copy && sent == 0, zero_copy_min);
+        send.skip(sent);
+        if let Role::Server(server) = &mut conn.role {
+            server.state = ServerState::Replying { close_after: false };
+            server.send = Some(send);
         }
-        let frame = match result {
-            Ok(Reply::Tensor(message)) => Frame::TensorResponse(message),
-            Ok(Reply::Single { msg_type, data }) => Frame::SingleResponse {
-                version,
-                msg_type,
-                data,
-            },
-            Err(text) => Frame::Error { version, text },
+        self.submit_send(token.slot);
+    }
+
+    /// The handler wrote the whole reply: read the next request.
+    fn on_reply_written(&mut self, token: ConnToken) {
+        let idle_timeout = self.shared.config.idle_timeout;
+        let Some(conn) = self.dispatched(token) else {
+            return;
         };
-        self.send_reply(token.slot, frame, false);
+        if let Role::Server(server) = &mut conn.role {
+            server.state = ServerState::Reading;
+        }
+        conn.deadline = Some(Instant::now() + idle_timeout);
+        self.arm_timer(token.slot);
+        self.submit_recv(token.slot);
     }
 
     /// Encodes and sends a reply. A reply over the limits becomes an Error frame saying so.
     fn send_reply(&mut self, slot: u32, frame: Frame, close_after: bool) {
         let zero_copy_min = self.zero_copy_min();
-        let limits = self.shared.limits;
-        let version = frame.version();
-        let encoded = ptr1::encode(&frame, &limits).or_else(|e| {
-            let text = truncate(format!("reply could not be sent: {e}"), &limits);
-            ptr1::encode(&Frame::Error { version, text }, &limits)
-        });
-        let Ok(encoded) = encoded else {
+        let Some(encoded) = encode_reply(&frame, &self.shared.limits) else {
             self.close(slot); // not even a short error text fits the configured limits
             return;
         };
@@ -964,13 +1077,13 @@ impl Core {
         let Some(conn) = self.conn_mut_by_slot(slot) else {
             return;
         };
-        match (handoff, conn.fd.take()) {
-            (Some(handoff), Some(fd)) if conn.inflight == 0 => {
+        match (handoff, conn.fd.take().map(Arc::try_unwrap)) {
+            (Some(handoff), Some(Ok(fd))) if conn.inflight == 0 => {
                 conn.closing = true;
                 handoff.hand_off(fd, already_read);
             }
             (_, fd) => {
-                conn.fd = fd;
+                conn.fd = fd.map(|fd| fd.map_or_else(|shared| shared, Arc::new));
                 self.close(slot);
             }
         }

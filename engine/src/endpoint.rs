@@ -9,7 +9,7 @@ use tensorwire_proto::TensorMessage;
 
 use crate::Error;
 use crate::completion::Completer;
-use crate::core::{ConnToken, CoreHandle};
+use crate::core::RemoteReply;
 
 /// Whether a request expects a reply message (ask) or only an acknowledgement (tell).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,8 +65,8 @@ pub struct Replier {
 
 #[derive(Debug)]
 pub(crate) enum Responder {
-    /// The asker is on the network: the reply goes back through the core owning the connection.
-    Remote { core: CoreHandle, token: ConnToken },
+    /// The asker is on the network (see `RemoteReply`).
+    Remote(RemoteReply),
     /// The asker is in this process.
     Local(Completer<Reply>),
 }
@@ -119,7 +119,7 @@ impl Drop for Replier {
 impl Responder {
     fn send(self, result: Result<Reply, String>) {
         match self {
-            Self::Remote { core, token } => core.reply(token, result),
+            Self::Remote(reply) => reply.send(result),
             Self::Local(completer) => {
                 completer.complete(result.map_err(|text| Error::Remote { text }))
             }

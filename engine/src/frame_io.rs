@@ -388,13 +388,22 @@ impl FrameSend {
             .build()
     }
 
+    /// Marks the first `n` bytes as already sent (by someone else).
+    pub(crate) fn skip(&mut self, n: usize) {
+        let _ = self.advance(n);
+    }
+
     /// Applies a send result; `Ok(true)` once everything is sent.
     pub(crate) fn complete(&mut self, res: i32) -> io::Result<bool> {
-        let mut sent = match usize::try_from(res) {
-            Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
-            Ok(n) => n,
-            Err(_) => return Err(io::Error::from_raw_os_error(-res)),
-        };
+        match usize::try_from(res) {
+            Ok(0) => Err(io::Error::from(io::ErrorKind::WriteZero)),
+            Ok(n) => Ok(self.advance(n)),
+            Err(_) => Err(io::Error::from_raw_os_error(-res)),
+        }
+    }
+
+    /// Moves past `sent` bytes; `true` once everything is sent.
+    fn advance(&mut self, mut sent: usize) -> bool {
         while sent > 0 && self.next < self.iov.len() {
             let iov = &mut self.iov[self.next];
             if sent >= iov.iov_len {
@@ -407,7 +416,7 @@ impl FrameSend {
                 sent = 0;
             }
         }
-        Ok(self.next == self.iov.len())
+        self.next == self.iov.len()
     }
 }
 

@@ -149,6 +149,32 @@ pub(crate) fn peer_addr(fd: RawFd) -> io::Result<SocketAddr> {
     raw.to_socket_addr()
 }
 
+/// One `sendmsg(MSG_DONTWAIT | MSG_NOSIGNAL)` of up to 1024 slices; returns the bytes the
+/// kernel took (possibly fewer than offered) or `WouldBlock`.
+pub(crate) fn send_nonblocking<'a>(
+    fd: RawFd,
+    slices: impl Iterator<Item = &'a [u8]>,
+) -> io::Result<usize> {
+    let iov: Vec<libc::iovec> = slices
+        .take(1024)
+        .map(|s| libc::iovec {
+            iov_base: s.as_ptr().cast_mut().cast(),
+            iov_len: s.len(),
+        })
+        .collect();
+    // SAFETY: msghdr is plain old data; all-zero is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_iov = iov.as_ptr().cast_mut();
+    msg.msg_iovlen = iov.len();
+    // The kernel only reads the slices (they outlive the call); `msg` and `iov` are live locals.
+    let sent = syscall!(sendmsg(
+        fd,
+        &raw const msg,
+        libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL
+    ))?;
+    usize::try_from(sent).map_err(|_| io::Error::other("sendmsg returned a negative count"))
+}
+
 /// Sets `TCP_NODELAY`: frames end in partial segments that must not wait for an ACK.
 pub(crate) fn set_nodelay(fd: RawFd) -> io::Result<()> {
     set_int_option(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1)
