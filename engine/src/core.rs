@@ -471,6 +471,8 @@ struct Core {
     accept_armed: bool,
     /// When to re-arm an accept that ended on an error.
     accept_retry_at: Option<Instant>,
+    /// Multishot accept works here (until the kernel says `EINVAL`).
+    accept_multishot: bool,
     /// The eventfd READ target; must not move while the READ is in flight.
     wake_buf: Box<u64>,
     wake_armed: bool,
@@ -501,6 +503,7 @@ impl Core {
             listener,
             accept_armed: false,
             accept_retry_at: None,
+            accept_multishot: true,
             wake_buf: Box::new(0),
             wake_armed: false,
             stopping: false,
@@ -690,9 +693,13 @@ impl Core {
     fn on_accept(&mut self, res: i32, flags: u32) {
         if !cqueue::more(flags) {
             self.accept_armed = false;
-            if res < 0 {
-                // The multishot accept ended on an error (e.g. EMFILE): retry after a pause
-                // instead of spinning on an error that persists.
+            if res == -libc::EINVAL && self.accept_multishot {
+                // A kernel before 5.19 has no multishot accept: accept one at a time.
+                self.accept_multishot = false;
+                self.arm_accept();
+            } else if res < 0 {
+                // The accept ended on an error (e.g. EMFILE): retry after a pause instead of
+                // spinning on an error that persists.
                 self.accept_retry_at = Some(Instant::now() + ACCEPT_RETRY_DELAY);
             } else {
                 self.arm_accept();
@@ -1575,12 +1582,17 @@ impl Core {
         if self.accept_armed || self.stopping {
             return;
         }
-        self.push_core(
+        let entry = if self.accept_multishot {
             opcode::AcceptMulti::new(types::Fd(listener))
                 .flags(libc::SOCK_CLOEXEC)
-                .build(),
-            TAG_ACCEPT,
-        );
+                .build()
+        } else {
+            let (addr, len) = (std::ptr::null_mut(), std::ptr::null_mut());
+            opcode::Accept::new(types::Fd(listener), addr, len)
+                .flags(libc::SOCK_CLOEXEC)
+                .build()
+        };
+        self.push_core(entry, TAG_ACCEPT);
         self.accept_armed = true;
     }
 

@@ -44,7 +44,6 @@ pub(crate) struct Config {
     pub(crate) idle_timeout: Duration,
     pub(crate) drain_timeout: Duration,
     pub(crate) connect_timeout: Duration,
-    pub(crate) stream_timeout: Duration,
     pub(crate) idle_connections_per_peer: usize,
     pub(crate) max_connections_per_peer: usize,
     pub(crate) require_tls: bool,
@@ -116,7 +115,6 @@ impl NodeBuilder {
                 idle_timeout: Duration::from_secs(300),
                 drain_timeout: Duration::from_secs(2),
                 connect_timeout: Duration::from_secs(5),
-                stream_timeout: Duration::from_secs(300),
                 idle_connections_per_peer: 8,
                 max_connections_per_peer: 32,
                 require_tls: false,
@@ -164,12 +162,6 @@ impl NodeBuilder {
     /// Connect timeout for outgoing connections (default 5 s).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.config.connect_timeout = timeout;
-        self
-    }
-
-    /// Default deadline of an exchange (write + reply) when the caller gives none (300 s).
-    pub fn stream_timeout(mut self, timeout: Duration) -> Self {
-        self.config.stream_timeout = timeout;
         self
     }
 
