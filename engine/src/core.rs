@@ -1292,16 +1292,13 @@ impl Core {
             return;
         };
         let ClientState::Busy {
-            send_done,
-            send_error,
-            reply,
+            send_done, reply, ..
         } = &mut client.state
         else {
             return;
         };
         // Without a reply yet there is nothing to do: after a failed send, the pending receive
         // decides (the peer's Error frame, or the close).
-        let _ = send_error;
         let Some(frame) = reply.take() else { return };
         let in_sync = *send_done;
         let peer = client.peer;
