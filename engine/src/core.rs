@@ -126,6 +126,19 @@ struct CoreShared {
 }
 
 impl CoreHandle {
+    /// A handle and the receiving end of its command queue.
+    fn new() -> Result<(Self, Receiver<Command>), Error> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let wake = sys::eventfd_blocking().map_err(|e| Error::io("eventfd", e))?;
+        let sleeping = AtomicBool::new(false);
+        Ok((
+            Self {
+                inner: Arc::new(CoreShared { tx, wake, sleeping }),
+            },
+            rx,
+        ))
+    }
+
     /// Queues a command; gives it back if the core has stopped.
     pub(crate) fn send(&self, command: Command) -> Result<(), Command> {
         self.inner.tx.send(command).map_err(|e| e.into_inner())?;
@@ -219,15 +232,7 @@ pub(crate) fn spawn(
     shared: Arc<Shared>,
     listener: Option<RawFd>,
 ) -> Result<(CoreHandle, std::thread::JoinHandle<()>), Error> {
-    let (tx, rx) = crossbeam_channel::unbounded();
-    let wake = sys::eventfd_blocking().map_err(|e| Error::io("eventfd", e))?;
-    let handle = CoreHandle {
-        inner: Arc::new(CoreShared {
-            tx,
-            wake,
-            sleeping: AtomicBool::new(false),
-        }),
-    };
+    let (handle, rx) = CoreHandle::new()?;
     let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
     let core_handle = handle.clone();
     let thread = std::thread::Builder::new()
@@ -266,15 +271,7 @@ impl CallerCore {
             Ring::new(shared.config.ring_entries).map_err(|e| Error::IoUringUnavailable {
                 reason: format!("caller ring setup: {e}"),
             })?;
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let wake = sys::eventfd_blocking().map_err(|e| Error::io("eventfd", e))?;
-        let handle = CoreHandle {
-            inner: Arc::new(CoreShared {
-                tx,
-                wake,
-                sleeping: AtomicBool::new(false),
-            }),
-        };
+        let (handle, rx) = CoreHandle::new()?;
         Ok(Self {
             core: Core::new(ring, shared, handle, rx, None),
         })

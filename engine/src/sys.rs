@@ -127,25 +127,23 @@ pub(crate) fn tcp_listener(addr: SocketAddr, backlog: i32) -> io::Result<OwnedFd
 
 /// The local address a socket is bound to.
 pub(crate) fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
-    let mut raw = RawAddr::new(SocketAddr::from(([0, 0, 0, 0], 0)));
-    raw.len = socklen(size_of::<libc::sockaddr_storage>());
-    syscall!(getsockname(
-        fd,
-        (&raw mut raw.storage).cast(),
-        &raw mut raw.len
-    ))?;
-    raw.to_socket_addr()
+    socket_address(fd, false)
 }
 
 /// The address of a connected socket's peer.
 pub(crate) fn peer_addr(fd: RawFd) -> io::Result<SocketAddr> {
+    socket_address(fd, true)
+}
+
+fn socket_address(fd: RawFd, peer: bool) -> io::Result<SocketAddr> {
     let mut raw = RawAddr::new(SocketAddr::from(([0, 0, 0, 0], 0)));
     raw.len = socklen(size_of::<libc::sockaddr_storage>());
-    syscall!(getpeername(
-        fd,
-        (&raw mut raw.storage).cast(),
-        &raw mut raw.len
-    ))?;
+    let (storage, len) = ((&raw mut raw.storage).cast(), &raw mut raw.len);
+    if peer {
+        syscall!(getpeername(fd, storage, len))?;
+    } else {
+        syscall!(getsockname(fd, storage, len))?;
+    }
     raw.to_socket_addr()
 }
 

@@ -265,13 +265,7 @@ fn single_response_reaches_the_asker() {
 #[test]
 fn ask_times_out_when_the_handler_is_too_slow() {
     let _serial = serial();
-    let server = client_node();
-    server
-        .serve("slow", 1, |r| {
-            std::thread::sleep(Duration::from_millis(800));
-            Ok(Reply::Tensor(r.message))
-        })
-        .unwrap();
+    let server = slow_echo_node(1, Duration::from_millis(800));
     let client = client_node();
     let started = Instant::now();
     let err = client
@@ -572,13 +566,7 @@ fn ten_thousand_connect_disconnect_cycles_leave_no_fd_behind() {
 #[test]
 fn shutdown_of_the_client_fails_or_completes_every_request_in_flight() {
     let _serial = serial();
-    let server = client_node();
-    server
-        .serve("slow", 4, |r| {
-            std::thread::sleep(Duration::from_millis(100));
-            Ok(Reply::Tensor(r.message))
-        })
-        .unwrap();
+    let server = slow_echo_node(4, Duration::from_millis(100));
     let client = client_node();
     let pendings: Vec<_> = (0..40)
         .map(|i| {
@@ -619,13 +607,7 @@ fn shutdown_of_the_client_fails_or_completes_every_request_in_flight() {
 #[test]
 fn shutdown_of_the_server_fails_or_completes_every_request_in_flight() {
     let _serial = serial();
-    let server = client_node();
-    server
-        .serve("slow", 2, |r| {
-            std::thread::sleep(Duration::from_millis(100));
-            Ok(Reply::Tensor(r.message))
-        })
-        .unwrap();
+    let server = slow_echo_node(2, Duration::from_millis(100));
     let client = client_node();
     let pendings: Vec<_> = (0..20)
         .map(|i| {
@@ -879,6 +861,17 @@ fn echo_node_with(
     node
 }
 
+/// A node whose `/actors/slow` echoes after `delay`, on `threads` handler threads.
+fn slow_echo_node(threads: usize, delay: Duration) -> Node {
+    let node = client_node();
+    node.serve("slow", threads, move |r| {
+        std::thread::sleep(delay);
+        Ok(Reply::Tensor(r.message))
+    })
+    .unwrap();
+    node
+}
+
 fn open_fd_count() -> usize {
     tensorwire_engine::open_fd_count().unwrap()
 }
@@ -1032,13 +1025,7 @@ fn blocking_asks_run_on_the_calling_thread_and_reuse_one_connection() {
 #[test]
 fn blocking_ask_fails_at_its_deadline() {
     let _serial = serial();
-    let server = client_node();
-    server
-        .serve("slow", 1, |r| {
-            std::thread::sleep(Duration::from_millis(800));
-            Ok(Reply::Tensor(r.message))
-        })
-        .unwrap();
+    let server = slow_echo_node(1, Duration::from_millis(800));
     let client = client_node();
     let started = Instant::now();
     let err = client

@@ -1,15 +1,15 @@
 //! Blocking `std::net`: one thread per connection, `write_vectored` (1024 slices per call) and
 //! `read_exact`. The simplest thing one would write by hand; the latency reference.
 
-use std::io::{IoSlice, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow};
 use tensorwire_proto::ptr1::{self, Frame};
 use tensorwire_proto::{Body, Encoded, FixedHeader, Format, Limits, TensorMessage};
 
-use crate::measure::{Sample, check_sink_ack, sequential};
+use crate::measure::{Sample, WriteCursor, check_sink_ack, sequential};
 use crate::seed::fixture_reply;
 use crate::{Mode, Options};
 
@@ -58,30 +58,10 @@ fn read_frame(stream: &mut TcpStream, limits: &Limits) -> Result<Option<Frame>> 
 }
 
 fn write_frame(stream: &mut TcpStream, encoded: &Encoded) -> Result<()> {
-    let slices: Vec<&[u8]> = encoded.slices().collect();
-    let (mut index, mut offset) = (0, 0);
-    while index < slices.len() {
-        let batch: Vec<IoSlice<'_>> = slices[index..]
-            .iter()
-            .take(MAX_SLICES)
-            .enumerate()
-            .map(|(k, s)| IoSlice::new(if k == 0 { &s[offset..] } else { s }))
-            .collect();
-        let mut written = stream.write_vectored(&batch)?;
-        if written == 0 {
-            bail!("connection closed while writing");
-        }
-        while written > 0 {
-            let left = slices[index].len() - offset;
-            if written >= left {
-                written -= left;
-                index += 1;
-                offset = 0;
-            } else {
-                offset += written;
-                written = 0;
-            }
-        }
+    let mut cursor = WriteCursor::new(encoded);
+    while !cursor.is_done() {
+        let written = stream.write_vectored(&cursor.batch(MAX_SLICES))?;
+        cursor.advance(written)?;
     }
     Ok(())
 }

@@ -142,3 +142,55 @@ pub(crate) fn peak_rss(pid: u32) -> Result<u64> {
         .unwrap_or(0);
     Ok(kib * 1024)
 }
+
+/// Where a frame's vectored write stands when writes may be short (the baselines' sender).
+pub(crate) struct WriteCursor<'a> {
+    slices: Vec<&'a [u8]>,
+    /// First slice not completely written.
+    index: usize,
+    /// Bytes of `slices[index]` already written.
+    offset: usize,
+}
+
+impl<'a> WriteCursor<'a> {
+    pub(crate) fn new(encoded: &'a tensorwire_proto::Encoded) -> Self {
+        Self {
+            slices: encoded.slices().collect(),
+            index: 0,
+            offset: 0,
+        }
+    }
+
+    pub(crate) fn is_done(&self) -> bool {
+        self.index == self.slices.len()
+    }
+
+    /// The next at most `max` slices to hand to `write_vectored`.
+    pub(crate) fn batch(&self, max: usize) -> Vec<std::io::IoSlice<'_>> {
+        self.slices[self.index..]
+            .iter()
+            .take(max)
+            .enumerate()
+            .map(|(k, s)| std::io::IoSlice::new(if k == 0 { &s[self.offset..] } else { s }))
+            .collect()
+    }
+
+    /// Records a write of `written` bytes.
+    pub(crate) fn advance(&mut self, mut written: usize) -> Result<()> {
+        if written == 0 {
+            bail!("connection closed while writing");
+        }
+        while written > 0 && !self.is_done() {
+            let left = self.slices[self.index].len() - self.offset;
+            if written >= left {
+                written -= left;
+                self.index += 1;
+                self.offset = 0;
+            } else {
+                self.offset += written;
+                written = 0;
+            }
+        }
+        Ok(())
+    }
+}

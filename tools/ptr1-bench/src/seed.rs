@@ -2,18 +2,18 @@
 //! and `read_exact` of header, table, path, metadata and each buffer, every section into a
 //! fresh zero-filled `Vec`.
 
-use std::io::{IoSlice, Write};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow};
 use bytes::Bytes;
 use tensorwire_proto::ptr1::{self, Frame};
 use tensorwire_proto::{Body, Encoded, FixedHeader, Format, Limits, TensorMessage};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::measure::{Sample, check_sink_ack, sequential};
+use crate::measure::{Sample, WriteCursor, check_sink_ack, sequential};
 use crate::{Mode, Options};
 
 /// Slices per `write_vectored` call in the seed design.
@@ -88,30 +88,10 @@ async fn read_frame(stream: &mut TcpStream, limits: &Limits) -> Result<Option<Fr
 
 /// Writes a frame with `write_vectored` calls of at most 64 slices, handling short writes.
 async fn write_frame(stream: &mut TcpStream, encoded: &Encoded) -> Result<()> {
-    let slices: Vec<&[u8]> = encoded.slices().collect();
-    let (mut index, mut offset) = (0, 0);
-    while index < slices.len() {
-        let batch: Vec<IoSlice<'_>> = slices[index..]
-            .iter()
-            .take(MAX_SLICES)
-            .enumerate()
-            .map(|(k, s)| IoSlice::new(if k == 0 { &s[offset..] } else { s }))
-            .collect();
-        let mut written = stream.write_vectored(&batch).await?;
-        if written == 0 {
-            bail!("connection closed while writing");
-        }
-        while written > 0 {
-            let left = slices[index].len() - offset;
-            if written >= left {
-                written -= left;
-                index += 1;
-                offset = 0;
-            } else {
-                offset += written;
-                written = 0;
-            }
-        }
+    let mut cursor = WriteCursor::new(encoded);
+    while !cursor.is_done() {
+        let written = stream.write_vectored(&cursor.batch(MAX_SLICES)).await?;
+        cursor.advance(written)?;
     }
     stream.flush().await?;
     Ok(())
