@@ -65,11 +65,6 @@ impl<T> Pending<T> {
         pending
     }
 
-    /// Whether the result is there (`wait` would not block).
-    pub(crate) fn is_ready(&self) -> bool {
-        lock(&self.slot.state).done
-    }
-
     /// Blocks the calling thread until the result is there.
     pub fn wait(self) -> Result<T, Error> {
         let mut state = lock(&self.slot.state);

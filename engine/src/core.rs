@@ -90,23 +90,37 @@ impl ClientCompleter {
 
     /// Delivers a reply frame, checking it fits the request.
     fn deliver(self, peer: SocketAddr, frame: Frame) {
-        let unexpected = |request, frame: &Frame| Error::UnexpectedReply {
-            peer,
-            request,
-            reply: frame.kind().name(),
-        };
-        match (self, frame) {
-            (completer, Frame::Error { text, .. }) => completer.fail(Error::Remote { text }),
-            (Self::Ask(c), Frame::TensorResponse(message)) => {
-                c.complete(Ok(Reply::Tensor(message)))
-            }
-            (Self::Ask(c), Frame::SingleResponse { msg_type, data, .. }) => {
-                c.complete(Ok(Reply::Single { msg_type, data }))
-            }
-            (Self::Tell(c), Frame::Ack { .. }) => c.complete(Ok(())),
-            (Self::Ask(c), frame) => c.complete(Err(unexpected("Ask", &frame))),
-            (Self::Tell(c), frame) => c.complete(Err(unexpected("Tell", &frame))),
+        match self {
+            Self::Ask(c) => c.complete(ask_reply(peer, frame)),
+            Self::Tell(c) => c.complete(tell_reply(peer, frame)),
         }
+    }
+}
+
+/// What a reply frame means to an ask: a reply, or the error it carries or is.
+pub(crate) fn ask_reply(peer: SocketAddr, frame: Frame) -> Result<Reply, Error> {
+    match frame {
+        Frame::TensorResponse(message) => Ok(Reply::Tensor(message)),
+        Frame::SingleResponse { msg_type, data, .. } => Ok(Reply::Single { msg_type, data }),
+        Frame::Error { text, .. } => Err(Error::Remote { text }),
+        other => Err(Error::UnexpectedReply {
+            peer,
+            request: "Ask",
+            reply: other.kind().name(),
+        }),
+    }
+}
+
+/// What a reply frame means to a tell: acknowledged, or the error it carries or is.
+pub(crate) fn tell_reply(peer: SocketAddr, frame: Frame) -> Result<(), Error> {
+    match frame {
+        Frame::Ack { .. } => Ok(()),
+        Frame::Error { text, .. } => Err(Error::Remote { text }),
+        other => Err(Error::UnexpectedReply {
+            peer,
+            request: "Tell",
+            reply: other.kind().name(),
+        }),
     }
 }
 
@@ -255,54 +269,6 @@ pub(crate) fn spawn(
         Err(_) => Err(Error::IoUringUnavailable {
             reason: "core thread died at start".into(),
         }),
-    }
-}
-
-/// A core driven by the calling thread, for blocking calls: the exchange runs on a ring owned
-/// by that thread, so no other thread has to be woken on the way out or back.
-pub(crate) struct CallerCore {
-    core: Core,
-}
-
-impl CallerCore {
-    /// Creates the ring on the calling thread (which must be the only one to use it).
-    pub(crate) fn new(shared: Arc<Shared>) -> Result<Self, Error> {
-        let ring =
-            Ring::new(shared.config.ring_entries).map_err(|e| Error::IoUringUnavailable {
-                reason: format!("caller ring setup: {e}"),
-            })?;
-        let (handle, rx) = CoreHandle::new()?;
-        Ok(Self {
-            core: Core::new(ring, shared, handle, rx, None),
-        })
-    }
-
-    /// Runs `request` on this thread until `done()` (its completer has the result).
-    pub(crate) fn exchange(&mut self, request: ClientRequest, done: impl Fn() -> bool) {
-        let core = &mut self.core;
-        if core
-            .idle
-            .get(&request.peer)
-            .is_some_and(|idle| !idle.is_empty())
-        {
-            // Let what happened while this thread was away land first (an idle peer's close).
-            if core.turn(Some(Duration::ZERO)).is_err() {
-                core.drain();
-            }
-        }
-        core.start_request(request);
-        while !done() {
-            let timeout = core.next_timeout();
-            if core.turn(timeout).is_err() {
-                core.drain(); // fails the request: `done()` becomes true
-            }
-        }
-    }
-}
-
-impl Drop for CallerCore {
-    fn drop(&mut self) {
-        self.core.drain();
     }
 }
 

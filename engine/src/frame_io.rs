@@ -73,6 +73,14 @@ enum Stage {
     },
 }
 
+/// The memory the next receive step fills.
+enum Destination<'a> {
+    Scratch(&'a mut [u8]),
+    Table(&'a mut [u8]),
+    /// A `msghdr` whose iovecs are the body's unfilled final memory (owned by the stage).
+    Body(*mut libc::msghdr),
+}
+
 /// Receives frames: a plain `RECV` into scratch brings the head (and often a small body); the
 /// rest of a larger body arrives by one `RECVMSG` with `MSG_WAITALL` straight into final
 /// receive-pool memory.
@@ -120,6 +128,40 @@ impl FrameRecv {
     /// The receive operation for the next step.
     pub(crate) fn next_op(&mut self, fd: RawFd) -> squeue::Entry {
         let fd = types::Fd(fd);
+        match self.destination() {
+            Destination::Scratch(dest) => {
+                opcode::Recv::new(fd, dest.as_mut_ptr(), len_u32(dest.len())).build()
+            }
+            Destination::Table(dest) => {
+                opcode::Recv::new(fd, dest.as_mut_ptr(), len_u32(dest.len()))
+                    .flags(libc::MSG_WAITALL)
+                    .build()
+            }
+            Destination::Body(msg) => opcode::RecvMsg::new(fd, msg)
+                .flags(u32::try_from(libc::MSG_WAITALL).unwrap_or(0))
+                .build(),
+        }
+    }
+
+    /// Performs the next step with one non-blocking system call (for blocking calls on the
+    /// caller's thread); the result is what a completion would carry: bytes, or `-errno`.
+    pub(crate) fn step_nonblocking(&mut self, fd: RawFd) -> i32 {
+        let result = match self.destination() {
+            Destination::Scratch(dest) | Destination::Table(dest) => {
+                crate::sys::recv_nonblocking(fd, dest)
+            }
+            // SAFETY: the msghdr's iovecs are the unfilled final memory of `self.stage`'s body,
+            // valid and not otherwise borrowed for the duration of this synchronous call.
+            Destination::Body(msg) => unsafe { crate::sys::recvmsg_nonblocking(fd, msg) },
+        };
+        match result {
+            Ok(n) => i32::try_from(n).unwrap_or(i32::MAX),
+            Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
+        }
+    }
+
+    /// Where the next received bytes go (compacting scratch first).
+    fn destination(&mut self) -> Destination<'_> {
         match &mut self.stage {
             Stage::Head => {
                 if self.start > 0 {
@@ -127,15 +169,9 @@ impl FrameRecv {
                     self.end -= self.start;
                     self.start = 0;
                 }
-                let dest = &mut self.scratch[self.end..];
-                opcode::Recv::new(fd, dest.as_mut_ptr(), len_u32(dest.len())).build()
+                Destination::Scratch(&mut self.scratch[self.end..])
             }
-            Stage::Table { table, filled, .. } => {
-                let dest = &mut table[*filled..];
-                opcode::Recv::new(fd, dest.as_mut_ptr(), len_u32(dest.len()))
-                    .flags(libc::MSG_WAITALL)
-                    .build()
-            }
+            Stage::Table { table, filled, .. } => Destination::Table(&mut table[*filled..]),
             Stage::Body { body, iov, msg } => {
                 iov.clear();
                 iov.extend(body.unfilled().take(MAX_IOVECS).map(|slice| libc::iovec {
@@ -144,9 +180,7 @@ impl FrameRecv {
                 }));
                 msg.msg_iov = iov.as_mut_ptr();
                 msg.msg_iovlen = iov.len();
-                opcode::RecvMsg::new(fd, &raw mut **msg)
-                    .flags(u32::try_from(libc::MSG_WAITALL).unwrap_or(0))
-                    .build()
+                Destination::Body(&raw mut **msg)
             }
         }
     }
@@ -386,6 +420,18 @@ impl FrameSend {
         opcode::SendMsg::new(types::Fd(fd), &raw const *self.msg)
             .flags(flags)
             .build()
+    }
+
+    /// Sends as much as the socket takes now with one non-blocking `sendmsg`; `Ok(true)` once
+    /// everything is sent (for blocking calls on the caller's thread).
+    pub(crate) fn send_nonblocking(&mut self, fd: RawFd) -> io::Result<bool> {
+        let rest = &mut self.iov[self.next..];
+        self.msg.msg_iov = rest.as_mut_ptr();
+        self.msg.msg_iovlen = rest.len().min(MAX_IOVECS);
+        // SAFETY: the iovecs point into `_encoded`'s memory (alive as long as `self`) and into
+        // `self.iov`; the call is synchronous.
+        let sent = unsafe { crate::sys::sendmsg_nonblocking(fd, &raw const *self.msg) }?;
+        Ok(self.advance(sent))
     }
 
     /// Marks the first `n` bytes as already sent (by someone else).

@@ -18,6 +18,7 @@
 //! request, and does not look inside metadata. Where io_uring is unavailable it reports
 //! [`Error::IoUringUnavailable`]; the tokio fallback lives in `tensorwire-compat`.
 
+mod blocking;
 mod completion;
 mod core;
 mod endpoint;

@@ -12,13 +12,14 @@ use tensorwire_proto::ptr1::{self, Frame};
 use tensorwire_proto::route::{self, Capabilities, Locality, Preference, Route};
 use tensorwire_proto::{Limits, TensorMessage};
 
+use crate::blocking::BlockingClient;
 use crate::completion::{self, Pending};
 use crate::core::{self, ClientCompleter, ClientRequest, Command, CoreHandle};
 use crate::endpoint::{Endpoint, Incoming, Mailbox, Reply, Request, RequestKind, Responder};
 use crate::pool::{PoolConfig, ReceivePool};
 use crate::{Error, sys};
 
-type Callers = Vec<(u64, Weak<Shared>, core::CallerCore)>;
+type Callers = Vec<(u64, Weak<Shared>, BlockingClient)>;
 
 thread_local! {
     /// This thread's caller cores, one per node it made blocking calls to.
@@ -470,9 +471,9 @@ impl Node {
         pending
     }
 
-    /// The blocking form of [`Node::ask`]: the exchange runs on a ring owned by the calling thread
-    /// (created on its first blocking call to this node and kept, with its pooled connections,
-    /// until the thread exits or the node shuts down), so no core thread is woken on the way.
+    /// The blocking form of [`Node::ask`]: the exchange runs on the calling thread with plain
+    /// system calls (non-blocking `sendmsg`, `poll`, `recv` into the receive pool) over a
+    /// connection pool of that thread's own, so no core thread is woken on the way out or back.
     ///
     /// # Errors
     ///
@@ -487,19 +488,12 @@ impl Node {
         if self.route(peer) == Route::LocalMailbox {
             return self.ask(peer, path, message, timeout).wait();
         }
-        let (completer, pending) = completion::pair();
         let frame = Frame::Ask {
             path: path.to_owned(),
             message,
         };
-        self.on_caller(
-            peer,
-            &frame,
-            timeout,
-            ClientCompleter::Ask(completer),
-            || pending.is_ready(),
-        );
-        pending.wait()
+        let reply = self.on_caller(peer, &frame, timeout, "ask")?;
+        core::ask_reply(peer, reply)
     }
 
     /// The blocking form of [`Node::tell`], run on the calling thread like
@@ -518,67 +512,60 @@ impl Node {
         if self.route(peer) == Route::LocalMailbox {
             return self.tell(peer, path, message, timeout).wait();
         }
-        let (completer, pending) = completion::pair();
         let frame = Frame::Tell {
             path: path.to_owned(),
             message,
         };
-        self.on_caller(
-            peer,
-            &frame,
-            timeout,
-            ClientCompleter::Tell(completer),
-            || pending.is_ready(),
-        );
-        pending.wait()
+        let reply = self.on_caller(peer, &frame, timeout, "tell")?;
+        core::tell_reply(peer, reply)
     }
 
-    /// Runs one exchange on this thread's caller core for this node.
+    /// Runs one exchange on this thread's blocking client for this node.
     fn on_caller(
         &self,
         peer: SocketAddr,
         frame: &Frame,
         timeout: Duration,
-        completer: ClientCompleter,
-        done: impl Fn() -> bool,
-    ) {
+        what: &'static str,
+    ) -> Result<Frame, Error> {
         let shared = &self.inner.shared;
         if shared.shut_down.load(Ordering::Acquire) {
-            return completer_fail(completer, Error::Shutdown);
+            return Err(Error::Shutdown);
         }
-        let encoded = match ptr1::encode(frame, &shared.limits) {
-            Ok(encoded) => encoded,
-            Err(e) => return completer_fail(completer, Error::Encode(e)),
-        };
-        let request = ClientRequest {
-            peer,
-            encoded,
-            deadline: Instant::now() + timeout,
+        let encoded = ptr1::encode(frame, &shared.limits).map_err(Error::Encode)?;
+        let deadline = crate::blocking::Deadline {
+            at: Instant::now() + timeout,
             timeout,
-            completer,
+            what,
         };
         CALLERS.with(|callers| {
-            let Ok(mut callers) = callers.try_borrow_mut() else {
-                // Re-entered from inside a blocking call on this thread: use a core thread.
-                return self.send_to_core(request);
-            };
-            // Caller cores of nodes that have shut down close their connections here.
-            callers.retain(|(_, node, _)| {
-                node.upgrade()
-                    .is_some_and(|s| !s.shut_down.load(Ordering::Acquire))
-            });
-            let index = match callers.iter().position(|(id, _, _)| *id == shared.id) {
-                Some(index) => index,
-                None => match core::CallerCore::new(Arc::clone(shared)) {
-                    Ok(core) => {
-                        callers.push((shared.id, Arc::downgrade(shared), core));
-                        callers.len() - 1
+            let mut fresh;
+            let mut callers = callers.try_borrow_mut();
+            let client = match callers.as_mut() {
+                Ok(callers) => {
+                    // Clients of nodes that have shut down close their connections here.
+                    callers.retain(|(_, node, _)| {
+                        node.upgrade()
+                            .is_some_and(|s| !s.shut_down.load(Ordering::Acquire))
+                    });
+                    match callers.iter().position(|(id, _, _)| *id == shared.id) {
+                        Some(index) => &mut callers[index].2,
+                        None => {
+                            let client = BlockingClient::new(Arc::clone(shared));
+                            callers.push((shared.id, Arc::downgrade(shared), client));
+                            let last = callers.len() - 1;
+                            &mut callers[last].2
+                        }
                     }
-                    Err(_) => return self.send_to_core(request),
-                },
+                }
+                // Re-entered (a blocking call from inside a blocking call on this thread).
+                Err(_) => {
+                    fresh = BlockingClient::new(Arc::clone(shared));
+                    &mut fresh
+                }
             };
-            callers[index].2.exchange(request, done);
-        });
+            client.exchange(peer, encoded, deadline)
+        })
     }
 
     /// Stops accepting, fails every request in flight, closes every connection and endpoint,

@@ -173,6 +173,94 @@ pub(crate) fn send_nonblocking<'a>(
     usize::try_from(sent).map_err(|_| io::Error::other("sendmsg returned a negative count"))
 }
 
+/// One non-blocking `recv` into `buf`.
+pub(crate) fn recv_nonblocking(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    let n = syscall!(recv(
+        fd,
+        buf.as_mut_ptr().cast(),
+        buf.len(),
+        libc::MSG_DONTWAIT
+    ))?;
+    usize::try_from(n).map_err(|_| io::Error::other("recv returned a negative count"))
+}
+
+/// One non-blocking `recvmsg`.
+///
+/// # Safety
+///
+/// `msg` and the iovecs it points to must be valid, and the iovec memory writable and not
+/// otherwise borrowed, for the duration of the call.
+pub(crate) unsafe fn recvmsg_nonblocking(fd: RawFd, msg: *mut libc::msghdr) -> io::Result<usize> {
+    let n = syscall!(recvmsg(fd, msg, libc::MSG_DONTWAIT))?;
+    usize::try_from(n).map_err(|_| io::Error::other("recvmsg returned a negative count"))
+}
+
+/// One non-blocking `sendmsg` with `MSG_NOSIGNAL`.
+///
+/// # Safety
+///
+/// `msg` and the memory its iovecs describe must be valid for the duration of the call.
+pub(crate) unsafe fn sendmsg_nonblocking(fd: RawFd, msg: *const libc::msghdr) -> io::Result<usize> {
+    let n = syscall!(sendmsg(fd, msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL))?;
+    usize::try_from(n).map_err(|_| io::Error::other("sendmsg returned a negative count"))
+}
+
+/// Waits up to `timeout` for `events` on one descriptor; returns the events that happened
+/// (empty on timeout).
+pub(crate) fn poll_one(fd: RawFd, events: i16, timeout: std::time::Duration) -> io::Result<i16> {
+    let mut pollfd = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    let ms = i32::try_from(timeout.as_millis().min(i32::MAX as u128)).unwrap_or(i32::MAX);
+    // Round up so a sub-millisecond remainder still waits instead of spinning.
+    let ms = if ms == 0 && !timeout.is_zero() { 1 } else { ms };
+    loop {
+        match syscall!(poll(&raw mut pollfd, 1, ms)) {
+            Ok(0) => return Ok(0),
+            Ok(_) => return Ok(pollfd.revents),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Starts a non-blocking `connect`; `Ok(false)` if it is still in progress (wait for POLLOUT,
+/// then read [`take_socket_error`]).
+pub(crate) fn connect_nonblocking(fd: RawFd, addr: &RawAddr) -> io::Result<bool> {
+    match syscall!(connect(fd, addr.as_ptr(), addr.len())) {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The pending error of a socket (`SO_ERROR`), e.g. the outcome of a non-blocking connect.
+pub(crate) fn take_socket_error(fd: RawFd) -> io::Result<()> {
+    let mut error: i32 = 0;
+    let mut len = socklen(size_of::<i32>());
+    syscall!(getsockopt(
+        fd,
+        libc::SOL_SOCKET,
+        libc::SO_ERROR,
+        (&raw mut error).cast(),
+        &raw mut len
+    ))?;
+    if error == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(error))
+    }
+}
+
+/// Puts a socket into non-blocking mode.
+pub(crate) fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    let flags = syscall!(fcntl(fd, libc::F_GETFL))?;
+    syscall!(fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK))?;
+    Ok(())
+}
+
 /// Sets `TCP_NODELAY`: frames end in partial segments that must not wait for an ACK.
 pub(crate) fn set_nodelay(fd: RawFd) -> io::Result<()> {
     set_int_option(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1)
