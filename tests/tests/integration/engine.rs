@@ -265,7 +265,7 @@ fn single_response_reaches_the_asker() {
 #[test]
 fn ask_times_out_when_the_handler_is_too_slow() {
     let _serial = serial();
-    let server = slow_echo_node(1, Duration::from_millis(800));
+    let server = slow_echo_node(1, Duration::from_secs(2));
     let client = client_node();
     let started = Instant::now();
     let err = client
@@ -279,7 +279,7 @@ fn ask_times_out_when_the_handler_is_too_slow() {
         .unwrap_err();
     assert!(err.is_timeout(), "{err}");
     assert!(
-        started.elapsed() < Duration::from_millis(700),
+        started.elapsed() < Duration::from_millis(1500),
         "failed at the deadline"
     );
 }
@@ -1025,7 +1025,7 @@ fn blocking_asks_run_on_the_calling_thread_and_reuse_one_connection() {
 #[test]
 fn blocking_ask_fails_at_its_deadline() {
     let _serial = serial();
-    let server = slow_echo_node(1, Duration::from_millis(800));
+    let server = slow_echo_node(1, Duration::from_secs(2));
     let client = client_node();
     let started = Instant::now();
     let err = client
@@ -1037,7 +1037,7 @@ fn blocking_ask_fails_at_its_deadline() {
         )
         .unwrap_err();
     assert!(err.is_timeout(), "{err}");
-    assert!(started.elapsed() < Duration::from_millis(700));
+    assert!(started.elapsed() < Duration::from_millis(1500));
 }
 
 #[test]
