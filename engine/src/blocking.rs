@@ -21,7 +21,7 @@ use tensorwire_proto::Encoded;
 use tensorwire_proto::ptr1::Frame;
 use tensorwire_proto::stats;
 
-use crate::frame_io::{FrameRecv, FrameSend, RecvError, RecvProgress};
+use crate::frame_io::{FrameRecv, FrameSend, RecvProgress};
 use crate::node::Shared;
 use crate::{Error, sys};
 
@@ -189,19 +189,7 @@ impl Conn {
                 RecvProgress::Closed | RecvProgress::ForeignPreface(_) => {
                     return Err(Error::ConnectionClosed { peer, detail: None });
                 }
-                RecvProgress::Failed { error, .. } => {
-                    return Err(match error {
-                        RecvError::Wire(source) => Error::Protocol { peer, source },
-                        RecvError::Truncated { received } => closed(
-                            peer,
-                            std::io::Error::new(
-                                std::io::ErrorKind::UnexpectedEof,
-                                format!("closed after {received} bytes of the reply"),
-                            ),
-                        ),
-                        RecvError::Io(e) => closed(peer, e),
-                    });
-                }
+                RecvProgress::Failed { error, .. } => return Err(error.into_client_error(peer)),
             }
         }
     }

@@ -61,7 +61,8 @@ pub(crate) enum Command {
 /// A request for a core to send.
 pub(crate) struct ClientRequest {
     pub(crate) peer: SocketAddr,
-    pub(crate) encoded: tensorwire_proto::Encoded,
+    /// The frame to send; taken (not copied) when the exchange starts.
+    pub(crate) encoded: Option<tensorwire_proto::Encoded>,
     pub(crate) deadline: Instant,
     pub(crate) timeout: Duration,
     pub(crate) completer: ClientCompleter,
@@ -782,6 +783,7 @@ impl Core {
             RecvProgress::Failed { error, version } => {
                 let text = match &error {
                     RecvError::Wire(e) => format!("rejected request: {e}"),
+                    RecvError::Memory(text) => format!("rejected request: {text}"),
                     RecvError::Truncated { .. } | RecvError::Io(_) => {
                         self.close(slot);
                         return;
@@ -1139,7 +1141,7 @@ impl Core {
         }
     }
 
-    fn start_exchange(&mut self, slot: u32, request: ClientRequest) {
+    fn start_exchange(&mut self, slot: u32, mut request: ClientRequest) {
         let zero_copy_min = self.zero_copy_min();
         let Some(conn) = self.conn_mut_by_slot(slot) else {
             return;
@@ -1153,11 +1155,10 @@ impl Core {
             send_error: None,
             reply: None,
         };
-        client.send = Some(new_send(
-            request.encoded.clone(),
-            conn.zero_copy,
-            zero_copy_min,
-        ));
+        let Some(encoded) = request.encoded.take() else {
+            return; // cannot happen: a request starts once
+        };
+        client.send = Some(new_send(encoded, conn.zero_copy, zero_copy_min));
         client.request = Some(request);
         let recv_armed = client.recv_armed;
         self.arm_timer(slot);
@@ -1193,23 +1194,7 @@ impl Core {
             RecvProgress::ForeignPreface(_) => self.client_fail(slot, None),
             RecvProgress::Closed => self.client_fail(slot, None),
             RecvProgress::Failed { error, .. } => {
-                let error = match error {
-                    RecvError::Wire(source) => Error::Protocol { peer, source },
-                    RecvError::Truncated { received } => {
-                        let detail = std::io::Error::new(
-                            std::io::ErrorKind::UnexpectedEof,
-                            format!("closed after {received} bytes of the reply"),
-                        );
-                        Error::ConnectionClosed {
-                            peer,
-                            detail: Some(detail),
-                        }
-                    }
-                    RecvError::Io(e) => Error::ConnectionClosed {
-                        peer,
-                        detail: Some(e),
-                    },
-                };
+                let error = error.into_client_error(peer);
                 self.client_fail(slot, Some(error));
             }
         }

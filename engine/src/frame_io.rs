@@ -54,6 +54,33 @@ pub(crate) enum RecvError {
     Truncated { received: u64 },
     /// The socket failed.
     Io(io::Error),
+    /// No receive memory for the frame: over the receive budget, or allocation failed.
+    Memory(String),
+}
+
+impl RecvError {
+    /// What a client reports when a reply fails this way.
+    pub(crate) fn into_client_error(self, peer: std::net::SocketAddr) -> crate::Error {
+        use crate::Error;
+        match self {
+            Self::Wire(source) => Error::Protocol { peer, source },
+            Self::Truncated { received } => Error::ConnectionClosed {
+                peer,
+                detail: Some(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("closed after {received} bytes of the reply"),
+                )),
+            },
+            Self::Io(e) => Error::ConnectionClosed {
+                peer,
+                detail: Some(e),
+            },
+            Self::Memory(text) => Error::Io {
+                op: "receiving a reply",
+                source: io::Error::new(io::ErrorKind::OutOfMemory, text),
+            },
+        }
+    }
 }
 
 enum Stage {
@@ -96,6 +123,8 @@ pub(crate) struct FrameRecv {
     frame_bytes: u64,
     /// Version field of the current frame, once its header parsed.
     version: Option<u32>,
+    /// The receive budget this frame's body holds while it arrives.
+    reservation: Option<crate::pool::Reservation>,
 }
 
 impl FrameRecv {
@@ -109,6 +138,7 @@ impl FrameRecv {
             stage: Stage::Head,
             frame_bytes: 0,
             version: None,
+            reservation: None,
         }
     }
 
@@ -312,8 +342,27 @@ impl FrameRecv {
     }
 
     fn start_body(&mut self, layout: tensorwire_proto::Layout, pool: &ReceivePool) -> RecvProgress {
+        // Nothing is allocated for a body the receive budget has no room for.
+        let bytes = layout.body_len();
+        let Some(reservation) = pool.reserve(bytes) else {
+            let budget = pool.max_receiving_bytes();
+            let text = format!(
+                "cannot receive a {bytes}-byte frame body now: frames still arriving may hold at \
+                 most {budget} bytes (PoolConfig::max_receiving_bytes)"
+            );
+            return self.fail(RecvError::Memory(text));
+        };
+        self.reservation = Some(reservation);
         let mut body = match Body::new(layout, pool.allocator()) {
             Ok(body) => body,
+            // The pool answers an allocation failure with an empty buffer.
+            Err(WireError::Misuse(tensorwire_proto::Misuse::ReceiveBufferLength {
+                expected,
+                ..
+            })) => {
+                let text = format!("cannot allocate {expected} bytes of receive memory");
+                return self.fail(RecvError::Memory(text));
+            }
             Err(e) => return self.fail(RecvError::Wire(e)),
         };
         // Body bytes that came with the head are copied into place (at most the scratch size).
@@ -340,6 +389,7 @@ impl FrameRecv {
     }
 
     fn finish(&mut self) -> RecvProgress {
+        self.reservation = None;
         let wire_len = self.frame_bytes;
         let version = self.version.take();
         self.frame_bytes = 0;
@@ -357,6 +407,7 @@ impl FrameRecv {
     }
 
     fn fail(&mut self, error: RecvError) -> RecvProgress {
+        self.reservation = None;
         RecvProgress::Failed {
             error,
             version: self.version,

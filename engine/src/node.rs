@@ -631,7 +631,7 @@ impl Node {
         };
         let request = ClientRequest {
             peer,
-            encoded,
+            encoded: Some(encoded),
             deadline: Instant::now() + timeout,
             timeout,
             completer,

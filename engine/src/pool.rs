@@ -31,12 +31,20 @@ pub struct PoolConfig {
     pub min_pooled_bytes: usize,
     /// Most bytes of idle slots kept for reuse (default 1 GiB); 0 disables reuse.
     pub max_idle_bytes: usize,
+    /// New slots up to this size are pre-faulted when created (default 256 MiB); larger ones
+    /// fault in as data arrives, so a peer's header alone never commits more than this.
+    pub prefault_max_bytes: usize,
+    /// Most bytes of frames still arriving at once (default: half the physical memory). A frame
+    /// that would go over it is refused before anything is allocated for it.
+    pub max_receiving_bytes: u64,
 }
 
 impl Default for PoolConfig {
     fn default() -> Self {
         Self {
             min_pooled_bytes: 64 << 10,
+            prefault_max_bytes: 256 << 20,
+            max_receiving_bytes: half_of_physical_memory(),
             max_idle_bytes: 1 << 30,
         }
     }
@@ -67,6 +75,8 @@ struct PoolInner {
     /// Idle slots by class size.
     idle: Mutex<HashMap<usize, Vec<Mapping>>>,
     idle_bytes: AtomicU64,
+    /// Bytes reserved by frames still arriving; at most `config.max_receiving_bytes`.
+    receiving: AtomicU64,
     hits: AtomicU64,
     misses: AtomicU64,
     heap: AtomicU64,
@@ -80,6 +90,7 @@ impl ReceivePool {
                 config,
                 idle: Mutex::new(HashMap::new()),
                 idle_bytes: AtomicU64::new(0),
+                receiving: AtomicU64::new(0),
                 hits: AtomicU64::new(0),
                 misses: AtomicU64::new(0),
                 heap: AtomicU64::new(0),
@@ -94,7 +105,7 @@ impl ReceivePool {
         if len < inner.config.min_pooled_bytes || len == 0 {
             inner.heap.fetch_add(1, Relaxed);
             return PoolBuffer {
-                storage: Storage::Heap(vec![0; len]),
+                storage: Storage::Heap(zeroed_vec(len)),
             };
         }
         let class = class_size(len);
@@ -107,7 +118,7 @@ impl ReceivePool {
             }
             None => {
                 inner.misses.fetch_add(1, Relaxed);
-                Mapping::new(class).ok()
+                Mapping::new(class, class <= inner.config.prefault_max_bytes).ok()
             }
         };
         match mapping {
@@ -119,9 +130,31 @@ impl ReceivePool {
                 },
             },
             None => PoolBuffer {
-                storage: Storage::Heap(vec![0; len]),
+                // Out of memory: an empty buffer, which the decoder reports (never an abort).
+                storage: Storage::Heap(zeroed_vec(len)),
             },
         }
+    }
+
+    /// Reserves `bytes` of the receive budget for a frame that is arriving; released when the
+    /// returned guard drops. `None` if the budget has no room.
+    pub(crate) fn reserve(&self, bytes: u64) -> Option<Reservation> {
+        let max = self.inner.config.max_receiving_bytes;
+        self.inner
+            .receiving
+            .fetch_update(Relaxed, Relaxed, |now| {
+                now.checked_add(bytes).filter(|&n| n <= max)
+            })
+            .ok()?;
+        Some(Reservation {
+            pool: Arc::clone(&self.inner),
+            bytes,
+        })
+    }
+
+    /// The receive budget ([`PoolConfig::max_receiving_bytes`]).
+    pub(crate) fn max_receiving_bytes(&self) -> u64 {
+        self.inner.config.max_receiving_bytes
     }
 
     /// An allocator closure for the proto decoders.
@@ -157,6 +190,43 @@ impl PoolInner {
                 .push(mapping);
         }
         // Otherwise `mapping` drops here and is unmapped.
+    }
+}
+
+/// A share of the receive budget held by a frame that is arriving.
+#[derive(Debug)]
+pub(crate) struct Reservation {
+    pool: Arc<PoolInner>,
+    bytes: u64,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.pool.receiving.fetch_sub(self.bytes, Relaxed);
+    }
+}
+
+/// `len` zero bytes, or an empty vector if the memory cannot be had (never an abort).
+fn zeroed_vec(len: usize) -> Vec<u8> {
+    let mut vec = Vec::new();
+    if vec.try_reserve_exact(len).is_ok() {
+        vec.resize(len, 0);
+    }
+    vec
+}
+
+/// Half of the physical memory (the default receive budget), or 4 GiB if unknown.
+fn half_of_physical_memory() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    match (u64::try_from(pages), u64::try_from(page)) {
+        (Ok(pages), Ok(page)) if pages > 0 && page > 0 => pages.saturating_mul(page) / 2,
+        _ => 4 << 30,
     }
 }
 
@@ -248,8 +318,8 @@ unsafe impl Sync for Mapping {}
 
 impl Mapping {
     /// Maps `len` bytes (a multiple of the page size), huge-page aligned when large, and
-    /// pre-faults them.
-    fn new(len: usize) -> std::io::Result<Self> {
+    /// pre-faults them if `prefault`.
+    fn new(len: usize, prefault: bool) -> std::io::Result<Self> {
         let huge = len >= HUGE_PAGE;
         let reserve = if huge { len + HUGE_PAGE } else { len };
         // SAFETY: an anonymous private mapping with no address hint touches no existing memory.
@@ -290,18 +360,18 @@ impl Mapping {
         };
         let ptr = NonNull::new(start).ok_or_else(|| std::io::Error::other("mmap returned null"))?;
         let mapping = Self { ptr, len };
-        mapping.prefault(huge);
+        mapping.advise(huge, prefault);
         Ok(mapping)
     }
 
-    fn prefault(&self, huge: bool) {
+    fn advise(&self, huge: bool, prefault: bool) {
         let ptr = self.ptr.as_ptr().cast();
         // SAFETY: advice on a range this value owns; it changes no contents (fresh zero pages).
         unsafe {
             if huge {
                 libc::madvise(ptr, self.len, libc::MADV_HUGEPAGE);
             }
-            if libc::madvise(ptr, self.len, MADV_POPULATE_WRITE) != 0 {
+            if prefault && libc::madvise(ptr, self.len, MADV_POPULATE_WRITE) != 0 {
                 // Older kernel: touch one byte per page.
                 for offset in (0..self.len).step_by(PAGE) {
                     self.ptr.as_ptr().add(offset).write_volatile(0);
@@ -364,6 +434,7 @@ mod tests {
         let sut = ReceivePool::new(PoolConfig {
             min_pooled_bytes: 4096,
             max_idle_bytes: 64 << 20,
+            ..PoolConfig::default()
         });
         let mut buffer = sut.take(3 << 20);
         assert!(buffer.is_pooled());
@@ -390,6 +461,7 @@ mod tests {
         let sut = ReceivePool::new(PoolConfig {
             min_pooled_bytes: 4096,
             max_idle_bytes: 1 << 20,
+            ..PoolConfig::default()
         });
         let a = sut.take(768 << 10);
         let b = sut.take(768 << 10);

@@ -1140,3 +1140,70 @@ fn a_panicking_handler_answers_with_an_error_and_keeps_serving() {
         ok
     );
 }
+
+#[test]
+fn frame_over_the_receive_budget_is_refused_before_any_allocation() {
+    let _serial = serial();
+    let pool = tensorwire_engine::PoolConfig {
+        max_receiving_bytes: 1 << 20,
+        ..Default::default()
+    };
+    let server = echo_node_with(|b| b.receive_pool(pool));
+    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut frame = raw_header(1, 3, 12, 0, 1);
+    frame.extend_from_slice(&(64u64 << 20).to_le_bytes());
+    frame.extend_from_slice(b"/actors/echo");
+    stream.write_all(&frame).unwrap();
+    match read_frame(&mut stream).unwrap() {
+        Some(Frame::Error { version, text }) => {
+            assert_eq!(version, 3);
+            assert!(text.contains("max_receiving_bytes"), "{text}");
+        }
+        other => panic!("expected an Error frame, got {other:?}"),
+    }
+    let stats = server.pool_stats();
+    assert_eq!(
+        (stats.misses, stats.hits),
+        (0, 0),
+        "nothing was allocated for the refused frame"
+    );
+    // Frames within the budget still go through.
+    let client = client_node();
+    let message = patterned(1, 2, 256 << 10);
+    assert_eq!(
+        tensor(ask(&client, &server, "/actors/echo", message.clone()).unwrap()),
+        message
+    );
+}
+
+#[test]
+fn a_header_declaring_a_huge_body_commits_no_memory_before_the_data_arrives() {
+    fn resident_bytes() -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            * 1024
+    }
+    let _serial = serial();
+    let server = echo_node();
+    let before = resident_bytes();
+    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
+    let mut frame = raw_header(1, 1, 12, 0, 1);
+    frame.extend_from_slice(&(4u64 << 30).to_le_bytes()); // 4 GiB promised, never sent
+    frame.extend_from_slice(b"/actors/echo");
+    stream.write_all(&frame).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let grown = resident_bytes().saturating_sub(before);
+    assert!(
+        grown < 256 << 20,
+        "resident memory grew by {grown} bytes for an empty 4 GiB body"
+    );
+    drop(stream);
+}
