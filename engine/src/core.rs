@@ -761,7 +761,7 @@ impl Core {
     }
 
     fn server_progress(&mut self, slot: u32, progress: RecvProgress) {
-        let config = self.shared.config.clone();
+        let frame_timeout = self.shared.config.frame_timeout;
         match progress {
             RecvProgress::More => {
                 let Some(conn) = self.conn_mut_by_slot(slot) else {
@@ -773,7 +773,7 @@ impl Core {
                 if server.raw && !server.frame_started {
                     // A request started: from now on the frame deadline runs, not the idle one.
                     server.frame_started = true;
-                    conn.deadline = Some(Instant::now() + config.frame_timeout);
+                    conn.deadline = Some(Instant::now() + frame_timeout);
                     self.arm_timer(slot);
                 }
                 self.submit_recv(slot);

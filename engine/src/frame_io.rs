@@ -327,8 +327,20 @@ impl FrameRecv {
             return RecvProgress::More; // the rest of the table fits scratch: read on
         }
         // A table larger than scratch (thousands of buffers): bounded by 8 × the buffer limit,
-        // which `FixedHeader::parse` checked.
-        let mut table = vec![0; table_len];
+        // which `FixedHeader::parse` checked, and charged to the receive budget like a body.
+        let Some(reservation) = pool.reserve(crate::len_u64(table_len)) else {
+            let text = format!(
+                "cannot receive a {table_len}-byte length table now (PoolConfig::max_receiving_bytes)"
+            );
+            return self.fail(RecvError::Memory(text));
+        };
+        self.reservation = Some(reservation);
+        let mut table = Vec::new();
+        if table.try_reserve_exact(table_len).is_err() {
+            let text = format!("cannot allocate {table_len} bytes for a length table");
+            return self.fail(RecvError::Memory(text));
+        }
+        table.resize(table_len, 0);
         let have = available.len() - ptr1::FIXED_HEADER_LEN;
         table[..have].copy_from_slice(&available[ptr1::FIXED_HEADER_LEN..]);
         self.frame_bytes = crate::len_u64(available.len());

@@ -786,24 +786,25 @@ impl Registry {
 }
 
 /// Nodes of this process by listening address, so sends to them stay in process.
-struct LocalNodes(Mutex<HashMap<SocketAddr, Weak<NodeInner>>>);
+/// Read on every send (to route it), written only when a node starts or stops.
+struct LocalNodes(RwLock<HashMap<SocketAddr, Weak<NodeInner>>>);
 
 fn local_nodes() -> &'static LocalNodes {
     static NODES: std::sync::OnceLock<LocalNodes> = std::sync::OnceLock::new();
-    NODES.get_or_init(|| LocalNodes(Mutex::new(HashMap::new())))
+    NODES.get_or_init(|| LocalNodes(RwLock::new(HashMap::new())))
 }
 
 impl LocalNodes {
     fn insert(&self, addr: SocketAddr, node: Weak<NodeInner>) {
         self.0
-            .lock()
+            .write()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(addr, node);
     }
 
     fn remove(&self, addr: SocketAddr) {
         self.0
-            .lock()
+            .write()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&addr);
     }
@@ -814,7 +815,7 @@ impl LocalNodes {
 fn lookup_local(peer: SocketAddr) -> Option<Arc<NodeInner>> {
     let nodes = local_nodes()
         .0
-        .lock()
+        .read()
         .unwrap_or_else(PoisonError::into_inner);
     if let Some(node) = nodes.get(&peer).and_then(Weak::upgrade) {
         return Some(node);
