@@ -18,13 +18,14 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use io_uring::{cqueue, opcode, squeue, types};
-use tensorwire_proto::ptr1::{self, Frame};
+use tensorwire_proto::ptr1::Frame;
 use tensorwire_proto::stats;
 
 use crate::completion::Completer;
 use crate::endpoint::{Incoming, Reply, Request, RequestKind, Responder, TryPush};
 use crate::frame_io::{FrameRecv, FrameSend, RecvError, RecvProgress};
 use crate::node::Shared;
+use crate::remote_reply::{RemoteReply, ReplyProgress, encode_reply};
 use crate::ring::Ring;
 use crate::{Error, sys};
 
@@ -164,83 +165,6 @@ impl CoreHandle {
     }
 }
 
-/// Answers one ask that arrived on a server connection; held by the handler's `Replier`.
-///
-/// The handler thread encodes the reply and, if it is small, writes it to the socket itself
-/// with one non-blocking `sendmsg`: the asker gets it without waiting for the core thread to
-/// wake up. The core is told afterwards (to read the next request), or handed whatever could not
-/// be written. While an ask is dispatched the core has no operation on the socket, and the
-/// descriptor is shared (`Arc<OwnedFd>`), so it cannot be closed and reused under the write.
-#[derive(Debug)]
-pub(crate) struct RemoteReply {
-    core: CoreHandle,
-    token: ConnToken,
-    fd: Arc<OwnedFd>,
-    version: u32,
-    limits: tensorwire_proto::Limits,
-}
-
-impl RemoteReply {
-    pub(crate) fn send(self, result: Result<Reply, String>) {
-        let version = self.version;
-        let frame = match result {
-            Ok(Reply::Tensor(message)) => Frame::TensorResponse(message),
-            Ok(Reply::Single { msg_type, data }) => Frame::SingleResponse {
-                version,
-                msg_type,
-                data,
-            },
-            Err(text) => Frame::Error { version, text },
-        };
-        let Some(encoded) = encode_reply(&frame, &self.limits) else {
-            let _ = self.core.send(Command::ReplyFailed { token: self.token });
-            return;
-        };
-        let token = self.token;
-        let command = if encoded.wire_len() > DIRECT_REPLY_MAX {
-            Command::Reply {
-                token,
-                encoded,
-                sent: 0,
-            }
-        } else {
-            match sys::send_nonblocking(self.fd.as_raw_fd(), encoded.slices()) {
-                Ok(sent) if crate::len_u64(sent) == encoded.wire_len() => {
-                    stats::global().record_raw_frame_sent(encoded.wire_len());
-                    Command::ReplySent { token }
-                }
-                Ok(sent) => Command::Reply {
-                    token,
-                    encoded,
-                    sent,
-                },
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Command::Reply {
-                    token,
-                    encoded,
-                    sent: 0,
-                },
-                Err(_) => Command::ReplyFailed { token },
-            }
-        };
-        let _ = self.core.send(command);
-    }
-}
-
-/// Encodes a reply; one over the limits becomes an Error frame saying so. `None` if not even
-/// that fits the configured limits.
-fn encode_reply(
-    frame: &Frame,
-    limits: &tensorwire_proto::Limits,
-) -> Option<tensorwire_proto::Encoded> {
-    let version = frame.version();
-    ptr1::encode(frame, limits)
-        .or_else(|e| {
-            let text = truncate(format!("reply could not be sent: {e}"), limits);
-            ptr1::encode(&Frame::Error { version, text }, limits)
-        })
-        .ok()
-}
-
 /// Starts a core thread. Returns once its ring exists (or failed to).
 pub(crate) fn spawn(
     index: usize,
@@ -289,9 +213,6 @@ const GENERATION_MASK: u32 = (1 << 24) - 1;
 const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(100);
 /// How long a pooled connection above the idle cap may stay idle before it is closed.
 const IDLE_TRIM_DELAY: Duration = Duration::from_secs(1);
-/// Largest reply a handler writes itself (bigger ones go through the core, with `SENDMSG_ZC`
-/// where it applies and without tying up the handler).
-const DIRECT_REPLY_MAX: u64 = 64 << 10;
 /// Bytes read per step while discarding input after an error reply.
 const DRAIN_CHUNK: usize = 64 << 10;
 
@@ -369,6 +290,13 @@ struct Server {
     frame_started: bool,
     /// Requests dispatched so far; a handler reply must carry the current one.
     seq: u32,
+    /// A receive is in flight (see `Client::recv_armed`).
+    recv_armed: bool,
+    /// How far the handler got with the reply to the dispatched ask.
+    reply: Option<Arc<ReplyProgress>>,
+    /// What the receive armed during a reply brought (the next request, a close, a malformed
+    /// frame): handled once the reply is out, so replies never interleave.
+    parked: Option<RecvProgress>,
     /// Scratch for discarding input after an error reply (see `close_gracefully`).
     drain: Option<Box<[u8]>>,
 }
@@ -693,6 +621,9 @@ impl Core {
             raw: false,
             frame_started: false,
             seq: 0,
+            recv_armed: false,
+            reply: None,
+            parked: None,
             drain: None,
         };
         let slot = self.insert(Conn::new(
@@ -712,6 +643,9 @@ impl Core {
         let Some(conn) = self.conn_mut_by_slot(slot) else {
             return;
         };
+        if let Role::Server(server) = &mut conn.role {
+            server.recv_armed = false;
+        }
         if let Role::Server(Server {
             state: ServerState::Draining,
             ..
@@ -761,6 +695,74 @@ impl Core {
     }
 
     fn server_progress(&mut self, slot: u32, progress: RecvProgress) {
+        if let RecvProgress::Frame { wire_len, .. } = &progress {
+            stats::global().record_raw_frame_received(*wire_len);
+        }
+        if let Some(progress) = self.park_while_replying(slot, progress) {
+            self.handle_server_progress(slot, progress);
+        }
+    }
+
+    /// Keeps what a receive brought while this connection's reply is still going out (the
+    /// receive is armed as soon as an ask is dispatched); gives it back if nothing is going out.
+    fn park_while_replying(&mut self, slot: u32, progress: RecvProgress) -> Option<RecvProgress> {
+        if matches!(progress, RecvProgress::More) {
+            return Some(progress);
+        }
+        let Some(Conn {
+            role: Role::Server(server),
+            deadline,
+            ..
+        }) = self.conn_mut_by_slot(slot)
+        else {
+            return Some(progress);
+        };
+        let outstanding = match server.state {
+            ServerState::Dispatched => server
+                .reply
+                .as_ref()
+                .is_some_and(|reply| reply.wait_unless_finished()),
+            ServerState::Replying { .. } => true,
+            _ => false,
+        };
+        if !outstanding {
+            if matches!(server.state, ServerState::Dispatched) {
+                server.state = ServerState::Reading;
+                server.reply = None;
+            }
+            return Some(progress);
+        }
+        server.frame_started = false;
+        server.parked = Some(progress);
+        *deadline = None; // the reply is written (or sent by the core) as fast as it goes
+        None
+    }
+
+    /// The reply to the last request is out: handle what arrived meanwhile, or wait for the
+    /// next request.
+    fn reply_finished(&mut self, slot: u32) {
+        let idle_timeout = self.shared.config.idle_timeout;
+        let Some(conn) = self.conn_mut_by_slot(slot) else {
+            return;
+        };
+        let Role::Server(server) = &mut conn.role else {
+            return;
+        };
+        server.state = ServerState::Reading;
+        server.reply = None;
+        if let Some(progress) = server.parked.take() {
+            self.handle_server_progress(slot, progress);
+            return;
+        }
+        let armed = server.recv_armed;
+        conn.deadline = Some(Instant::now() + idle_timeout);
+        self.arm_timer(slot);
+        if !armed {
+            self.submit_recv(slot);
+        }
+    }
+
+    fn handle_server_progress(&mut self, slot: u32, progress: RecvProgress) {
         let frame_timeout = self.shared.config.frame_timeout;
         match progress {
             RecvProgress::More => {
@@ -795,8 +797,7 @@ impl Core {
                     None => self.close(slot),
                 }
             }
-            RecvProgress::Frame { frame, wire_len } => {
-                stats::global().record_raw_frame_received(wire_len);
+            RecvProgress::Frame { frame, .. } => {
                 if let Some(Conn {
                     role: Role::Server(server),
                     deadline,
@@ -841,15 +842,23 @@ impl Core {
             return;
         };
         let tell = kind == RequestKind::Tell;
-        let fd = self.conn_mut_by_slot(slot).and_then(|conn| conn.fd.clone());
-        let responder = match (tell, fd) {
-            (false, Some(fd)) => Some(Responder::Remote(RemoteReply {
-                core: self.handle.clone(),
-                token,
-                fd,
-                version,
-                limits: self.shared.limits,
-            })),
+        let (core, limits) = (self.handle.clone(), self.shared.limits);
+        let Some(conn) = self.conn_mut_by_slot(slot) else {
+            return;
+        };
+        let responder = match (tell, conn.fd.clone(), &mut conn.role) {
+            (false, Some(fd), Role::Server(server)) => {
+                let progress = Arc::new(ReplyProgress::default());
+                server.reply = Some(Arc::clone(&progress));
+                Some(Responder::Remote(RemoteReply {
+                    core,
+                    token,
+                    fd,
+                    version,
+                    limits,
+                    progress,
+                }))
+            }
             _ => None,
         };
         let incoming = Incoming::new(
@@ -880,7 +889,7 @@ impl Core {
         };
         match mailbox.try_push(incoming, on_space) {
             TryPush::Pushed if tell => self.send_reply(slot, Frame::Ack { version }, false),
-            TryPush::Pushed => self.set_server_state(slot, ServerState::Dispatched),
+            TryPush::Pushed => self.await_reply(slot),
             TryPush::Full(incoming) => self.set_server_state(
                 slot,
                 ServerState::WaitingForMailbox {
@@ -897,9 +906,29 @@ impl Core {
             }
             TryPush::Closed(incoming) => {
                 // Answered through the normal reply path, like any handler error.
-                self.set_server_state(slot, ServerState::Dispatched);
+                self.await_reply(slot);
                 incoming.reply(Err(Error::MailboxClosed.to_string()));
             }
+        }
+    }
+
+    /// A handler has the ask. The next request is read as soon as it comes (a peer that
+    /// closes is noticed too), while the handler replies directly on the socket; the idle
+    /// deadline is checked against the time the reply was finished (see `fire_timers`).
+    fn await_reply(&mut self, slot: u32) {
+        let idle_timeout = self.shared.config.idle_timeout;
+        let Some(conn) = self.conn_mut_by_slot(slot) else {
+            return;
+        };
+        let Role::Server(server) = &mut conn.role else {
+            return;
+        };
+        server.state = ServerState::Dispatched;
+        let armed = server.recv_armed;
+        conn.deadline = Some(Instant::now() + idle_timeout);
+        self.arm_timer(slot);
+        if !armed {
+            self.submit_recv(slot);
         }
     }
 
@@ -949,6 +978,7 @@ impl Core {
         };
         let mut send = new_send(encoded, conn.zero_copy && sent == 0, zero_copy_min);
         send.skip(sent);
+        conn.deadline = None; // as long as the peer keeps reading
         if let Role::Server(server) = &mut conn.role {
             server.state = ServerState::Replying { close_after: false };
             server.send = Some(send);
@@ -956,18 +986,11 @@ impl Core {
         self.submit_send(token.slot);
     }
 
-    /// The handler wrote the whole reply: read the next request.
+    /// The handler wrote the whole reply after the core started waiting for it.
     fn on_reply_written(&mut self, token: ConnToken) {
-        let idle_timeout = self.shared.config.idle_timeout;
-        let Some(conn) = self.dispatched(token) else {
-            return;
-        };
-        if let Role::Server(server) = &mut conn.role {
-            server.state = ServerState::Reading;
+        if self.dispatched(token).is_some() {
+            self.reply_finished(token.slot);
         }
-        conn.deadline = Some(Instant::now() + idle_timeout);
-        self.arm_timer(token.slot);
-        self.submit_recv(token.slot);
     }
 
     /// Encodes and sends a reply. A reply over the limits becomes an Error frame saying so.
@@ -989,7 +1012,6 @@ impl Core {
     }
 
     fn on_send(&mut self, slot: u32, res: i32) {
-        let idle_timeout = self.shared.config.idle_timeout;
         let Some(conn) = self.conn_mut_by_slot(slot) else {
             return;
         };
@@ -1013,9 +1035,7 @@ impl Core {
                 if close_after {
                     self.close_gracefully(slot);
                 } else {
-                    conn.deadline = Some(Instant::now() + idle_timeout);
-                    self.arm_timer(slot);
-                    self.submit_recv(slot);
+                    self.reply_finished(slot);
                 }
             }
             (Role::Server(_), Err(_)) => self.close(slot),
@@ -1314,6 +1334,7 @@ impl Core {
 
     fn fire_timers(&mut self) {
         let now = Instant::now();
+        let idle_timeout = self.shared.config.idle_timeout;
         if self.accept_retry_at.is_some_and(|at| at <= now) {
             self.accept_retry_at = None;
             self.arm_accept();
@@ -1360,8 +1381,20 @@ impl Core {
                         .map_or(Duration::ZERO, |r| r.timeout);
                     self.client_fail(slot, Some(Error::Timeout { what, after }));
                 }
-                // A silent, idle or too slow client is closed at its deadline.
-                Role::Server(_) => self.close(slot),
+                Role::Server(server) => match waiting_for_reply_since(server) {
+                    // The handler is still at it: check again later.
+                    Some(None) => {
+                        conn.deadline = Some(now + idle_timeout);
+                        self.arm_timer(slot);
+                    }
+                    // Idle since the handler's reply went out.
+                    Some(Some(finished)) if finished + idle_timeout > now => {
+                        conn.deadline = Some(finished + idle_timeout);
+                        self.arm_timer(slot);
+                    }
+                    // A silent, idle or too slow client is closed at its deadline.
+                    _ => self.close(slot),
+                },
             }
         }
     }
@@ -1452,7 +1485,10 @@ impl Core {
             return;
         };
         let entry = match &mut conn.role {
-            Role::Server(server) => server.recv.next_op(fd),
+            Role::Server(server) => {
+                server.recv_armed = true;
+                server.recv.next_op(fd)
+            }
             Role::Client(client) => {
                 client.recv_armed = true;
                 client.recv.next_op(fd)
@@ -1590,11 +1626,17 @@ impl Core {
             return;
         };
         let Role::Server(Server {
-            drain: Some(buf), ..
+            drain: Some(buf),
+            recv_armed,
+            ..
         }) = &mut conn.role
         else {
             return;
         };
+        if *recv_armed {
+            return; // whatever the armed receive brings is discarded the same way
+        }
+        *recv_armed = true;
         let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
         let entry = opcode::Recv::new(types::Fd(fd), buf.as_mut_ptr(), len).build();
         self.push(slot, TAG_RECV, entry);
@@ -1648,17 +1690,11 @@ fn zero_copy_allowed(mode: crate::node::ZeroCopy, peer: Option<SocketAddr>) -> b
     }
 }
 
-/// Shortens an error text so it fits the metadata limit (at a character boundary).
-fn truncate(mut text: String, limits: &tensorwire_proto::Limits) -> String {
-    let max = usize::try_from(limits.max_metadata_bytes())
-        .unwrap_or(usize::MAX)
-        .min(4096);
-    if text.len() > max {
-        let mut end = max;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
+/// For a server connection whose ask is with a handler and no next request has started:
+/// `Some(None)` while the reply is being written, `Some(Some(when))` once it was finished.
+fn waiting_for_reply_since(server: &Server) -> Option<Option<Instant>> {
+    if !matches!(server.state, ServerState::Dispatched) || server.frame_started {
+        return None;
     }
-    text
+    Some(server.reply.as_ref().and_then(|reply| reply.finished_at()))
 }

@@ -9,7 +9,7 @@ use tensorwire_proto::TensorMessage;
 
 use crate::Error;
 use crate::completion::Completer;
-use crate::core::RemoteReply;
+use crate::remote_reply::RemoteReply;
 
 /// Whether a request expects a reply message (ask) or only an acknowledgement (tell).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,6 +143,10 @@ struct MailboxState {
     /// Core threads waiting for space (they must not block); called once each.
     space_waiters: VecDeque<SpaceWaiter>,
     closed: bool,
+    /// Threads blocked in `pop` / `push_until`: a condition variable is signalled only if
+    /// someone waits on it (a signal is a system call even when nobody does).
+    takers_waiting: usize,
+    pushers_waiting: usize,
 }
 
 impl std::fmt::Debug for MailboxState {
@@ -170,6 +174,8 @@ impl Mailbox {
                 queue: VecDeque::new(),
                 space_waiters: VecDeque::new(),
                 closed: false,
+                takers_waiting: 0,
+                pushers_waiting: 0,
             }),
             not_empty: Condvar::new(),
             not_full: Condvar::new(),
@@ -192,8 +198,11 @@ impl Mailbox {
             return TryPush::Full(item);
         }
         state.queue.push_back(item);
+        let wake = state.takers_waiting > 0;
         drop(state);
-        self.not_empty.notify_one();
+        if wake {
+            self.not_empty.notify_one();
+        }
         TryPush::Pushed
     }
 
@@ -206,8 +215,11 @@ impl Mailbox {
             }
             if state.queue.len() < self.capacity {
                 state.queue.push_back(item);
+                let wake = state.takers_waiting > 0;
                 drop(state);
-                self.not_empty.notify_one();
+                if wake {
+                    self.not_empty.notify_one();
+                }
                 return Ok(());
             }
             let Some(left) = deadline.checked_duration_since(Instant::now()) else {
@@ -216,11 +228,13 @@ impl Mailbox {
                     after: Duration::ZERO,
                 });
             };
+            state.pushers_waiting += 1;
             state = self
                 .not_full
                 .wait_timeout(state, left)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
+            state.pushers_waiting -= 1;
         }
     }
 
@@ -231,8 +245,11 @@ impl Mailbox {
         loop {
             if let Some(item) = state.queue.pop_front() {
                 let waiter = state.space_waiters.pop_front();
+                let wake = state.pushers_waiting > 0;
                 drop(state);
-                self.not_full.notify_one();
+                if wake {
+                    self.not_full.notify_one();
+                }
                 if let Some(waiter) = waiter {
                     waiter();
                 }
@@ -241,21 +258,27 @@ impl Mailbox {
             if state.closed {
                 return Err(Error::MailboxClosed);
             }
-            state = match deadline {
+            let left = match deadline {
+                None => None,
+                Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+                    Some(left) => Some(left),
+                    None => return Ok(None),
+                },
+            };
+            state.takers_waiting += 1;
+            state = match left {
                 None => self
                     .not_empty
                     .wait(state)
                     .unwrap_or_else(PoisonError::into_inner),
-                Some(deadline) => {
-                    let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-                        return Ok(None);
-                    };
+                Some(left) => {
                     self.not_empty
                         .wait_timeout(state, left)
                         .unwrap_or_else(PoisonError::into_inner)
                         .0
                 }
             };
+            state.takers_waiting -= 1;
         }
     }
 

@@ -26,6 +26,7 @@ mod error;
 mod frame_io;
 mod node;
 mod pool;
+mod remote_reply;
 mod ring;
 pub mod stats;
 mod sys;

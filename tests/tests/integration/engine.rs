@@ -434,6 +434,106 @@ fn idle_server_connection_is_closed_at_the_idle_deadline() {
 }
 
 #[test]
+fn a_slow_handler_is_not_cut_off_by_the_idle_deadline_which_runs_from_its_reply() {
+    let _serial = serial();
+    let delay = Duration::from_millis(400);
+    let server = client_node_with(|b| b.idle_timeout(Duration::from_millis(150)));
+    serve_slow_echo(&server, 1, delay);
+    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    stream.write_all(&raw_ask(b"/actors/slow", 3)).unwrap();
+    match read_frame(&mut stream).unwrap() {
+        Some(Frame::TensorResponse(message)) => assert_eq!(message.version, 3),
+        other => panic!("the reply, not a close, after the handler's delay: {other:?}"),
+    }
+    let replied = Instant::now();
+    let mut buf = [0u8; 1];
+    assert_eq!(stream.read(&mut buf).unwrap(), 0, "closed once idle");
+    let idle = replied.elapsed();
+    assert!(
+        idle >= Duration::from_millis(100) && idle < Duration::from_secs(3),
+        "idle deadline counted from the reply: {idle:?}"
+    );
+}
+
+#[test]
+fn asks_pipelined_on_one_connection_are_answered_one_at_a_time_in_order() {
+    let _serial = serial();
+    // Two handler threads could answer both at once if the server let them.
+    let server = client_node();
+    serve_slow_echo(&server, 2, Duration::from_millis(150));
+    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let started = Instant::now();
+    // Large replies are sent by the core, small ones written by the handler thread.
+    let asks = [
+        patterned(1, 3, 100 << 10),
+        patterned(2, 1, 100),
+        patterned(3, 3, 100 << 10),
+    ];
+    let mut both = Vec::new();
+    for message in &asks {
+        let frame = Frame::Ask {
+            path: "/actors/slow".into(),
+            message: message.clone(),
+        };
+        both.extend(
+            tensorwire_proto::ptr1::encode(&frame, &Limits::default())
+                .unwrap()
+                .to_vec(),
+        );
+    }
+    let writer = {
+        let mut stream = stream.try_clone().unwrap();
+        std::thread::spawn(move || stream.write_all(&both))
+    };
+    for expected in &asks {
+        match read_frame(&mut stream).unwrap() {
+            Some(Frame::TensorResponse(message)) => {
+                assert_eq!(message.version, expected.version);
+                assert_eq!(checksum(&message), checksum(expected));
+            }
+            other => panic!("reply {}: {other:?}", expected.version),
+        }
+    }
+    writer.join().unwrap().unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(440),
+        "each ask is dispatched only after the previous reply: {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_client_that_half_closes_after_its_ask_still_gets_the_reply() {
+    let _serial = serial();
+    let server = client_node();
+    serve_slow_echo(&server, 1, Duration::from_millis(100));
+    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    stream.write_all(&raw_ask(b"/actors/slow", 7)).unwrap();
+    stream.shutdown(Shutdown::Write).unwrap();
+    match read_frame(&mut stream).unwrap() {
+        Some(Frame::TensorResponse(message)) => assert_eq!(message.version, 7),
+        other => panic!("the reply despite the half-close: {other:?}"),
+    }
+    assert!(read_frame(&mut stream).unwrap().is_none(), "then the close");
+}
+
+/// An Ask frame with no metadata and no buffers.
+fn raw_ask(path: &[u8], version: u32) -> Vec<u8> {
+    let mut frame = raw_header(1, version, u32::try_from(path.len()).unwrap(), 0, 0);
+    frame.extend_from_slice(path);
+    frame
+}
+
+#[test]
 fn bad_magic_is_closed_without_a_reply() {
     let _serial = serial();
     let server = echo_node();
@@ -864,12 +964,25 @@ fn echo_node_with(
 /// A node whose `/actors/slow` echoes after `delay`, on `threads` handler threads.
 fn slow_echo_node(threads: usize, delay: Duration) -> Node {
     let node = client_node();
+    serve_slow_echo(&node, threads, delay);
+    node
+}
+
+fn serve_slow_echo(node: &Node, threads: usize, delay: Duration) {
     node.serve("slow", threads, move |r| {
         std::thread::sleep(delay);
         Ok(Reply::Tensor(r.message))
     })
     .unwrap();
-    node
+}
+
+fn client_node_with(
+    configure: impl FnOnce(tensorwire_engine::NodeBuilder) -> tensorwire_engine::NodeBuilder,
+) -> Node {
+    require_io_uring();
+    configure(Node::builder(any_local_address()).cores(2))
+        .build()
+        .unwrap()
 }
 
 fn open_fd_count() -> usize {
