@@ -13,7 +13,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -139,6 +139,8 @@ struct CoreShared {
     wake: OwnedFd,
     /// Set by the core just before it waits; whoever clears it must write the eventfd.
     sleeping: AtomicBool,
+    /// Entries in the core's timer heap (for tests that check it stays bounded).
+    timer_entries: AtomicUsize,
 }
 
 impl CoreHandle {
@@ -147,9 +149,15 @@ impl CoreHandle {
         let (tx, rx) = crossbeam_channel::unbounded();
         let wake = sys::eventfd_blocking().map_err(|e| Error::io("eventfd", e))?;
         let sleeping = AtomicBool::new(false);
+        let timer_entries = AtomicUsize::new(0);
         Ok((
             Self {
-                inner: Arc::new(CoreShared { tx, wake, sleeping }),
+                inner: Arc::new(CoreShared {
+                    tx,
+                    wake,
+                    sleeping,
+                    timer_entries,
+                }),
             },
             rx,
         ))
@@ -162,6 +170,11 @@ impl CoreHandle {
             sys::eventfd_signal(self.inner.wake.as_raw_fd());
         }
         Ok(())
+    }
+
+    /// Entries in the core's timer heap.
+    pub(crate) fn timer_entries(&self) -> usize {
+        self.inner.timer_entries.load(Ordering::Relaxed)
     }
 }
 
@@ -238,6 +251,10 @@ struct Conn {
     inflight: u32,
     closing: bool,
     deadline: Option<Instant>,
+    /// The earliest timer entry queued for this connection, if any. A deadline at or after it
+    /// queues nothing (that entry re-checks when it fires), so the timer heap holds about one
+    /// entry per connection however many requests come and go.
+    timer_at: Option<Instant>,
     role: Role,
     /// Frames to this peer may go out with `SENDMSG_ZC`.
     zero_copy: bool,
@@ -256,6 +273,7 @@ impl Conn {
             inflight: 0,
             closing: false,
             deadline,
+            timer_at: None,
             role,
             zero_copy,
             zero_copy_notifs: 0,
@@ -1326,10 +1344,23 @@ impl Core {
     fn arm_timer(&mut self, slot: u32) {
         if let Some(conn) = self.conn_mut_by_slot(slot) {
             if let Some(at) = conn.deadline {
+                if conn.timer_at.is_some_and(|queued| queued <= at) {
+                    return;
+                }
+                conn.timer_at = Some(at);
                 let generation = conn.generation;
                 self.timers.push(Reverse((at, slot, generation)));
+                self.count_timers();
             }
         }
+    }
+
+    fn count_timers(&self) {
+        let entries = self.timers.len();
+        self.handle
+            .inner
+            .timer_entries
+            .store(entries, Ordering::Relaxed);
     }
 
     fn fire_timers(&mut self) {
@@ -1356,11 +1387,19 @@ impl Core {
                 break;
             }
             self.timers.pop();
+            self.count_timers();
             let Some(conn) = self.conn_mut_by_generation(slot, generation) else {
                 continue;
             };
+            if conn.timer_at == Some(at) {
+                conn.timer_at = None;
+            }
             if conn.closing || conn.deadline.is_none_or(|d| d > now) {
-                continue; // re-armed or finished since
+                // Finished since, or moved later: queue the current deadline.
+                if !conn.closing {
+                    self.arm_timer(slot);
+                }
+                continue;
             }
             conn.deadline = None;
             match &mut conn.role {

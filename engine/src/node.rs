@@ -341,6 +341,13 @@ impl Node {
         self.inner.local_addr
     }
 
+    /// Timer entries queued on this node's cores (internal; lets tests check that timers stay
+    /// bounded by connections, not requests).
+    #[doc(hidden)]
+    pub fn queued_timers(&self) -> usize {
+        self.inner.cores.iter().map(CoreHandle::timer_entries).sum()
+    }
+
     /// Limits in force on this node.
     pub fn limits(&self) -> Limits {
         self.inner.shared.limits

@@ -934,6 +934,24 @@ fn pooled_connection_is_reused_for_sequential_asks() {
 }
 
 #[test]
+fn timers_stay_bounded_by_connections_not_by_requests() {
+    let _serial = serial();
+    let server = echo_node();
+    let client = client_node();
+    let long = Duration::from_secs(600); // deadlines far beyond the test: none fires
+    let message = patterned(1, 1, 16);
+    for _ in 0..5_000 {
+        client
+            .ask(server.local_addr(), "/actors/echo", message.clone(), long)
+            .wait()
+            .unwrap();
+    }
+    // One pooled connection on each side, whatever the number of requests it carried.
+    assert!(client.queued_timers() <= 4, "{}", client.queued_timers());
+    assert!(server.queued_timers() <= 4, "{}", server.queued_timers());
+}
+
+#[test]
 fn receive_pool_slots_are_reused_in_a_steady_loop() {
     let _serial = serial();
     let (server, client) = (echo_node(), client_node());
