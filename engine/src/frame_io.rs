@@ -125,6 +125,8 @@ pub(crate) struct FrameRecv {
     version: Option<u32>,
     /// The receive budget this frame's body holds while it arrives.
     reservation: Option<crate::pool::Reservation>,
+    /// The socket's `SO_RCVLOWAT` as last set (1, the kernel's default, until a large body).
+    low_water: i32,
 }
 
 impl FrameRecv {
@@ -139,6 +141,7 @@ impl FrameRecv {
             frame_bytes: 0,
             version: None,
             reservation: None,
+            low_water: 1,
         }
     }
 
@@ -157,6 +160,8 @@ impl FrameRecv {
 
     /// The receive operation for the next step.
     pub(crate) fn next_op(&mut self, fd: RawFd) -> squeue::Entry {
+        self.set_low_water(fd);
+        let low_water = self.low_water;
         let fd = types::Fd(fd);
         match self.destination() {
             Destination::Scratch(dest) => {
@@ -167,6 +172,11 @@ impl FrameRecv {
                     .flags(libc::MSG_WAITALL)
                     .build()
             }
+            // A low-water mark and MSG_WAITALL do not mix: the kernel retries a WAITALL receive
+            // on each wake-up, and a mark above what is still to come would never wake it.
+            Destination::Body(msg) if low_water > 1 => opcode::RecvMsg::new(fd, msg)
+                .ioprio(RECVSEND_POLL_FIRST)
+                .build(),
             Destination::Body(msg) => opcode::RecvMsg::new(fd, msg)
                 .flags(u32::try_from(libc::MSG_WAITALL).unwrap_or(0))
                 .build(),
@@ -176,6 +186,7 @@ impl FrameRecv {
     /// Performs the next step with one non-blocking system call (for blocking calls on the
     /// caller's thread); the result is what a completion would carry: bytes, or `-errno`.
     pub(crate) fn step_nonblocking(&mut self, fd: RawFd) -> i32 {
+        self.set_low_water(fd);
         let result = match self.destination() {
             Destination::Scratch(dest) | Destination::Table(dest) => {
                 crate::sys::recv_nonblocking(fd, dest)
@@ -187,6 +198,27 @@ impl FrameRecv {
         match result {
             Ok(n) => i32::try_from(n).unwrap_or(i32::MAX),
             Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
+        }
+    }
+
+    /// A large body is received in a few big steps instead of one wake-up per arriving
+    /// segment: each step waits until half of what is still to come (at most
+    /// [`LOW_WATER_MAX`]) is queued. Halving keeps the receiver copying while the sender sends,
+    /// and leaves only a small last step once the final byte is in. Everything else uses the
+    /// default of one byte. Failing to set it costs speed only.
+    ///
+    /// Measured on the fixture server (1 MiB one-way from a `std::net` sender): 20–30 % less
+    /// server CPU per message, 2.5× fewer context switches, ~12 % more messages per second;
+    /// at 64 MiB 10–20 % less CPU and no loss (see docs/benchmarks.md).
+    fn set_low_water(&mut self, fd: RawFd) {
+        let wanted = match &self.stage {
+            Stage::Body { body, .. } if body.remaining() >= LOW_WATER_MIN => {
+                i32::try_from((body.remaining() / 2).min(LOW_WATER_MAX)).unwrap_or(1)
+            }
+            _ => 1,
+        };
+        if wanted != self.low_water && crate::sys::set_receive_low_water(fd, wanted).is_ok() {
+            self.low_water = wanted;
         }
     }
 
@@ -531,6 +563,14 @@ impl FrameSend {
 
 /// A receive length for one `RECV`. Head reads are at most 28 bytes; a length table above
 /// 4 GiB (only with a huge configured buffer limit) is read in several steps.
+/// `IORING_RECVSEND_POLL_FIRST`: wait for readiness (which honours the low-water mark) before
+/// the first receive attempt, instead of taking the few bytes already there.
+const RECVSEND_POLL_FIRST: u16 = 1;
+/// Bodies with less than this left are received in one `MSG_WAITALL` step, without a mark.
+const LOW_WATER_MIN: u64 = 128 << 10;
+/// The largest low-water mark: bounds how much arrives between two wake-ups.
+const LOW_WATER_MAX: u64 = 1 << 20;
+
 fn len_u32(len: usize) -> u32 {
     u32::try_from(len).unwrap_or(u32::MAX)
 }

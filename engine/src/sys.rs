@@ -266,6 +266,12 @@ pub(crate) fn set_nodelay(fd: RawFd) -> io::Result<()> {
     set_int_option(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1)
 }
 
+/// Sets `SO_RCVLOWAT`: the socket reports readable (and wakes a waiting receive) only once this
+/// many bytes are queued (or the receive window is nearly closed, or the peer finished).
+pub(crate) fn set_receive_low_water(fd: RawFd, bytes: i32) -> io::Result<()> {
+    set_int_option(fd, libc::SOL_SOCKET, libc::SO_RCVLOWAT, bytes)
+}
+
 fn set_int_option(fd: RawFd, level: i32, name: i32, value: i32) -> io::Result<()> {
     syscall!(setsockopt(
         fd,

@@ -526,6 +526,44 @@ fn a_client_that_half_closes_after_its_ask_still_gets_the_reply() {
     assert!(read_frame(&mut stream).unwrap().is_none(), "then the close");
 }
 
+#[test]
+fn a_large_request_trickling_in_is_received_whole() {
+    let _serial = serial();
+    // Large bodies are read in a few steps that each wait for a share of what is still to
+    // come: a sender that pauses, or ends with a few odd bytes, must never leave one waiting.
+    let server = echo_node();
+    let message = patterned(9, 2, (1 << 20) + 3);
+    let frame = Frame::Ask {
+        path: "/actors/echo".into(),
+        message: message.clone(),
+    };
+    let wire = tensorwire_proto::ptr1::encode(&frame, &Limits::default())
+        .unwrap()
+        .to_vec();
+    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let (body, last) = wire.split_at(wire.len() - 5);
+    let writer = {
+        let mut stream = stream.try_clone().unwrap();
+        let (body, last) = (body.to_vec(), last.to_vec());
+        std::thread::spawn(move || -> std::io::Result<()> {
+            for piece in body.chunks(100_000) {
+                stream.write_all(piece)?;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            stream.write_all(&last)
+        })
+    };
+    match read_frame(&mut stream).unwrap() {
+        Some(Frame::TensorResponse(reply)) => assert_eq!(checksum(&reply), checksum(&message)),
+        other => panic!("expected the echo, got {other:?}"),
+    }
+    writer.join().unwrap().unwrap();
+}
+
 /// An Ask frame with no metadata and no buffers.
 fn raw_ask(path: &[u8], version: u32) -> Vec<u8> {
     let mut frame = raw_header(1, version, u32::try_from(path.len()).unwrap(), 0, 0);
