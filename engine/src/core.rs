@@ -1505,6 +1505,7 @@ impl Core {
 
     fn submit_recv(&mut self, slot: u32) {
         let shared = Arc::clone(&self.shared);
+        let poll_first = self.ring.recv_poll_first;
         let Some(conn) = self.conn_mut_by_slot(slot) else {
             return;
         };
@@ -1526,11 +1527,11 @@ impl Core {
         let entry = match &mut conn.role {
             Role::Server(server) => {
                 server.recv_armed = true;
-                server.recv.next_op(fd)
+                server.recv.next_op(fd, poll_first)
             }
             Role::Client(client) => {
                 client.recv_armed = true;
-                client.recv.next_op(fd)
+                client.recv.next_op(fd, poll_first)
             }
         };
         self.push(slot, TAG_RECV, entry);

@@ -159,8 +159,10 @@ impl FrameRecv {
     }
 
     /// The receive operation for the next step.
-    pub(crate) fn next_op(&mut self, fd: RawFd) -> squeue::Entry {
-        self.set_low_water(fd);
+    /// `poll_first`: the kernel has `IORING_RECVSEND_POLL_FIRST` (Linux 5.19), which the
+    /// stepwise receive of large bodies needs; without it they use one `MSG_WAITALL` receive.
+    pub(crate) fn next_op(&mut self, fd: RawFd, poll_first: bool) -> squeue::Entry {
+        self.set_low_water(fd, poll_first);
         let low_water = self.low_water;
         let fd = types::Fd(fd);
         match self.destination() {
@@ -186,7 +188,7 @@ impl FrameRecv {
     /// Performs the next step with one non-blocking system call (for blocking calls on the
     /// caller's thread); the result is what a completion would carry: bytes, or `-errno`.
     pub(crate) fn step_nonblocking(&mut self, fd: RawFd) -> i32 {
-        self.set_low_water(fd);
+        self.set_low_water(fd, true);
         let result = match self.destination() {
             Destination::Scratch(dest) | Destination::Table(dest) => {
                 crate::sys::recv_nonblocking(fd, dest)
@@ -210,9 +212,9 @@ impl FrameRecv {
     /// Measured on the fixture server (1 MiB one-way from a `std::net` sender): 20–30 % less
     /// server CPU per message, 2.5× fewer context switches, ~12 % more messages per second;
     /// at 64 MiB 10–20 % less CPU and no loss (see docs/benchmarks.md).
-    fn set_low_water(&mut self, fd: RawFd) {
+    fn set_low_water(&mut self, fd: RawFd, stepwise: bool) {
         let wanted = match &self.stage {
-            Stage::Body { body, .. } if body.remaining() >= LOW_WATER_MIN => {
+            Stage::Body { body, .. } if stepwise && body.remaining() >= LOW_WATER_MIN => {
                 i32::try_from((body.remaining() / 2).min(LOW_WATER_MAX)).unwrap_or(1)
             }
             _ => 1,

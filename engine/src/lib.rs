@@ -8,7 +8,7 @@
 //! [`Pending`] result that any executor can await or any thread can [`Pending::wait`] on.
 //!
 //! A frame goes out as one `SENDMSG` (header, path, metadata and every buffer as iovecs, with
-//! `MSG_WAITALL`) and comes in as a header read, a length-table read and one `RECVMSG` straight
+//! `MSG_WAITALL`) and comes in as a header read, a length-table read and `RECVMSG`s straight
 //! into receive-pool memory ([`ReceivePool`]); the payload is copied only by the kernel.
 //!
 //! # What this crate does not do

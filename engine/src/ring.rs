@@ -22,6 +22,10 @@ pub(crate) struct Ring {
     ring: IoUring,
     /// `SENDMSG_ZC` is supported (Linux 6.1).
     pub(crate) send_zc: bool,
+    /// Receives may wait for readiness before their first attempt
+    /// (`IORING_RECVSEND_POLL_FIRST`, Linux 5.19). No probe reports it, so it is assumed where
+    /// Linux 6.1's `SENDMSG_ZC` is.
+    pub(crate) recv_poll_first: bool,
     /// Setup flags that were accepted, for logs and stats.
     pub(crate) flags: &'static str,
 }
@@ -59,9 +63,11 @@ impl Ring {
                     let mut ring = Self {
                         ring,
                         send_zc: false,
+                        recv_poll_first: false,
                         flags,
                     };
                     ring.send_zc = ring.check_features()?;
+                    ring.recv_poll_first = ring.send_zc;
                     return Ok(ring);
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => last = e,
