@@ -209,9 +209,9 @@ impl FrameRecv {
     /// and leaves only a small last step once the final byte is in. Everything else uses the
     /// default of one byte. Failing to set it costs speed only.
     ///
-    /// Measured on the fixture server (1 MiB one-way from a `std::net` sender): 20–30 % less
-    /// server CPU per message, 2.5× fewer context switches, ~12 % more messages per second;
-    /// at 64 MiB 10–20 % less CPU and no loss (see docs/benchmarks.md).
+    /// Measured on the fixture server (1 MiB one-way from a `std::net` sender): 10–30 % less
+    /// server CPU per message, half the context switches, 5–20 % more messages per second; at
+    /// 64 MiB 10–30 % less CPU and no loss (docs/benchmarks.md names the commands).
     fn set_low_water(&mut self, fd: RawFd, stepwise: bool) {
         let wanted = match &self.stage {
             Stage::Body { body, .. } if stepwise && body.remaining() >= LOW_WATER_MIN => {
