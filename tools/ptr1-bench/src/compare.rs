@@ -16,7 +16,12 @@ use anyhow::{Context, Result};
 use crate::measure::{self, Sample};
 use crate::{Mode, Options, Transport, blocking, engine_side, seed};
 
-const TRANSPORTS: [Transport; 3] = [Transport::Engine, Transport::Seed, Transport::Std];
+const TRANSPORTS: [Transport; 4] = [
+    Transport::Engine,
+    Transport::Seed,
+    Transport::Std,
+    Transport::TokioPool,
+];
 
 /// A fixture server in a child process; killed on drop.
 struct Server {
@@ -79,6 +84,7 @@ struct Measurement {
 struct Clients {
     engine: tensorwire_engine::Node,
     seed: seed::Client,
+    tokio_pool: seed::Client,
 }
 
 pub(crate) fn compare(options: &Options) -> Result<()> {
@@ -123,7 +129,8 @@ pub(crate) fn compare(options: &Options) -> Result<()> {
         .collect::<Result<_>>()?;
     let mut clients = Clients {
         engine: engine_side::client(None)?,
-        seed: seed::Client::new()?,
+        seed: seed::Client::new(seed::Design::seed())?,
+        tokio_pool: seed::Client::new(seed::Design::pooled())?,
     };
     let mut results = vec![vec![Vec::<Measurement>::new(); TRANSPORTS.len()]; cases.len()];
 
@@ -189,6 +196,7 @@ fn measure_one(
         Transport::Engine => engine_side::measure(&clients.engine, server.addr, options, message)?,
         Transport::Seed => clients.seed.measure(server.addr, options, message)?,
         Transport::Std => blocking::run(server.addr, options, message)?,
+        Transport::TokioPool => clients.tokio_pool.measure(server.addr, options, message)?,
     };
     let cpu = (measure::cpu_time(None)? - client_cpu)
         + (measure::cpu_time(Some(server.pid()))? - server_cpu);
@@ -300,63 +308,66 @@ fn print_table(cases: &[Case], results: &[Vec<Vec<Measurement>>], reps: usize) {
         "\nmedians of {reps} interleaved repetition(s); CPU = both processes, s per GB of payload\n"
     );
     println!(
-        "| case | engine | seed (tokio) | std (blocking) | engine ÷ seed | CPU s/GB engine / seed / std |"
+        "| case | engine | seed (tokio) | std (blocking) | tokio + pool | engine ÷ seed | engine ÷ tokio + pool | CPU s/GB engine / seed / std / tokio + pool | CPU engine ÷ tokio + pool |"
     );
-    println!("|---|---:|---:|---:|---:|---|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---|---:|");
     for (case, per_transport) in cases.iter().zip(results) {
-        let cpu: Vec<String> = per_transport
+        let cpu: Vec<f64> = per_transport
             .iter()
-            .map(|r| format!("{:.2}", pick(r, |m| m.cpu_s_per_gb)))
+            .map(|r| pick(r, |m| m.cpu_s_per_gb))
             .collect();
-        match case.mode {
-            Mode::OneWay => {
-                let v: Vec<f64> = per_transport
-                    .iter()
-                    .map(|r| pick(r, |m| m.gb_per_s))
-                    .collect();
-                println!(
-                    "| {} | {:.2} GB/s | {:.2} GB/s | {:.2} GB/s | {:.2}× | {} |",
-                    case.label,
-                    v[0],
-                    v[1],
-                    v[2],
-                    v[0] / v[1],
-                    cpu.join(" / ")
-                );
-            }
-            Mode::Rtt => {
-                let v: Vec<f64> = per_transport
-                    .iter()
-                    .map(|r| pick(r, |m| m.latency_p50_us))
-                    .collect();
-                println!(
-                    "| {} (p50) | {:.1} µs | {:.1} µs | {:.1} µs | {:.2}× (std ÷ engine: {:.2}×) | {} |",
-                    case.label,
-                    v[0],
-                    v[1],
-                    v[2],
-                    v[1] / v[0],
-                    v[2] / v[0],
-                    cpu.join(" / ")
-                );
-            }
-            Mode::InFlight => {
-                let v: Vec<f64> = per_transport
-                    .iter()
-                    .map(|r| pick(r, |m| m.ops_per_s))
-                    .collect();
-                println!(
-                    "| {} | {:.0} asks/s | {:.0} asks/s | {:.0} asks/s | {:.2}× | {} |",
-                    case.label,
-                    v[0],
-                    v[1],
-                    v[2],
-                    v[0] / v[1],
-                    cpu.join(" / ")
-                );
-            }
-        }
+        let cpu_text: Vec<String> = cpu.iter().map(|c| format!("{c:.2}")).collect();
+        let (label, v, unit): (String, Vec<f64>, &str) = match case.mode {
+            Mode::OneWay => (
+                case.label.clone(),
+                column(per_transport, |m| m.gb_per_s),
+                "GB/s",
+            ),
+            Mode::Rtt => (
+                format!("{} (p50)", case.label),
+                column(per_transport, |m| m.latency_p50_us),
+                "µs",
+            ),
+            Mode::InFlight => (
+                case.label.clone(),
+                column(per_transport, |m| m.ops_per_s),
+                "asks/s",
+            ),
+        };
+        let cell = |x: f64| match case.mode {
+            Mode::OneWay => format!("{x:.2} {unit}"),
+            Mode::Rtt => format!("{x:.1} {unit}"),
+            Mode::InFlight => format!("{x:.0} {unit}"),
+        };
+        // Ratios are "how many times better the engine is": inverted for latencies.
+        let better = |engine: f64, other: f64| match case.mode {
+            Mode::Rtt => other / engine,
+            _ => engine / other,
+        };
+        let vs_seed = match case.mode {
+            Mode::Rtt => format!(
+                "{:.2}× (std ÷ engine: {:.2}×)",
+                better(v[0], v[1]),
+                v[2] / v[0]
+            ),
+            _ => format!("{:.2}×", better(v[0], v[1])),
+        };
+        println!(
+            "| {label} | {} | {} | {} | {} | {vs_seed} | {:.2}× | {} | {:.2}× |",
+            cell(v[0]),
+            cell(v[1]),
+            cell(v[2]),
+            cell(v[3]),
+            better(v[0], v[3]),
+            cpu_text.join(" / "),
+            cpu[0] / cpu[3],
+        );
     }
+}
+
+/// One figure per transport, in `TRANSPORTS` order.
+fn column(per_transport: &[Vec<Measurement>], f: impl Fn(&Measurement) -> f64 + Copy) -> Vec<f64> {
+    per_transport.iter().map(|r| pick(r, f)).collect()
 }
 
 fn print_iperf(cases: &[Case], results: &[Vec<Vec<Measurement>>], iperf: f64) {

@@ -1,8 +1,8 @@
 //! `ptr1-bench`: the PTR1 test fixture and transport microbenchmark.
 //!
 //! ```text
-//! ptr1-bench serve   [--listen ADDR] [--transport engine|seed|std] [--cores N]
-//! ptr1-bench run     --connect ADDR [--transport engine|seed|std] [--mode oneway|rtt|inflight]
+//! ptr1-bench serve   [--listen ADDR] [--transport engine|seed|std|tokio-pool] [--cores N]
+//! ptr1-bench run     --connect ADDR [--transport engine|seed|std|tokio-pool] [--mode oneway|rtt|inflight]
 //!                    [--size BYTES] [--buffers N] [--seconds S] [--inflight K]
 //! ptr1-bench compare [--quick] [--reps N] [--json FILE]
 //! ```
@@ -44,8 +44,8 @@ fn main() -> Result<()> {
 }
 
 const USAGE: &str = "usage:
-  ptr1-bench serve   [--listen ADDR] [--transport engine|seed|std] [--cores N]
-  ptr1-bench run     --connect ADDR [--transport engine|seed|std] [--mode oneway|rtt|inflight]
+  ptr1-bench serve   [--listen ADDR] [--transport engine|seed|std|tokio-pool] [--cores N]
+  ptr1-bench run     --connect ADDR [--transport engine|seed|std|tokio-pool] [--mode oneway|rtt|inflight]
                      [--size BYTES] [--buffers N] [--seconds S] [--inflight K]
   ptr1-bench compare [--quick] [--reps N] [--json FILE]";
 
@@ -59,6 +59,9 @@ pub(crate) enum Transport {
     Seed,
     /// Blocking `std::net`, one thread per connection.
     Std,
+    /// Tokio with 1024 slices per `write_vectored` and the engine's receive pool: the runtime
+    /// is the only difference from the engine (stands in for the compat crate's PTR1 path).
+    TokioPool,
 }
 
 impl Transport {
@@ -67,7 +70,8 @@ impl Transport {
             "engine" => Self::Engine,
             "seed" => Self::Seed,
             "std" => Self::Std,
-            _ => bail!("unknown transport {text:?} (engine, seed or std)"),
+            "tokio-pool" => Self::TokioPool,
+            _ => bail!("unknown transport {text:?} (engine, seed, std or tokio-pool)"),
         })
     }
 
@@ -76,6 +80,7 @@ impl Transport {
             Self::Engine => "engine",
             Self::Seed => "seed",
             Self::Std => "std",
+            Self::TokioPool => "tokio-pool",
         }
     }
 }
@@ -159,8 +164,9 @@ impl Options {
 fn serve(options: &Options) -> Result<()> {
     match options.transport {
         Transport::Engine => engine_side::serve(options),
-        Transport::Seed => seed::serve(options.listen),
+        Transport::Seed => seed::serve(options.listen, seed::Design::seed()),
         Transport::Std => blocking::serve(options.listen),
+        Transport::TokioPool => seed::serve(options.listen, seed::Design::pooled()),
     }
 }
 
@@ -170,8 +176,9 @@ pub(crate) fn run(options: &Options) -> Result<serde_json::Value> {
     let message = measure::message(options.size, options.buffers);
     let result = match options.transport {
         Transport::Engine => engine_side::run(peer, options, &message)?,
-        Transport::Seed => seed::run(peer, options, &message)?,
+        Transport::Seed => seed::run(peer, options, &message, seed::Design::seed())?,
         Transport::Std => blocking::run(peer, options, &message)?,
+        Transport::TokioPool => seed::run(peer, options, &message, seed::Design::pooled())?,
     };
     Ok(result.to_json(options))
 }

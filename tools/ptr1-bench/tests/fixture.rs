@@ -109,6 +109,11 @@ fn blocking_fixture_speaks_the_same_wire_format() {
 }
 
 #[test]
+fn tokio_pool_fixture_speaks_the_same_wire_format() {
+    check_fixture("tokio-pool");
+}
+
+#[test]
 fn run_prints_a_json_measurement() {
     let server = Server::start("engine");
     let output = Command::new(BIN)
