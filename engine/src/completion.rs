@@ -37,6 +37,9 @@ struct State<T> {
     done: bool,
     /// The deadline registered with the timer thread, cancelled on completion.
     timer: Option<u64>,
+    /// Threads blocked in `wait`/`wait_timeout`: the condition variable is signalled only if
+    /// there are any (a signal is a system call even when nobody waits).
+    waiting: usize,
 }
 
 pub(crate) fn pair<T>() -> (Completer<T>, Pending<T>) {
@@ -46,6 +49,7 @@ pub(crate) fn pair<T>() -> (Completer<T>, Pending<T>) {
             waker: None,
             done: false,
             timer: None,
+            waiting: 0,
         }),
         ready: Condvar::new(),
     });
@@ -72,11 +76,13 @@ impl<T> Pending<T> {
             if let Some(result) = state.result.take() {
                 return result;
             }
+            state.waiting += 1;
             state = self
                 .slot
                 .ready
                 .wait(state)
                 .unwrap_or_else(PoisonError::into_inner);
+            state.waiting -= 1;
         }
     }
 
@@ -90,12 +96,14 @@ impl<T> Pending<T> {
                 return Some(result);
             }
             let left = deadline.checked_duration_since(Instant::now())?;
+            state.waiting += 1;
             state = self
                 .slot
                 .ready
                 .wait_timeout(state, left)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
+            state.waiting -= 1;
         }
     }
 }
@@ -150,19 +158,21 @@ impl<T> Completer<T> {
     }
 
     fn finish(&self, result: Option<Result<T, Error>>) {
-        let (waker, timer) = {
+        let (waker, timer, waiting) = {
             let mut state = lock(&self.slot.state);
             if state.done {
                 return;
             }
             state.done = true;
             state.result = Some(result.unwrap_or(Err(Error::Shutdown)));
-            (state.waker.take(), state.timer.take())
+            (state.waker.take(), state.timer.take(), state.waiting > 0)
         };
         if let Some(id) = timer {
             timer::cancel(id);
         }
-        self.slot.ready.notify_all();
+        if waiting {
+            self.slot.ready.notify_all();
+        }
         if let Some(waker) = waker {
             waker.wake();
         }
