@@ -49,7 +49,8 @@ pub(crate) enum Command {
         encoded: tensorwire_proto::Encoded,
         sent: usize,
     },
-    /// A handler wrote its whole reply itself: read the next request.
+    /// A handler wrote its whole reply itself after the core started waiting for it (see
+    /// `ReplyProgress`): handle what arrived meanwhile.
     ReplySent { token: ConnToken },
     /// A handler could not write its reply (the connection broke): close it.
     ReplyFailed { token: ConnToken },
@@ -322,7 +323,8 @@ struct Server {
 enum ServerState {
     /// Waiting for (the rest of) a request frame.
     Reading,
-    /// A handler has the ask; its reply comes as a command.
+    /// A handler has the ask and writes the reply itself (`ReplyProgress` tells when it is
+    /// done) or hands it over as a command; the receive for the next request is armed.
     Dispatched,
     /// The endpoint's mailbox was full; retry when it says it has space.
     WaitingForMailbox {
