@@ -761,24 +761,20 @@ impl Core {
     /// The reply to the last request is out: handle what arrived meanwhile, or wait for the
     /// next request.
     fn reply_finished(&mut self, slot: u32) {
-        let idle_timeout = self.shared.config.idle_timeout;
-        let Some(conn) = self.conn_mut_by_slot(slot) else {
+        let Some(Conn {
+            role: Role::Server(server),
+            ..
+        }) = self.conn_mut_by_slot(slot)
+        else {
             return;
         };
-        let Role::Server(server) = &mut conn.role else {
-            return;
-        };
-        server.state = ServerState::Reading;
         server.reply = None;
-        if let Some(progress) = server.parked.take() {
-            self.handle_server_progress(slot, progress);
-            return;
-        }
-        let armed = server.recv_armed;
-        conn.deadline = Some(Instant::now() + idle_timeout);
-        self.arm_timer(slot);
-        if !armed {
-            self.submit_recv(slot);
+        match server.parked.take() {
+            Some(progress) => {
+                server.state = ServerState::Reading;
+                self.handle_server_progress(slot, progress);
+            }
+            None => self.await_request(slot, ServerState::Reading),
         }
     }
 
@@ -936,6 +932,11 @@ impl Core {
     /// closes is noticed too), while the handler replies directly on the socket; the idle
     /// deadline is checked against the time the reply was finished (see `fire_timers`).
     fn await_reply(&mut self, slot: u32) {
+        self.await_request(slot, ServerState::Dispatched);
+    }
+
+    /// Enters `state` with the idle deadline running and a receive armed for the next request.
+    fn await_request(&mut self, slot: u32, state: ServerState) {
         let idle_timeout = self.shared.config.idle_timeout;
         let Some(conn) = self.conn_mut_by_slot(slot) else {
             return;
@@ -943,7 +944,7 @@ impl Core {
         let Role::Server(server) = &mut conn.role else {
             return;
         };
-        server.state = ServerState::Dispatched;
+        server.state = state;
         let armed = server.recv_armed;
         conn.deadline = Some(Instant::now() + idle_timeout);
         self.arm_timer(slot);

@@ -93,18 +93,14 @@ enum Stage {
         filled: usize,
     },
     /// Reading the rest of the body straight into its final memory.
-    Body {
-        body: Body<PoolBuffer>,
-        iov: Vec<libc::iovec>,
-        msg: Box<libc::msghdr>,
-    },
+    Body { body: Body<PoolBuffer> },
 }
 
 /// The memory the next receive step fills.
 enum Destination<'a> {
     Scratch(&'a mut [u8]),
     Table(&'a mut [u8]),
-    /// A `msghdr` whose iovecs are the body's unfilled final memory (owned by the stage).
+    /// A `msghdr` whose iovecs are the body's unfilled final memory (owned by the `FrameRecv`).
     Body(*mut libc::msghdr),
 }
 
@@ -127,6 +123,11 @@ pub(crate) struct FrameRecv {
     reservation: Option<crate::pool::Reservation>,
     /// The socket's `SO_RCVLOWAT` as last set (1, the kernel's default, until a large body).
     low_water: i32,
+    /// The body receive's iovecs and `msghdr`, kept for the connection's life so a frame costs
+    /// no allocation for them (the header is boxed: the kernel holds its address while the
+    /// connection itself may move).
+    iov: Vec<libc::iovec>,
+    msg: Box<libc::msghdr>,
 }
 
 impl FrameRecv {
@@ -142,6 +143,9 @@ impl FrameRecv {
             version: None,
             reservation: None,
             low_water: 1,
+            iov: Vec::new(),
+            // SAFETY: msghdr is plain old data; all-zero is a valid empty header.
+            msg: Box::new(unsafe { std::mem::zeroed::<libc::msghdr>() }),
         }
     }
 
@@ -236,7 +240,8 @@ impl FrameRecv {
                 Destination::Scratch(&mut self.scratch[self.end..])
             }
             Stage::Table { table, filled, .. } => Destination::Table(&mut table[*filled..]),
-            Stage::Body { body, iov, msg } => {
+            Stage::Body { body } => {
+                let (iov, msg) = (&mut self.iov, &mut self.msg);
                 iov.clear();
                 iov.extend(body.unfilled().take(MAX_IOVECS).map(|slice| libc::iovec {
                     iov_base: slice.as_mut_ptr().cast(),
@@ -303,16 +308,19 @@ impl FrameRecv {
                     Err(e) => self.fail(RecvError::Wire(e)),
                 }
             }
-            Stage::Body { body, .. } => {
+            Stage::Body { body } => {
                 self.frame_bytes += crate::len_u64(n);
                 if let Err(e) = body.advance(n) {
                     return self.fail(RecvError::Wire(e));
                 }
-                if body.is_complete() {
-                    self.finish()
-                } else {
-                    RecvProgress::More
+                if !body.is_complete() {
+                    return RecvProgress::More;
                 }
+                let Stage::Body { body } = std::mem::replace(&mut self.stage, Stage::Head) else {
+                    let error = io::Error::other("frame finished outside the body stage");
+                    return self.fail(RecvError::Io(error));
+                };
+                self.finish(body)
             }
         }
     }
@@ -419,30 +427,19 @@ impl FrameRecv {
             }
             Err(e) => return self.fail(RecvError::Wire(e)),
         }
-        let complete = body.is_complete();
-        // SAFETY: msghdr is plain old data; all-zero is a valid empty header.
-        let msg = Box::new(unsafe { std::mem::zeroed::<libc::msghdr>() });
-        self.stage = Stage::Body {
-            body,
-            iov: Vec::new(),
-            msg,
-        };
-        if complete {
-            self.finish()
-        } else {
-            RecvProgress::More
+        if body.is_complete() {
+            self.stage = Stage::Head;
+            return self.finish(body);
         }
+        self.stage = Stage::Body { body };
+        RecvProgress::More
     }
 
-    fn finish(&mut self) -> RecvProgress {
+    fn finish(&mut self, body: Body<PoolBuffer>) -> RecvProgress {
         self.reservation = None;
         let wire_len = self.frame_bytes;
         let version = self.version.take();
         self.frame_bytes = 0;
-        let Stage::Body { body, .. } = std::mem::replace(&mut self.stage, Stage::Head) else {
-            let error = RecvError::Io(io::Error::other("frame finished outside the body stage"));
-            return RecvProgress::Failed { error, version };
-        };
         match Frame::from_body(body) {
             Ok(frame) => RecvProgress::Frame { frame, wire_len },
             Err(e) => RecvProgress::Failed {

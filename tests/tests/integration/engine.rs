@@ -376,10 +376,7 @@ fn silent_client_is_closed_at_the_preface_deadline() {
         .preface_timeout(Duration::from_millis(200))
         .build()
         .unwrap();
-    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
+    let mut stream = raw_stream(&server);
     let started = Instant::now();
     let mut buf = [0u8; 1];
     assert_eq!(stream.read(&mut buf).unwrap(), 0, "closed by the server");
@@ -397,10 +394,7 @@ fn slow_client_is_closed_at_the_frame_deadline() {
         .frame_timeout(Duration::from_millis(300))
         .build()
         .unwrap();
-    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
+    let mut stream = raw_stream(&server);
     let started = Instant::now();
     stream.write_all(&raw_header(1, 1, 12, 0, 0)).unwrap(); // header, then no path
     let mut buf = [0u8; 1];
@@ -416,13 +410,8 @@ fn slow_client_is_closed_at_the_frame_deadline() {
 fn idle_server_connection_is_closed_at_the_idle_deadline() {
     let _serial = serial();
     let server = echo_node_with(|b| b.idle_timeout(Duration::from_millis(200)));
-    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    let mut frame = raw_header(1, 1, 12, 0, 0);
-    frame.extend_from_slice(b"/actors/echo");
-    stream.write_all(&frame).unwrap();
+    let mut stream = raw_stream(&server);
+    stream.write_all(&raw_ask(b"/actors/echo", 1)).unwrap();
     assert!(matches!(
         read_frame(&mut stream).unwrap(),
         Some(Frame::TensorResponse(_))
@@ -439,10 +428,7 @@ fn a_slow_handler_is_not_cut_off_by_the_idle_deadline_which_runs_from_its_reply(
     let delay = Duration::from_millis(400);
     let server = client_node_with(|b| b.idle_timeout(Duration::from_millis(150)));
     serve_slow_echo(&server, 1, delay);
-    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
+    let mut stream = raw_stream(&server);
     stream.write_all(&raw_ask(b"/actors/slow", 3)).unwrap();
     match read_frame(&mut stream).unwrap() {
         Some(Frame::TensorResponse(message)) => assert_eq!(message.version, 3),
@@ -464,10 +450,7 @@ fn asks_pipelined_on_one_connection_are_answered_one_at_a_time_in_order() {
     // Two handler threads could answer both at once if the server let them.
     let server = client_node();
     serve_slow_echo(&server, 2, Duration::from_millis(150));
-    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
+    let mut stream = raw_stream(&server);
     let started = Instant::now();
     // Large replies are sent by the core, small ones written by the handler thread.
     let asks = [
@@ -513,10 +496,7 @@ fn a_client_that_half_closes_after_its_ask_still_gets_the_reply() {
     let _serial = serial();
     let server = client_node();
     serve_slow_echo(&server, 1, Duration::from_millis(100));
-    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
+    let mut stream = raw_stream(&server);
     stream.write_all(&raw_ask(b"/actors/slow", 7)).unwrap();
     stream.shutdown(Shutdown::Write).unwrap();
     match read_frame(&mut stream).unwrap() {
@@ -564,6 +544,15 @@ fn a_large_request_trickling_in_is_received_whole() {
     writer.join().unwrap().unwrap();
 }
 
+/// A plain TCP connection to `server` for playing a raw peer; reads give up after 5 s.
+fn raw_stream(server: &Node) -> TcpStream {
+    let stream = TcpStream::connect(server.local_addr()).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    stream
+}
+
 /// An Ask frame with no metadata and no buffers.
 fn raw_ask(path: &[u8], version: u32) -> Vec<u8> {
     let mut frame = raw_header(1, version, u32::try_from(path.len()).unwrap(), 0, 0);
@@ -575,10 +564,7 @@ fn raw_ask(path: &[u8], version: u32) -> Vec<u8> {
 fn bad_magic_is_closed_without_a_reply() {
     let _serial = serial();
     let server = echo_node();
-    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
+    let mut stream = raw_stream(&server);
     stream.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
     let mut buf = Vec::new();
     let _ = stream.read_to_end(&mut buf);
@@ -592,10 +578,7 @@ fn bad_magic_is_closed_without_a_reply() {
 fn unknown_kind_is_answered_with_an_error_frame() {
     let _serial = serial();
     let server = echo_node();
-    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
+    let mut stream = raw_stream(&server);
     stream.write_all(&raw_header(9, 42, 0, 0, 0)).unwrap();
     match read_frame(&mut stream).unwrap() {
         Some(Frame::Error { version, text }) => {
@@ -614,10 +597,7 @@ fn unknown_kind_is_answered_with_an_error_frame() {
 fn reply_kind_sent_as_a_request_is_answered_with_an_error_and_the_connection_stays() {
     let _serial = serial();
     let server = echo_node();
-    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
+    let mut stream = raw_stream(&server);
     stream.write_all(&raw_header(4, 5, 0, 0, 0)).unwrap(); // an Ack
     match read_frame(&mut stream).unwrap() {
         Some(Frame::Error { text, .. }) => {
@@ -625,9 +605,7 @@ fn reply_kind_sent_as_a_request_is_answered_with_an_error_and_the_connection_sta
         }
         other => panic!("expected an Error frame, got {other:?}"),
     }
-    let mut frame = raw_header(1, 1, 12, 0, 0);
-    frame.extend_from_slice(b"/actors/echo");
-    stream.write_all(&frame).unwrap();
+    stream.write_all(&raw_ask(b"/actors/echo", 1)).unwrap();
     assert!(matches!(
         read_frame(&mut stream).unwrap(),
         Some(Frame::TensorResponse(_))
@@ -662,10 +640,7 @@ fn oversized_lengths_are_answered_with_an_error_frame_before_any_allocation() {
         ),
     ];
     for (frame, expected) in cases {
-        let mut stream = TcpStream::connect(server.local_addr()).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .unwrap();
+        let mut stream = raw_stream(&server);
         stream.write_all(&frame).unwrap();
         match read_frame(&mut stream).unwrap() {
             Some(Frame::Error { text, .. }) => assert!(text.contains(expected), "{text}"),
@@ -706,16 +681,7 @@ fn shutdown_of_the_client_fails_or_completes_every_request_in_flight() {
     let _serial = serial();
     let server = slow_echo_node(4, Duration::from_millis(100));
     let client = client_node();
-    let pendings: Vec<_> = (0..40)
-        .map(|i| {
-            client.ask(
-                server.local_addr(),
-                "/actors/slow",
-                patterned(i, 1, 100),
-                TIMEOUT,
-            )
-        })
-        .collect();
+    let pendings = slow_asks(&client, &server, 40);
     std::thread::sleep(Duration::from_millis(150));
     client.shutdown();
     let (mut ok, mut failed) = (0, 0);
@@ -747,16 +713,7 @@ fn shutdown_of_the_server_fails_or_completes_every_request_in_flight() {
     let _serial = serial();
     let server = slow_echo_node(2, Duration::from_millis(100));
     let client = client_node();
-    let pendings: Vec<_> = (0..20)
-        .map(|i| {
-            client.ask(
-                server.local_addr(),
-                "/actors/slow",
-                patterned(i, 1, 100),
-                TIMEOUT,
-            )
-        })
-        .collect();
+    let pendings = slow_asks(&client, &server, 20);
     std::thread::sleep(Duration::from_millis(150));
     server.shutdown();
     for pending in pendings {
@@ -908,10 +865,7 @@ fn non_ptr1_connection_is_handed_off_with_its_preface() {
         .handoff(catch.clone())
         .build()
         .unwrap();
-    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
+    let mut stream = raw_stream(&server);
     stream
         .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
         .unwrap();
@@ -1029,6 +983,20 @@ fn slow_echo_node(threads: usize, delay: Duration) -> Node {
     let node = client_node();
     serve_slow_echo(&node, threads, delay);
     node
+}
+
+/// `count` asks to `/actors/slow`, all sent at once.
+fn slow_asks(client: &Node, server: &Node, count: u32) -> Vec<tensorwire_engine::Pending<Reply>> {
+    (0..count)
+        .map(|i| {
+            client.ask(
+                server.local_addr(),
+                "/actors/slow",
+                patterned(i, 1, 100),
+                TIMEOUT,
+            )
+        })
+        .collect()
 }
 
 fn serve_slow_echo(node: &Node, threads: usize, delay: Duration) {
@@ -1325,10 +1293,7 @@ fn frame_over_the_receive_budget_is_refused_before_any_allocation() {
         ..Default::default()
     };
     let server = echo_node_with(|b| b.receive_pool(pool));
-    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
+    let mut stream = raw_stream(&server);
     let mut frame = raw_header(1, 3, 12, 0, 1);
     frame.extend_from_slice(&(64u64 << 20).to_le_bytes());
     frame.extend_from_slice(b"/actors/echo");
