@@ -407,25 +407,28 @@ impl FrameRecv {
             return self.fail(RecvError::Memory(text));
         };
         self.reservation = Some(reservation);
-        let mut body = match Body::new(layout, pool.allocator()) {
-            Ok(body) => body,
+        let mut body = Body::new(layout);
+        let mut alloc = |len| {
+            let mut buffer = pool.take(len);
             // The pool answers an allocation failure with an empty buffer.
-            Err(WireError::Misuse(tensorwire_proto::Misuse::ReceiveBufferLength {
-                expected,
-                ..
-            })) => {
-                let text = format!("cannot allocate {expected} bytes of receive memory");
-                return self.fail(RecvError::Memory(text));
+            if buffer.as_mut().len() == len {
+                Ok(buffer)
+            } else {
+                Err(RecvError::Memory(format!(
+                    "cannot allocate {len} bytes of receive memory"
+                )))
             }
-            Err(e) => return self.fail(RecvError::Wire(e)),
         };
+        if let Err(e) = body.expose(usize::MAX, &mut alloc) {
+            return self.fail(e);
+        }
         // Body bytes that came with the head are copied into place (at most the scratch size).
-        match body.fill(&self.scratch[self.start..self.end]) {
+        match body.fill(&self.scratch[self.start..self.end], &mut alloc) {
             Ok(used) => {
                 self.start += used;
                 self.frame_bytes += crate::len_u64(used);
             }
-            Err(e) => return self.fail(RecvError::Wire(e)),
+            Err(e) => return self.fail(e),
         }
         if body.is_complete() {
             self.stage = Stage::Head;
@@ -572,4 +575,10 @@ const LOW_WATER_MAX: u64 = 1 << 20;
 
 fn len_u32(len: usize) -> u32 {
     u32::try_from(len).unwrap_or(u32::MAX)
+}
+
+impl From<WireError> for RecvError {
+    fn from(error: WireError) -> Self {
+        Self::Wire(error)
+    }
 }

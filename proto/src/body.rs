@@ -1,20 +1,30 @@
-//! Placing a frame's path, metadata and buffers straight into their final memory.
+//! Placing a frame's path, metadata and buffers straight into their final memory, committing
+//! memory only as the bytes for it arrive.
+
+use std::ops::Range;
 
 use bytes::{Bytes, BytesMut};
 
 use crate::error::{Malformed, Misuse, WireError};
-use crate::head::{HeadDecoder, Layout, len_u64};
-use crate::limits::Limits;
-use crate::ptr1::FrameKind;
+use crate::head::Layout;
+use crate::kind::FrameKind;
+use crate::len::len_u64;
 
 /// Memory a decoder writes one received metadata block or buffer into.
 ///
-/// The decoder asks for it by length (an allocator closure `FnMut(usize) -> B`) only after every
-/// limit has been checked, fills it in place, and finally turns it into [`Bytes`] without
-/// copying. A receive pool implements this for its slots.
+/// The decoder asks for it by length only after every limit has been checked, and only once the
+/// first byte of that section is about to arrive. It fills the memory in place and finally turns
+/// it into [`Bytes`] without copying. A receive pool implements this for its slots.
 pub trait ReceiveBuffer: AsMut<[u8]> {
     /// Turns the filled memory into immutable [`Bytes`] without copying.
     fn freeze(self) -> Bytes;
+
+    /// Called once for each range of the buffer before the first bytes are written into it
+    /// (ranges come in order and never overlap). A pool pre-faults fresh memory here, so pages
+    /// are committed a bounded window ahead of the data, never for what a peer merely declared.
+    fn prepare(&mut self, range: Range<usize>) {
+        let _ = range;
+    }
 }
 
 impl ReceiveBuffer for Vec<u8> {
@@ -31,18 +41,18 @@ impl ReceiveBuffer for BytesMut {
 
 /// The body of one frame (path, metadata, buffers) being received into final memory.
 ///
-/// Bytes arrive either through [`Body::fill`] (the decoder copies a chunk into place) or by a
-/// scatter read of the caller's own into [`Body::unfilled`] followed by [`Body::advance`]. When
-/// [`Body::is_complete`], [`Body::finish`] turns the memory into [`Bytes`] without copying.
+/// Nothing is allocated up front. Memory for a section is requested when the first byte of it
+/// is about to arrive: either through [`Body::fill`] (the decoder copies a chunk into place) or
+/// through [`Body::expose`] followed by a scatter read of the caller's own into
+/// [`Body::unfilled`] and [`Body::advance`]. When [`Body::is_complete`], the memory becomes
+/// [`Bytes`] without copying ([`crate::ptr1::Frame::from_body`], [`crate::ptm1::message_from_body`]).
 #[derive(Debug)]
 pub struct Body<B> {
     layout: Layout,
-    /// Path slot bytes (at most 64 KiB).
+    /// Path bytes received or exposed so far (never longer than the path, at most 64 KiB).
     path: Vec<u8>,
-    /// `None` when the metadata is empty.
-    metadata: Option<B>,
-    /// One entry per buffer; `None` for an empty buffer.
-    buffers: Vec<Option<B>>,
+    /// Metadata, then one entry per buffer; `None` until allocated (always `None` when empty).
+    sections: Vec<Option<B>>,
     /// Index of the section being filled: 0 path, 1 metadata, 2 + i buffer i. Never points at an
     /// empty section; equals the section count when the body is complete.
     section: usize,
@@ -50,50 +60,27 @@ pub struct Body<B> {
     offset: usize,
     /// Bytes filled in all sections; at most `layout.body_len()`.
     filled: u64,
+    /// Bytes (from the start of the body) for which memory exists and was prepared; at least
+    /// `filled`.
+    exposed: u64,
 }
 
 impl<B: ReceiveBuffer> Body<B> {
-    /// Requests memory for every non-empty section of `layout` from `alloc`, in order
-    /// (metadata, then each buffer). Empty sections ask for nothing.
-    ///
-    /// # Errors
-    ///
-    /// [`Misuse::ReceiveBufferLength`] if `alloc` returns memory of the wrong length.
-    pub fn new(layout: Layout, mut alloc: impl FnMut(usize) -> B) -> Result<Self, WireError> {
-        let mut take = |section: &dyn Fn() -> String, len: usize| -> Result<Option<B>, WireError> {
-            if len == 0 {
-                return Ok(None);
-            }
-            let mut memory = alloc(len);
-            let actual = memory.as_mut().len();
-            if actual != len {
-                return Err(Misuse::ReceiveBufferLength {
-                    section: section(),
-                    expected: len,
-                    actual,
-                }
-                .into());
-            }
-            Ok(Some(memory))
-        };
-        let metadata = take(&|| "metadata".to_owned(), layout.metadata_len())?;
-        let buffers = layout
-            .buffer_lens()
-            .iter()
-            .enumerate()
-            .map(|(i, &len)| take(&|| format!("buffer {i}"), len))
-            .collect::<Result<Vec<_>, _>>()?;
+    /// A body for `layout`; no memory is requested yet.
+    pub fn new(layout: Layout) -> Self {
+        let mut sections = Vec::new();
+        sections.resize_with(layout.buffer_lens().len() + 1, || None);
         let mut body = Self {
-            path: vec![0; layout.path_len()],
+            path: Vec::new(),
             layout,
-            metadata,
-            buffers,
+            sections,
             section: 0,
             offset: 0,
             filled: 0,
+            exposed: 0,
         };
         body.skip_empty_sections();
-        Ok(body)
+        body
     }
 
     /// The layout this body was made for.
@@ -106,62 +93,137 @@ impl<B: ReceiveBuffer> Body<B> {
         self.layout.body_len() - self.filled
     }
 
+    /// Body bytes that arrived so far.
+    pub fn received(&self) -> u64 {
+        self.filled
+    }
+
     /// Whether every byte has arrived.
     pub fn is_complete(&self) -> bool {
         self.remaining() == 0
     }
 
-    /// Copies the start of `input` into place; returns how many bytes it took (fewer than
-    /// `input.len()` only when the body became complete).
+    /// The path slot, once all of it arrived (it is checked to be UTF-8 then); `None` before.
+    pub fn path(&self) -> Option<&str> {
+        if self.section == 0 {
+            return None;
+        }
+        std::str::from_utf8(&self.path).ok()
+    }
+
+    /// Copies the start of `input` into place, requesting memory from `alloc` for each section
+    /// the bytes reach; returns how many bytes it took (fewer than `input.len()` only when the
+    /// body became complete).
     ///
     /// # Errors
     ///
-    /// [`Malformed::InvalidPath`] once the path slot is complete and not UTF-8.
-    pub fn fill(&mut self, input: &[u8]) -> Result<usize, WireError> {
+    /// [`Malformed::InvalidPath`] once the path slot is complete and not UTF-8; whatever `alloc`
+    /// returns; [`Misuse::ReceiveBufferLength`] if it returns memory of the wrong length.
+    pub fn fill<E: From<WireError>>(
+        &mut self,
+        input: &[u8],
+        alloc: &mut impl FnMut(usize) -> Result<B, E>,
+    ) -> Result<usize, E> {
+        let wanted = usize::try_from(self.remaining()).map_or(input.len(), |r| r.min(input.len()));
+        self.expose(wanted, alloc)?;
         let mut consumed = 0;
-        while consumed < input.len() {
-            let Some(dest) = self.unfilled().next() else {
-                break;
-            };
-            let n = dest.len().min(input.len() - consumed);
+        for dest in self.unfilled() {
+            let n = dest.len().min(wanted - consumed);
             dest[..n].copy_from_slice(&input[consumed..consumed + n]);
             consumed += n;
-            self.advance(n)?;
+            if consumed == wanted {
+                break;
+            }
         }
+        self.advance(consumed)?;
         Ok(consumed)
     }
 
-    /// The unfilled memory, in wire order, as non-empty slices: read the next bytes of the
-    /// stream into them (for example with one `recvmsg` over all of them), then call
-    /// [`Body::advance`] with the count.
+    /// Makes memory available for (at least one and) at most `window` bytes beyond what has
+    /// arrived, requesting it from `alloc` section by section and preparing each newly exposed
+    /// range ([`ReceiveBuffer::prepare`]). Bytes already exposed stay exposed.
+    ///
+    /// # Errors
+    ///
+    /// As [`Body::fill`].
+    pub fn expose<E: From<WireError>>(
+        &mut self,
+        window: usize,
+        alloc: &mut impl FnMut(usize) -> Result<B, E>,
+    ) -> Result<(), E> {
+        let target = self
+            .filled
+            .saturating_add(len_u64(window.max(1)))
+            .min(self.layout.body_len());
+        // Walk the sections from the current one, each starting at `start` in body offsets.
+        let mut start = self.filled - len_u64(self.offset);
+        let mut section = self.section;
+        while self.exposed < target && section < self.section_count() {
+            let len = self.section_len(section);
+            let end = start + len_u64(len);
+            if len > 0 && end > self.exposed {
+                // Exposed part of this section: [from, to) in section offsets.
+                let from = usize::try_from(self.exposed.max(start) - start).unwrap_or(len);
+                let to = usize::try_from(end.min(target) - start).unwrap_or(len);
+                self.expose_section(section, len, from..to, alloc)?;
+                self.exposed = start + len_u64(to);
+            }
+            start = end;
+            section += 1;
+        }
+        Ok(())
+    }
+
+    /// The exposed, unfilled memory in wire order, as non-empty slices: read the next bytes of
+    /// the stream into them (for example with one `recvmsg` over all of them), then call
+    /// [`Body::advance`] with the count. Empty until [`Body::expose`] is called.
     pub fn unfilled(&mut self) -> impl Iterator<Item = &mut [u8]> {
         let (section, offset) = (self.section, self.offset);
-        let metadata: &mut [u8] = match &mut self.metadata {
-            Some(memory) => memory.as_mut(),
-            None => &mut [],
-        };
-        std::iter::once(self.path.as_mut_slice())
-            .chain(std::iter::once(metadata))
-            .chain(self.buffers.iter_mut().map(|buffer| match buffer {
+        let budget = usize::try_from(self.exposed - self.filled).unwrap_or(usize::MAX);
+        let path: &mut [u8] = self.path.as_mut_slice();
+        std::iter::once(path)
+            .chain(self.sections.iter_mut().map(|memory| match memory {
                 Some(memory) => memory.as_mut(),
                 None => &mut [],
             }))
             .skip(section)
             .enumerate()
-            .map(move |(i, slice)| if i == 0 { &mut slice[offset..] } else { slice })
+            // Stops after the last exposed byte; empty sections in between yield nothing.
+            .scan(budget, move |budget, (i, slice)| {
+                if *budget == 0 {
+                    return None;
+                }
+                let slice = if i == 0 {
+                    slice.get_mut(offset..).unwrap_or_default()
+                } else {
+                    slice
+                };
+                let take = slice.len().min(*budget);
+                *budget -= take;
+                Some(&mut slice[..take])
+            })
             .filter(|slice| !slice.is_empty())
+    }
+
+    /// Exposed bytes that have not arrived yet: what [`Body::unfilled`] covers.
+    pub fn exposed_unfilled(&self) -> u64 {
+        self.exposed - self.filled
     }
 
     /// Records that the next `n` bytes of [`Body::unfilled`] were written.
     ///
     /// # Errors
     ///
-    /// [`Misuse::AdvancePastEnd`] if `n` is more than [`Body::remaining`];
+    /// [`Misuse::AdvancePastEnd`] if `n` is more than the exposed unfilled bytes;
     /// [`Malformed::InvalidPath`] once the path slot is complete and not UTF-8.
     pub fn advance(&mut self, n: usize) -> Result<(), WireError> {
-        let remaining = self.remaining();
-        if len_u64(n) > remaining {
-            return Err(Misuse::AdvancePastEnd { by: n, remaining }.into());
+        let exposed = self.exposed - self.filled;
+        if len_u64(n) > exposed {
+            return Err(Misuse::AdvancePastEnd {
+                by: n,
+                remaining: exposed,
+            }
+            .into());
         }
         self.filled += len_u64(n);
         let mut n = n;
@@ -199,17 +261,51 @@ impl<B: ReceiveBuffer> Body<B> {
         // The path was checked when its section completed; a second check is cheap (<= 64 KiB)
         // and keeps this conversion free of any `unwrap`.
         let path = String::from_utf8(self.path).map_err(|e| invalid_path(e.utf8_error(), 0))?;
+        let mut sections = self
+            .sections
+            .into_iter()
+            .map(|memory| memory.map_or_else(Bytes::new, ReceiveBuffer::freeze));
+        let metadata = sections.next().unwrap_or_default();
         Ok(Parts {
             kind: self.layout.kind(),
             version: self.layout.version(),
             path,
-            metadata: self.metadata.map_or_else(Bytes::new, ReceiveBuffer::freeze),
-            buffers: self
-                .buffers
-                .into_iter()
-                .map(|buffer| buffer.map_or_else(Bytes::new, ReceiveBuffer::freeze))
-                .collect(),
+            metadata,
+            buffers: sections.collect(),
         })
+    }
+
+    /// Allocates section `section` (of `len` bytes) if needed and prepares `range` of it.
+    fn expose_section<E: From<WireError>>(
+        &mut self,
+        section: usize,
+        len: usize,
+        range: Range<usize>,
+        alloc: &mut impl FnMut(usize) -> Result<B, E>,
+    ) -> Result<(), E> {
+        if section == 0 {
+            self.path.resize(range.end, 0);
+            return Ok(());
+        }
+        let slot = &mut self.sections[section - 1];
+        let memory = match slot {
+            Some(memory) => memory,
+            None => {
+                let mut memory = alloc(len)?;
+                let actual = memory.as_mut().len();
+                if actual != len {
+                    return Err(WireError::from(Misuse::ReceiveBufferLength {
+                        section: section_name(section),
+                        expected: len,
+                        actual,
+                    })
+                    .into());
+                }
+                slot.insert(memory)
+            }
+        };
+        memory.prepare(range);
+        Ok(())
     }
 
     fn section_len(&self, section: usize) -> usize {
@@ -221,7 +317,7 @@ impl<B: ReceiveBuffer> Body<B> {
     }
 
     fn section_count(&self) -> usize {
-        2 + self.buffers.len()
+        1 + self.sections.len()
     }
 
     /// Moves past empty sections (an empty path needs no UTF-8 check).
@@ -229,6 +325,14 @@ impl<B: ReceiveBuffer> Body<B> {
         while self.section < self.section_count() && self.section_len(self.section) == 0 {
             self.section += 1;
         }
+    }
+}
+
+fn section_name(section: usize) -> String {
+    match section {
+        0 => "path".to_owned(),
+        1 => "metadata".to_owned(),
+        n => format!("buffer {}", n - 2),
     }
 }
 
@@ -244,140 +348,4 @@ pub(crate) struct Parts {
     pub(crate) path: String,
     pub(crate) metadata: Bytes,
     pub(crate) buffers: Vec<Bytes>,
-}
-
-/// Reads frames from arbitrarily split input: head first, then the body into memory from an
-/// allocator. Shared by the PTR1 stream decoder and the PTM1 body decoder.
-#[derive(Debug)]
-pub(crate) struct FrameReader<B> {
-    limits: Limits,
-    state: ReaderState<B>,
-}
-
-#[derive(Debug)]
-enum ReaderState<B> {
-    Head(HeadDecoder),
-    Body(Body<B>),
-    /// An error was returned; the stream position is unknown.
-    Failed,
-}
-
-impl<B: ReceiveBuffer> FrameReader<B> {
-    pub(crate) fn new(format: crate::Format, limits: Limits) -> Self {
-        Self {
-            limits,
-            state: ReaderState::Head(HeadDecoder::new(format)),
-        }
-    }
-
-    /// Consumes input up to the end of one frame. Returns bytes consumed and, when a frame
-    /// completed, its parts. After an error every call fails with [`Misuse::DecoderFailed`].
-    pub(crate) fn push(
-        &mut self,
-        input: &[u8],
-        alloc: &mut impl FnMut(usize) -> B,
-    ) -> Result<(usize, Option<Parts>), WireError> {
-        let mut consumed = 0;
-        loop {
-            // The state stays `Failed` if anything below returns an error.
-            self.state = match std::mem::replace(&mut self.state, ReaderState::Failed) {
-                ReaderState::Failed => return Err(Misuse::DecoderFailed.into()),
-                ReaderState::Head(mut head) => {
-                    let (n, layout) = head.push(&input[consumed..], &self.limits)?;
-                    consumed += n;
-                    match layout {
-                        Some(layout) => ReaderState::Body(Body::new(layout, &mut *alloc)?),
-                        None => {
-                            self.state = ReaderState::Head(head);
-                            return Ok((consumed, None));
-                        }
-                    }
-                }
-                ReaderState::Body(mut body) => {
-                    consumed += body.fill(&input[consumed..])?;
-                    if !body.is_complete() {
-                        self.state = ReaderState::Body(body);
-                        return Ok((consumed, None));
-                    }
-                    self.state = ReaderState::Head(HeadDecoder::new(body.layout().format()));
-                    return Ok((consumed, Some(body.finish()?)));
-                }
-            };
-        }
-    }
-
-    /// Whether the reader is between frames (no partial frame held).
-    pub(crate) fn is_idle(&self) -> bool {
-        matches!(&self.state, ReaderState::Head(head) if head.buffered() == 0)
-    }
-
-    /// The error to report when the input ends now, if a frame is incomplete.
-    pub(crate) fn truncation(&self, format: crate::Format) -> Option<WireError> {
-        let (expected, received) = match &self.state {
-            ReaderState::Head(head) if head.buffered() == 0 => return None,
-            ReaderState::Head(head) => (head.expected_len(), len_u64(head.buffered())),
-            ReaderState::Body(body) => (
-                body.layout().wire_len(),
-                body.layout().wire_len() - body.remaining(),
-            ),
-            ReaderState::Failed => return Some(Misuse::DecoderFailed.into()),
-        };
-        Some(
-            Malformed::Truncated {
-                format,
-                expected,
-                received,
-            }
-            .into(),
-        )
-    }
-}
-
-/// Splits one complete frame held in contiguous memory into zero-copy slices.
-pub(crate) fn split_contiguous(
-    format: crate::Format,
-    bytes: Bytes,
-    limits: &Limits,
-) -> Result<Parts, WireError> {
-    let fixed = crate::FixedHeader::parse(format, &bytes, limits)?;
-    let fixed_len = crate::head::fixed_len(format);
-    let layout = fixed.layout(&bytes[fixed_len..], limits)?;
-    let received = len_u64(bytes.len());
-    if received < layout.wire_len() {
-        return Err(Malformed::Truncated {
-            format,
-            expected: layout.wire_len(),
-            received,
-        }
-        .into());
-    }
-    if received > layout.wire_len() {
-        let extra = received - layout.wire_len();
-        return Err(Malformed::TrailingBytes {
-            format,
-            expected: layout.wire_len(),
-            extra,
-        }
-        .into());
-    }
-    // From here every offset is within `bytes`: the layout's lengths add up to its length.
-    let mut at = layout.head_len();
-    let mut next = |len: usize| {
-        let slice = bytes.slice(at..at + len);
-        at += len;
-        slice
-    };
-    let path = next(layout.path_len());
-    let path = std::str::from_utf8(&path)
-        .map_err(|e| invalid_path(e, path.len()))?
-        .to_owned();
-    let metadata = next(layout.metadata_len());
-    let buffers = layout.buffer_lens().iter().map(|&len| next(len)).collect();
-    Ok(Parts {
-        kind: layout.kind(),
-        version: layout.version(),
-        path,
-        metadata,
-        buffers,
-    })
 }

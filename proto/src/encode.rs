@@ -3,9 +3,10 @@
 use bytes::Bytes;
 
 use crate::error::{Format, LimitExceeded, LimitField, WireError};
-use crate::head::{TABLE_ENTRY_LEN, fixed_len, len_u64};
+use crate::head::{TABLE_ENTRY_LEN, fixed_len};
+use crate::kind::FrameKind;
+use crate::len::len_u64;
 use crate::limits::Limits;
-use crate::ptr1::FrameKind;
 
 /// An encoded frame or body: a small `head` followed by `parts` that reference the caller's
 /// memory.

@@ -33,7 +33,7 @@ pub fn ptr1_decode(data: &[u8]) {
     let limits = limits();
     let requested = Cell::new(0u64);
     let mut decoder = ptr1::Decoder::with_allocator(limits, |len| {
-        requested.set(requested.get() + crate::head::len_u64(len));
+        requested.set(requested.get() + crate::len::len_u64(len));
         vec![0u8; len]
     });
     let mut streamed: Result<Option<ptr1::Frame>, WireError> = Ok(None);
@@ -88,7 +88,7 @@ pub fn ptm1_decode(data: &[u8]) {
     let limits = limits();
     let requested = Cell::new(0u64);
     let mut decoder = ptm1::Decoder::with_allocator(limits, |len| {
-        requested.set(requested.get() + crate::head::len_u64(len));
+        requested.set(requested.get() + crate::len::len_u64(len));
         vec![0u8; len]
     });
     let streamed = input

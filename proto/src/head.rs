@@ -4,19 +4,12 @@
 //! limit has been checked and every length is known to fit in `usize`.
 
 use crate::error::{Format, LimitField, Malformed, WireError};
+use crate::kind::FrameKind;
+use crate::len::{le_u32, le_u64, len_u64};
 use crate::limits::Limits;
-use crate::ptr1::FrameKind;
 
 /// Size of one length-table entry (a little-endian u64).
 pub(crate) const TABLE_ENTRY_LEN: usize = 8;
-
-/// Widens a `usize` length to `u64`.
-pub(crate) const fn len_u64(len: usize) -> u64 {
-    // Every target Rust supports has a `usize` of at most 64 bits, so this widening is lossless;
-    // the assertion turns a hypothetical 128-bit target into a build error.
-    const _: () = assert!(usize::BITS <= u64::BITS);
-    len as u64
-}
 
 /// The validated shape of one frame or body: what the caller must provide memory for.
 ///
@@ -302,9 +295,8 @@ impl HeadDecoder {
             }
             match self.fixed {
                 None => {
-                    let fixed = FixedHeader::parse(self.format, &self.buf, limits)?;
-                    self.buf.reserve_exact(fixed.table_len()?);
-                    self.fixed = Some(fixed);
+                    // The table's memory grows as its bytes arrive (no reservation up front).
+                    self.fixed = Some(FixedHeader::parse(self.format, &self.buf, limits)?);
                 }
                 Some(fixed) => {
                     let layout = fixed.layout(&self.buf[fixed_len..], limits)?;
@@ -332,16 +324,4 @@ impl HeadDecoder {
 
 fn to_usize(format: Format, field: LimitField, len: u64) -> Result<usize, WireError> {
     usize::try_from(len).map_err(|_| Malformed::TooLargeForPlatform { format, field, len }.into())
-}
-
-fn le_u32(bytes: &[u8]) -> u32 {
-    let mut word = [0u8; 4];
-    word.copy_from_slice(bytes);
-    u32::from_le_bytes(word)
-}
-
-fn le_u64(bytes: &[u8]) -> u64 {
-    let mut word = [0u8; 8];
-    word.copy_from_slice(bytes);
-    u64::from_le_bytes(word)
 }

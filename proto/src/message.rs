@@ -28,7 +28,7 @@ impl TensorMessage {
     /// The number of payload bytes: the sum of the buffer lengths. Metadata is not counted.
     pub fn total_bytes(&self) -> u64 {
         self.buffers.iter().fold(0u64, |sum, buffer| {
-            sum.saturating_add(crate::head::len_u64(buffer.len()))
+            sum.saturating_add(crate::len::len_u64(buffer.len()))
         })
     }
 }

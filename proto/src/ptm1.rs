@@ -15,12 +15,13 @@
 
 use bytes::Bytes;
 
-use crate::body::{Body, FrameReader, Parts, ReceiveBuffer, split_contiguous};
+use crate::body::{Body, Parts, ReceiveBuffer};
 use crate::encode::{Encoded, encode as encode_frame};
 use crate::error::{Format, LimitField, Malformed, WireError};
-use crate::head::len_u64;
+use crate::len::len_u64;
 use crate::limits::Limits;
 use crate::message::TensorMessage;
+use crate::reader::{FrameReader, split_contiguous};
 
 /// Length of the fixed PTM1 header.
 pub const FIXED_HEADER_LEN: usize = 20;

@@ -15,75 +15,19 @@
 //!
 //! A connection carries one request frame, then one reply frame, then the next request.
 
-use std::fmt;
-
 use bytes::Bytes;
 
-use crate::body::{Body, FrameReader, Parts, ReceiveBuffer, split_contiguous};
+use crate::body::{Body, Parts, ReceiveBuffer};
 use crate::encode::{Encoded, encode as encode_frame};
 use crate::error::{Format, Malformed, WireError};
-use crate::head::len_u64;
+pub use crate::kind::FrameKind;
+use crate::len::len_u64;
 use crate::limits::Limits;
 use crate::message::TensorMessage;
+use crate::reader::{FrameReader, split_contiguous};
 
 /// Length of the fixed PTR1 header.
 pub const FIXED_HEADER_LEN: usize = 28;
-
-/// The kind byte of a PTR1 frame.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum FrameKind {
-    /// Request that waits for a TensorResponse, SingleResponse or Error.
-    Ask = 1,
-    /// Request that waits for an Ack (sent once the message is enqueued) or Error.
-    Tell = 2,
-    /// Reply to an Ask carrying a TensorMessage.
-    TensorResponse = 3,
-    /// Reply to a Tell: the message was enqueued.
-    Ack = 4,
-    /// Reply to an Ask or Tell carrying an error text.
-    Error = 5,
-    /// Reply to an Ask carrying an ordinary message: `msg_type` and `data`.
-    SingleResponse = 6,
-}
-
-impl FrameKind {
-    /// The kind with this wire value, if any.
-    pub const fn from_u8(value: u8) -> Option<Self> {
-        Some(match value {
-            1 => Self::Ask,
-            2 => Self::Tell,
-            3 => Self::TensorResponse,
-            4 => Self::Ack,
-            5 => Self::Error,
-            6 => Self::SingleResponse,
-            _ => return None,
-        })
-    }
-
-    /// The kind's name, as in the protocol description.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Ask => "Ask",
-            Self::Tell => "Tell",
-            Self::TensorResponse => "TensorResponse",
-            Self::Ack => "Ack",
-            Self::Error => "Error",
-            Self::SingleResponse => "SingleResponse",
-        }
-    }
-
-    /// Whether a client sends this kind (Ask, Tell) rather than a server.
-    pub const fn is_request(self) -> bool {
-        matches!(self, Self::Ask | Self::Tell)
-    }
-}
-
-impl fmt::Display for FrameKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// One PTR1 frame with its slots given their meaning.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -34,7 +34,7 @@ impl Recorder {
         self.0
             .borrow()
             .iter()
-            .map(|&n| crate::head::len_u64(n))
+            .map(|&n| crate::len::len_u64(n))
             .sum()
     }
 }

@@ -1,10 +1,13 @@
+use std::cell::RefCell;
+use std::rc::Rc;
+
 use bytes::Bytes;
 use proptest::prelude::*;
 
 use super::*;
 use crate::error::{LimitExceeded, LimitField, Misuse};
 use crate::test_util::{Recorder, any_bytes, any_message, cat, chunks};
-use crate::{Body, Layout};
+use crate::{Body, Layout, ReceiveBuffer};
 
 fn msg(version: u32, metadata: &'static [u8], buffers: &[&'static [u8]]) -> TensorMessage {
     TensorMessage {
@@ -203,10 +206,12 @@ fn scatter_reads_into_unfilled_memory_yield_the_same_frame() {
     let fixed = crate::FixedHeader::parse(Format::Ptr1, &wire, &Limits::default()).unwrap();
     let layout: Layout = fixed.layout(&wire[28..], &Limits::default()).unwrap();
     assert_eq!(layout.buffer_lens(), &[3, 0, 5]);
-    let mut body = Body::new(layout.clone(), |len| vec![0u8; len]).unwrap();
+    let mut body = Body::new(layout.clone());
+    let mut alloc = |len| Ok::<_, WireError>(vec![0u8; len]);
     let mut rest = &wire[layout.head_len()..];
     while !body.is_complete() {
         // Like one recvmsg that returns at most 3 bytes, scattered over the unfilled slices.
+        body.expose(4, &mut alloc).unwrap();
         let mut n = 0;
         for slice in body.unfilled() {
             let take = slice.len().min(3 - n).min(rest.len());
@@ -231,7 +236,9 @@ fn advancing_past_the_end_is_caller_misuse() {
     let wire = encode(&frame, &Limits::default()).unwrap().to_vec();
     let fixed = crate::FixedHeader::parse(Format::Ptr1, &wire, &Limits::default()).unwrap();
     let layout = fixed.layout(&wire[28..], &Limits::default()).unwrap();
-    let mut body = Body::new(layout, |len| vec![0u8; len]).unwrap();
+    let mut body = Body::<Vec<u8>>::new(layout);
+    body.expose(64, &mut |len| Ok::<_, WireError>(vec![0u8; len]))
+        .unwrap();
     let err = body.advance(6).unwrap_err();
     assert_eq!(
         err,
@@ -259,6 +266,108 @@ fn allocator_returning_the_wrong_length_is_caller_misuse() {
             ..
         })
     ));
+}
+
+#[test]
+fn memory_is_requested_only_when_the_first_byte_of_a_section_arrives() {
+    let frame = Frame::Ask {
+        path: "/p".into(),
+        message: msg(3, b"mm", &[b"abc", b"defgh"]),
+    };
+    let wire = encode(&frame, &Limits::default()).unwrap().to_vec();
+    let head_and_path = 28 + 2 * 8 + 2;
+    let recorder = Recorder::default();
+    let mut sut = Decoder::with_allocator(Limits::default(), recorder.alloc());
+    assert_eq!(sut.decode(&wire[..head_and_path]).unwrap().0, head_and_path);
+    assert_eq!(
+        recorder.requests(),
+        Vec::<usize>::new(),
+        "head and path only"
+    );
+    sut.decode(&wire[head_and_path..head_and_path + 1]).unwrap();
+    assert_eq!(recorder.requests(), vec![2], "first metadata byte");
+    sut.decode(&wire[head_and_path + 1..head_and_path + 3])
+        .unwrap();
+    assert_eq!(recorder.requests(), vec![2, 3], "first byte of buffer 0");
+    let (_, done) = sut.decode(&wire[head_and_path + 3..]).unwrap();
+    assert_eq!(done, Some(frame));
+    assert_eq!(recorder.requests(), vec![2, 3, 5]);
+}
+
+#[test]
+fn exposing_a_window_allocates_and_prepares_only_what_it_covers() {
+    type Log = Rc<RefCell<Vec<(usize, std::ops::Range<usize>)>>>;
+    #[derive(Debug)]
+    struct Traced(Vec<u8>, Log);
+    impl AsMut<[u8]> for Traced {
+        fn as_mut(&mut self) -> &mut [u8] {
+            &mut self.0
+        }
+    }
+    impl ReceiveBuffer for Traced {
+        fn freeze(self) -> Bytes {
+            Bytes::from(self.0)
+        }
+        fn prepare(&mut self, range: std::ops::Range<usize>) {
+            self.1.borrow_mut().push((self.0.len(), range));
+        }
+    }
+    let frame = Frame::Tell {
+        path: String::new(),
+        message: msg(1, b"", &[&[1; 100], b"", &[2; 100]]),
+    };
+    let wire = encode(&frame, &Limits::default()).unwrap().to_vec();
+    let fixed = crate::FixedHeader::parse(Format::Ptr1, &wire, &Limits::default()).unwrap();
+    let layout = fixed.layout(&wire[28..], &Limits::default()).unwrap();
+    let body_at = layout.head_len();
+    let prepared = Rc::new(RefCell::new(Vec::new()));
+    let allocated = RefCell::new(Vec::new());
+    let mut alloc = |len| {
+        allocated.borrow_mut().push(len);
+        Ok::<_, WireError>(Traced(vec![0; len], Rc::clone(&prepared)))
+    };
+    let mut body = Body::new(layout);
+    body.expose(60, &mut alloc).unwrap();
+    assert_eq!(body.exposed_unfilled(), 60);
+    assert_eq!(
+        body.unfilled().map(|s| s.len()).collect::<Vec<_>>(),
+        vec![60]
+    );
+    // Receive 50 bytes, then widen the window past the empty buffer into the third one.
+    let mut n = 0;
+    for slice in body.unfilled() {
+        let take = slice.len().min(50 - n);
+        slice[..take].copy_from_slice(&wire[body_at + n..body_at + n + take]);
+        n += take;
+    }
+    body.advance(n).unwrap();
+    body.expose(100, &mut alloc).unwrap();
+    assert_eq!(
+        body.unfilled().map(|s| s.len()).collect::<Vec<_>>(),
+        vec![50, 50]
+    );
+    assert_eq!(
+        *prepared.borrow(),
+        vec![(100, 0..60), (100, 60..100), (100, 0..50)],
+        "each range is prepared once, in order"
+    );
+    let mut rest = &wire[body_at + 50..];
+    while !body.is_complete() {
+        body.expose(1000, &mut alloc).unwrap();
+        let mut n = 0;
+        for slice in body.unfilled() {
+            slice.copy_from_slice(&rest[..slice.len()]);
+            rest = &rest[slice.len()..];
+            n += slice.len();
+        }
+        body.advance(n).unwrap();
+    }
+    assert_eq!(
+        *allocated.borrow(),
+        vec![100, 100],
+        "the empty buffer needs no memory"
+    );
+    assert_eq!(Frame::from_body(body).unwrap(), frame);
 }
 
 // ---- malformed input -------------------------------------------------------------------------

@@ -47,7 +47,10 @@ fn read_frame(stream: &mut TcpStream, limits: &Limits) -> Result<Option<Frame>> 
     let fixed = FixedHeader::parse(Format::Ptr1, &head, limits)?;
     let mut table = vec![0u8; fixed.table_len()?];
     stream.read_exact(&mut table)?;
-    let mut body = Body::new(fixed.layout(&table, limits)?, |len| vec![0u8; len])?;
+    let mut body = Body::new(fixed.layout(&table, limits)?);
+    body.expose(usize::MAX, &mut |len| {
+        Ok::<_, tensorwire_proto::WireError>(vec![0u8; len])
+    })?;
     let mut received = 0;
     for section in body.unfilled() {
         stream.read_exact(section)?;

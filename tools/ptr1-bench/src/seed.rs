@@ -12,7 +12,9 @@ use anyhow::{Context, Result, anyhow};
 use bytes::Bytes;
 use tensorwire_engine::{PoolConfig, ReceivePool};
 use tensorwire_proto::ptr1::{self, Frame};
-use tensorwire_proto::{Body, Encoded, FixedHeader, Format, Limits, ReceiveBuffer, TensorMessage};
+use tensorwire_proto::{
+    Body, Encoded, FixedHeader, Format, Layout, Limits, ReceiveBuffer, TensorMessage,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -109,14 +111,22 @@ async fn read_frame(
     let layout = fixed.layout(&table, limits)?;
     let frame = match design {
         // A fresh zero-filled Vec for every section.
-        Design::Seed => read_body(stream, Body::new(layout, |len| vec![0u8; len])?).await?,
-        Design::Pooled(pool) => read_body(stream, Body::new(layout, pool.allocator())?).await?,
+        Design::Seed => read_body(stream, layout, |len| vec![0u8; len]).await?,
+        Design::Pooled(pool) => read_body(stream, layout, pool.allocator()).await?,
     };
     Ok(Some(frame))
 }
 
 /// Fills a body with one `read_exact` per section.
-async fn read_body<B: ReceiveBuffer>(stream: &mut TcpStream, mut body: Body<B>) -> Result<Frame> {
+async fn read_body<B: ReceiveBuffer>(
+    stream: &mut TcpStream,
+    layout: Layout,
+    mut alloc: impl FnMut(usize) -> B,
+) -> Result<Frame> {
+    let mut body = Body::new(layout);
+    body.expose(usize::MAX, &mut |len| {
+        Ok::<_, tensorwire_proto::WireError>(alloc(len))
+    })?;
     let mut received = 0;
     for section in body.unfilled() {
         stream.read_exact(section).await?;
