@@ -41,7 +41,9 @@ pub mod ptm1;
 pub mod ptr1;
 mod reader;
 pub mod route;
+pub mod session;
 pub mod stats;
+pub mod transport;
 
 #[cfg(test)]
 mod test_util;

@@ -1,0 +1,101 @@
+//! Deadlines, rates and windows of PTR1 connections, and the client pool's bounds.
+
+use std::time::Duration;
+
+use crate::limits::Limits;
+
+/// How long each phase of a connection may take, and how receive memory is exposed.
+///
+/// The defaults suit a data-centre network. Every deadline is enforced by the sessions with
+/// the time their driver passes in; none of them needs a runtime.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct SessionConfig {
+    /// Limits every received frame is checked against.
+    pub limits: Limits,
+    /// A new server connection must send its first four bytes within this (default 5 s).
+    pub preface_timeout: Duration,
+    /// A frame's head (fixed header, length table and path) must complete within this of its
+    /// first byte (default 10 s): a peer trickling a header is closed.
+    pub head_timeout: Duration,
+    /// A frame's body, and a reply being written, must move at least this many bytes per
+    /// second, measured over each [`SessionConfig::rate_window`] (default 64 KiB/s).
+    pub min_rate: u64,
+    /// The interval the minimum rate is measured over (default 30 s).
+    pub rate_window: Duration,
+    /// A server connection may sit idle between requests this long (default 300 s).
+    pub idle_timeout: Duration,
+    /// A request may wait this long for space in a full mailbox before the peer is told it
+    /// could not be delivered (default 60 s).
+    pub enqueue_timeout: Duration,
+    /// After an error reply, input is discarded for at most this long before closing
+    /// (default 2 s), so the reply is not destroyed by a reset.
+    pub drain_timeout: Duration,
+    /// Connecting to a peer may take this long (default 5 s).
+    pub connect_timeout: Duration,
+    /// Per-connection scratch for heads and small bodies (default 16 KiB).
+    pub scratch_len: usize,
+    /// The most receive memory exposed ahead of the bytes that arrived (default 16 MiB). The
+    /// window starts at 64 KiB and grows with the bytes the peer actually sent, so a peer is
+    /// never given memory it has not paid for with data.
+    pub max_window: usize,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self {
+            limits: Limits::default(),
+            preface_timeout: Duration::from_secs(5),
+            head_timeout: Duration::from_secs(10),
+            min_rate: 64 << 10,
+            rate_window: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(300),
+            enqueue_timeout: Duration::from_secs(60),
+            drain_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(5),
+            scratch_len: 16 << 10,
+            max_window: 16 << 20,
+        }
+    }
+}
+
+impl SessionConfig {
+    /// The smallest receive window (64 KiB, or less if `max_window` is smaller).
+    pub fn min_window(&self) -> usize {
+        self.max_window.min(64 << 10)
+    }
+
+    /// The most bytes a driver may let arrive (or write) before it reports progress: half of
+    /// what the minimum rate requires per window, so a peer that keeps the rate is always seen
+    /// to keep it. A receive that waits for more than this (`MSG_WAITALL` over a larger
+    /// region, a larger `SO_RCVLOWAT`) could make a slow but honest peer look stalled.
+    pub fn progress_quantum(&self) -> usize {
+        let per_window = u128::from(self.min_rate) * self.rate_window.as_millis() / 1000;
+        usize::try_from(per_window / 2)
+            .unwrap_or(usize::MAX)
+            .max(4096)
+    }
+}
+
+/// Bounds of a client's connections to one peer.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct PoolConfig {
+    /// Idle connections kept per peer (default 8); more are closed after `trim_after`.
+    pub idle_per_peer: usize,
+    /// Connections per peer at most (default 32); further requests wait in order.
+    pub max_per_peer: usize,
+    /// How long a connection above the idle cap may stay idle (default 1 s), so a burst does
+    /// not close what the next burst would reopen.
+    pub trim_after: Duration,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            idle_per_peer: 8,
+            max_per_peer: 32,
+            trim_after: Duration::from_secs(1),
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! The per-peer client connection policy: reuse idle connections (most recent first), cap the
+//! connections per peer, queue requests beyond the cap in order, trim idle surplus.
+//!
+//! It holds no sockets: connections are keys of the driver's own (`C`), requests are whatever
+//! the driver queues (`R`). Every deadline sits in an ordered set, so nothing is scanned
+//! linearly, and a peer with no connections and no waiting requests leaves the map.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use crate::session::PoolConfig;
+
+/// Identifies a request waiting for a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WaiterId(u64);
+
+/// What to do with a request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Checkout<C, R> {
+    /// Send it on this idle connection.
+    Reuse(C, R),
+    /// Open a new connection for it (already counted as open).
+    Connect(R),
+    /// Every connection allowed is busy: it waits, in order (its deadline runs).
+    Queued(WaiterId),
+}
+
+/// What becomes of a connection that finished a request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Checkin<C, R> {
+    /// A waiting request takes it.
+    Serve(C, R),
+    /// It is idle in the pool.
+    Idle,
+}
+
+/// What expired at a deadline.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Expired<C, R> {
+    /// Requests whose deadline passed while they waited (fail them with a timeout).
+    pub requests: Vec<R>,
+    /// Idle connections above the cap that stayed idle too long (close them).
+    pub trimmed: Vec<C>,
+}
+
+impl<C, R> Default for Expired<C, R> {
+    fn default() -> Self {
+        Self {
+            requests: Vec::new(),
+            trimmed: Vec::new(),
+        }
+    }
+}
+
+/// Connections to every peer of one driver thread.
+#[derive(Debug)]
+pub struct ConnectionPool<C, R> {
+    config: PoolConfig,
+    peers: HashMap<SocketAddr, Peer<C>>,
+    waiters: HashMap<WaiterId, Waiter<R>>,
+    deadlines: BTreeSet<(Instant, WaiterId)>,
+    trims: BTreeSet<(Instant, SocketAddr)>,
+    next_waiter: u64,
+}
+
+#[derive(Debug)]
+struct Peer<C> {
+    /// Idle connections and since when, most recently used last.
+    idle: Vec<(C, Instant)>,
+    /// Connections open (busy, idle or connecting).
+    open: usize,
+    queue: VecDeque<WaiterId>,
+    /// The queued trim check, if any.
+    trim_at: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct Waiter<R> {
+    peer: SocketAddr,
+    request: R,
+    deadline: Option<Instant>,
+}
+
+impl<C: Copy + Eq, R> ConnectionPool<C, R> {
+    /// An empty pool.
+    pub fn new(config: PoolConfig) -> Self {
+        Self {
+            config,
+            peers: HashMap::new(),
+            waiters: HashMap::new(),
+            deadlines: BTreeSet::new(),
+            trims: BTreeSet::new(),
+            next_waiter: 0,
+        }
+    }
+
+    /// Finds a connection for `request` to `peer`.
+    pub fn checkout(
+        &mut self,
+        peer: SocketAddr,
+        request: R,
+        deadline: Option<Instant>,
+    ) -> Checkout<C, R> {
+        let max = self.config.max_per_peer.max(1);
+        let state = self.peers.entry(peer).or_insert_with(|| Peer {
+            idle: Vec::new(),
+            open: 0,
+            queue: VecDeque::new(),
+            trim_at: None,
+        });
+        if let Some((conn, _)) = state.idle.pop() {
+            return Checkout::Reuse(conn, request);
+        }
+        if state.open < max {
+            state.open += 1;
+            return Checkout::Connect(request);
+        }
+        let id = WaiterId(self.next_waiter);
+        self.next_waiter += 1;
+        state.queue.push_back(id);
+        if let Some(at) = deadline {
+            self.deadlines.insert((at, id));
+        }
+        self.waiters.insert(
+            id,
+            Waiter {
+                peer,
+                request,
+                deadline,
+            },
+        );
+        Checkout::Queued(id)
+    }
+
+    /// `conn` to `peer` finished its request and can be reused.
+    pub fn checkin(&mut self, peer: SocketAddr, conn: C, now: Instant) -> Checkin<C, R> {
+        if let Some(request) = self.next_waiter_of(peer) {
+            return Checkin::Serve(conn, request);
+        }
+        let cap = self.config.idle_per_peer;
+        let trim_after = self.config.trim_after;
+        let Some(state) = self.peers.get_mut(&peer) else {
+            return Checkin::Idle;
+        };
+        state.idle.push((conn, now));
+        if state.idle.len() > cap && state.trim_at.is_none() {
+            if let Some(at) = now.checked_add(trim_after) {
+                state.trim_at = Some(at);
+                self.trims.insert((at, peer));
+            }
+        }
+        Checkin::Idle
+    }
+
+    /// `conn` to `peer` is gone (closed busy or idle, or its connect failed). Returns a
+    /// waiting request that may now open a connection (already counted as open).
+    pub fn closed(&mut self, peer: SocketAddr, conn: C) -> Option<R> {
+        let state = self.peers.get_mut(&peer)?;
+        state.idle.retain(|(c, _)| *c != conn);
+        state.open = state.open.saturating_sub(1);
+        match self.next_waiter_of(peer) {
+            Some(request) => {
+                if let Some(state) = self.peers.get_mut(&peer) {
+                    state.open += 1;
+                }
+                Some(request)
+            }
+            None => {
+                self.forget_if_unused(peer);
+                None
+            }
+        }
+    }
+
+    /// The request `id` is no longer wanted (its caller gave up); it is handed back.
+    pub fn cancel(&mut self, id: WaiterId) -> Option<R> {
+        let waiter = self.waiters.remove(&id)?;
+        if let Some(at) = waiter.deadline {
+            self.deadlines.remove(&(at, id));
+        }
+        if let Some(state) = self.peers.get_mut(&waiter.peer) {
+            state.queue.retain(|&queued| queued != id);
+        }
+        self.forget_if_unused(waiter.peer);
+        Some(waiter.request)
+    }
+
+    /// The earliest deadline of a waiting request or an idle trim.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let waiter = self.deadlines.first().map(|&(at, _)| at);
+        let trim = self.trims.first().map(|&(at, _)| at);
+        waiter.into_iter().chain(trim).min()
+    }
+
+    /// Takes out what expired by `now`.
+    pub fn handle_timeout(&mut self, now: Instant) -> Expired<C, R> {
+        let mut expired = Expired::default();
+        while let Some(&(at, id)) = self.deadlines.first() {
+            if at > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            if let Some(request) = self.cancel(id) {
+                expired.requests.push(request);
+            }
+        }
+        while let Some(&(at, peer)) = self.trims.first() {
+            if at > now {
+                break;
+            }
+            self.trims.pop_first();
+            self.trim(peer, now, &mut expired.trimmed);
+        }
+        expired
+    }
+
+    /// Empties the pool (shutdown): every waiting request and every idle connection.
+    pub fn drain(&mut self) -> (Vec<R>, Vec<C>) {
+        let requests = self.waiters.drain().map(|(_, w)| w.request).collect();
+        let idle = self
+            .peers
+            .drain()
+            .flat_map(|(_, state)| state.idle.into_iter().map(|(conn, _)| conn))
+            .collect();
+        self.deadlines.clear();
+        self.trims.clear();
+        (requests, idle)
+    }
+
+    /// Peers with any connection or waiting request.
+    pub fn peers(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// Idle connections to all peers.
+    pub fn idle(&self) -> usize {
+        self.peers.values().map(|p| p.idle.len()).sum()
+    }
+
+    /// Requests waiting for a connection.
+    pub fn waiting(&self) -> usize {
+        self.waiters.len()
+    }
+
+    fn next_waiter_of(&mut self, peer: SocketAddr) -> Option<R> {
+        loop {
+            let id = self.peers.get_mut(&peer)?.queue.pop_front()?;
+            if let Some(waiter) = self.waiters.remove(&id) {
+                if let Some(at) = waiter.deadline {
+                    self.deadlines.remove(&(at, id));
+                }
+                return Some(waiter.request);
+            }
+        }
+    }
+
+    /// Closes idle connections above the cap that have been idle since `trim_after` ago.
+    fn trim(&mut self, peer: SocketAddr, now: Instant, out: &mut Vec<C>) {
+        let (cap, trim_after) = (self.config.idle_per_peer, self.config.trim_after);
+        let Some(state) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        state.trim_at = None;
+        // Oldest first: the front of the list was used least recently.
+        while state.idle.len() > cap {
+            let (conn, since) = state.idle[0];
+            if since.checked_add(trim_after).is_some_and(|at| at > now) {
+                break;
+            }
+            state.idle.remove(0);
+            out.push(conn);
+        }
+        if state.idle.len() > cap {
+            let (_, since) = state.idle[0];
+            if let Some(at) = since.checked_add(trim_after) {
+                state.trim_at = Some(at);
+                self.trims.insert((at, peer));
+            }
+        }
+    }
+
+    fn forget_if_unused(&mut self, peer: SocketAddr) {
+        let unused = self
+            .peers
+            .get(&peer)
+            .is_some_and(|s| s.open == 0 && s.queue.is_empty() && s.idle.is_empty());
+        if unused {
+            if let Some(state) = self.peers.remove(&peer) {
+                if let Some(at) = state.trim_at {
+                    self.trims.remove(&(at, peer));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,484 @@
+//! The server side of a PTR1 connection, without I/O.
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::kind::FrameKind;
+use crate::ptr1::Frame;
+use crate::session::receiver::{ReadBuf, Received, Receiver, RecvError};
+use crate::session::transmit::{RateMeter, Transmit};
+use crate::session::{CloseReason, SessionConfig, encode_reply};
+use crate::stats;
+use crate::transport::{InboundRequest, ReceiveMemory, Reply, RequestKind, format_duration};
+
+/// What a server session asks of its driver and node.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ServerEvent {
+    /// The connection's first bytes are not `PTR1`: give the socket and these bytes to the
+    /// hand-off (TLS, HTTP/2). The session is finished.
+    HandOff {
+        /// Every byte read so far.
+        preface: Vec<u8>,
+    },
+    /// A request's head and path arrived: ask the node whether it takes `kind` requests for
+    /// `path` and answer with [`ServerSession::admit`]. Nothing more is received until then.
+    Admit {
+        /// Ask or tell.
+        kind: RequestKind,
+        /// The actor path.
+        path: String,
+    },
+    /// A whole request arrived: deliver it; answer with [`ServerSession::handle_enqueued`]
+    /// and (asks) [`ServerSession::handle_answer`], both carrying `seq`.
+    Request {
+        /// This request's number on the connection.
+        seq: u64,
+        /// The request (the driver may fill in the peer).
+        request: InboundRequest,
+    },
+    /// Request `seq` still waits for mailbox space and is given up (its deadline passed, or
+    /// the peer left): withdraw it from the mailbox.
+    Withdraw {
+        /// The request's number.
+        seq: u64,
+    },
+    /// An error reply is written: shut down the write side; reading goes on (discarded) until
+    /// the peer closes or the drain deadline passes.
+    ShutdownWrite,
+    /// Close the connection (cancel what is in flight). The session is finished.
+    Close(CloseReason),
+}
+
+/// One accepted PTR1 connection: requests in, replies out, one at a time.
+///
+/// A request is read (head, path, then payload into final memory), admitted by the node
+/// ([`ServerEvent::Admit`]) before any payload memory is committed, delivered
+/// ([`ServerEvent::Request`]) and answered: an ask with the handler's reply, a tell with an
+/// Ack once it is in the mailbox (a full mailbox delays it: backpressure). Bytes of a next
+/// request are buffered, not parsed, until the reply is out, so replies never interleave.
+/// Every error the peer can still be told about is sent as an Error frame; after a malformed
+/// frame the write side is shut down and input discarded for a bounded time.
+///
+/// Deadlines: the preface, each request's head, a minimum rate for its body and for the reply
+/// being written, the wait for mailbox space, idleness between requests, and the drain.
+#[derive(Debug)]
+pub struct ServerSession {
+    config: Arc<SessionConfig>,
+    receiver: Receiver,
+    require_tls: bool,
+    /// The request being answered.
+    request: Option<Outstanding>,
+    /// The reply, queued for `poll_transmit` or being written.
+    reply: Option<Outgoing>,
+    /// After the reply: shut down the write side and drain.
+    drain_after_reply: bool,
+    draining_since: Option<Instant>,
+    /// A request waiting for `admit`: its version.
+    admitting: Option<u32>,
+    next_seq: u64,
+    events: VecDeque<ServerEvent>,
+    preface_until: Option<Instant>,
+    head_until: Option<Instant>,
+    idle_since: Option<Instant>,
+    receive_rate: RateMeter,
+    send_rate: RateMeter,
+    closed: bool,
+}
+
+#[derive(Debug)]
+struct Outstanding {
+    seq: u64,
+    kind: RequestKind,
+    version: u32,
+    path: String,
+    /// Since when it waits for mailbox space (`None` once it is in the mailbox).
+    waiting_since: Option<Instant>,
+}
+
+#[derive(Debug)]
+enum Outgoing {
+    Queued(Transmit),
+    Writing { remaining: u64 },
+}
+
+impl ServerSession {
+    /// A session for a newly accepted connection. With `require_tls`, PTR1 requests are
+    /// answered with an Error frame saying so, then the connection is closed.
+    pub fn new(
+        config: Arc<SessionConfig>,
+        memory: Arc<dyn ReceiveMemory>,
+        require_tls: bool,
+        now: Instant,
+    ) -> Self {
+        Self {
+            receiver: Receiver::new(Arc::clone(&config), memory, true),
+            require_tls,
+            request: None,
+            reply: None,
+            drain_after_reply: false,
+            draining_since: None,
+            admitting: None,
+            next_seq: 0,
+            events: VecDeque::new(),
+            preface_until: now.checked_add(config.preface_timeout),
+            head_until: None,
+            idle_since: None,
+            receive_rate: RateMeter::new(config.min_rate, config.rate_window),
+            send_rate: RateMeter::new(config.min_rate, config.rate_window),
+            closed: false,
+            config,
+        }
+    }
+
+    /// Memory for the next read, if one is wanted now.
+    pub fn poll_read(&mut self) -> Option<ReadBuf> {
+        if self.closed {
+            return None;
+        }
+        self.receiver.poll_read()
+    }
+
+    /// A read finished: `Ok(n)` bytes arrived in `buf`'s regions (0 = the peer finished
+    /// sending), or it failed.
+    pub fn handle_read(&mut self, buf: ReadBuf, result: io::Result<usize>, now: Instant) {
+        let n = result.as_ref().map_or(0, |n| *n);
+        self.receiver.handle_read(buf, result);
+        if self.closed {
+            return;
+        }
+        if self.receiver.peer_gone() && self.waiting_seq().is_some() {
+            // Nobody is left to tell whether a request still waiting for mailbox space got in.
+            self.close(CloseReason::PeerClosed);
+            return;
+        }
+        self.drive(now);
+        // Counted after the frame's start was seen, so the read that started it counts too.
+        self.receive_rate.progress(n);
+    }
+
+    /// The node's answer to [`ServerEvent::Admit`]: `Err(text)` refuses the request (the peer
+    /// is told `text`; its payload is skipped without committing memory).
+    pub fn admit(&mut self, result: Result<(), String>, now: Instant) {
+        let Some(version) = self.admitting.take() else {
+            return;
+        };
+        match result {
+            Ok(()) => self.receiver.admit(),
+            Err(text) => {
+                self.receiver.refuse();
+                self.queue_reply(Frame::Error { version, text });
+            }
+        }
+        self.drive(now);
+    }
+
+    /// Request `seq` is in its endpoint's mailbox: a tell is acknowledged now.
+    pub fn handle_enqueued(&mut self, seq: u64, now: Instant) {
+        let Some(request) = self.request.as_mut().filter(|r| r.seq == seq) else {
+            return;
+        };
+        request.waiting_since = None;
+        if request.kind == RequestKind::Tell {
+            let version = request.version;
+            self.request = None;
+            self.queue_reply(Frame::Ack { version });
+        }
+        self.drive(now);
+    }
+
+    /// The answer to request `seq`: the handler's reply (asks) or a failure (`Err(text)`
+    /// reaches the peer as an Error frame). A late answer to an earlier request is ignored.
+    pub fn handle_answer(&mut self, seq: u64, answer: Result<Reply, String>, now: Instant) {
+        let Some(request) = self.request.take_if(|r| r.seq == seq) else {
+            return;
+        };
+        let version = request.version;
+        let frame = match (request.kind, answer) {
+            (_, Err(text)) => Frame::Error { version, text },
+            (RequestKind::Tell, Ok(_)) => Frame::Ack { version },
+            (RequestKind::Ask, Ok(Reply::Tensor(message))) => Frame::TensorResponse(message),
+            (RequestKind::Ask, Ok(Reply::Single { msg_type, data })) => Frame::SingleResponse {
+                version,
+                msg_type,
+                data,
+            },
+        };
+        self.queue_reply(frame);
+        self.drive(now);
+    }
+
+    /// The frame to write next, if any; report progress with [`ServerSession::handle_written`].
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        let Some(Outgoing::Queued(_)) = &self.reply else {
+            return None;
+        };
+        let Some(Outgoing::Queued(transmit)) = self.reply.take() else {
+            return None;
+        };
+        self.reply = Some(Outgoing::Writing {
+            remaining: transmit.remaining(),
+        });
+        self.send_rate.start(now);
+        Some(transmit)
+    }
+
+    /// `n` more bytes of the transmit were written.
+    pub fn handle_written(&mut self, n: usize, now: Instant) {
+        let Some(Outgoing::Writing { remaining }) = &mut self.reply else {
+            return;
+        };
+        self.send_rate.progress(n);
+        *remaining = remaining.saturating_sub(crate::len::len_u64(n));
+        if *remaining > 0 {
+            return;
+        }
+        self.reply = None;
+        self.send_rate.stop();
+        if self.drain_after_reply {
+            self.events.push_back(ServerEvent::ShutdownWrite);
+            self.receiver.drain();
+            self.draining_since = Some(now);
+            self.drive(now);
+            return;
+        }
+        self.drive(now);
+    }
+
+    /// Writing failed: the connection is closed.
+    pub fn handle_write_error(&mut self, error: io::Error) {
+        self.close(CloseReason::Io(error));
+    }
+
+    /// The next event for the driver.
+    pub fn poll_event(&mut self) -> Option<ServerEvent> {
+        self.events.pop_front()
+    }
+
+    /// The earliest deadline; call [`ServerSession::handle_timeout`] when it passes.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.closed {
+            return None;
+        }
+        let config = &self.config;
+        [
+            self.preface_until,
+            self.head_until,
+            self.receive_rate.deadline(),
+            self.send_rate.deadline(),
+            self.waiting_since()
+                .and_then(|since| since.checked_add(config.enqueue_timeout)),
+            self.idle_since
+                .and_then(|since| since.checked_add(config.idle_timeout)),
+            self.draining_since
+                .and_then(|since| since.checked_add(config.drain_timeout)),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Applies every deadline that passed by `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.closed {
+            return;
+        }
+        let config = Arc::clone(&self.config);
+        let passed = |at: Option<Instant>, after: Duration| {
+            at.and_then(|at| at.checked_add(after))
+                .is_some_and(|at| at <= now)
+        };
+        let timeout = |phase, after| CloseReason::Timeout { phase, after };
+        if self.preface_until.is_some_and(|at| at <= now) {
+            return self.close(timeout("preface", config.preface_timeout));
+        }
+        if self.head_until.is_some_and(|at| at <= now) {
+            return self.close(timeout("request head", config.head_timeout));
+        }
+        if !self.receive_rate.check(now) {
+            return self.close(CloseReason::TooSlow {
+                what: "request body",
+            });
+        }
+        if !self.send_rate.check(now) {
+            return self.close(CloseReason::TooSlow { what: "reply" });
+        }
+        if passed(self.draining_since, config.drain_timeout) {
+            return self.close(CloseReason::Drained);
+        }
+        if passed(self.idle_since, config.idle_timeout) {
+            return self.close(timeout("idle connection", config.idle_timeout));
+        }
+        if passed(self.waiting_since(), config.enqueue_timeout) {
+            if let Some(request) = self.request.take() {
+                self.events
+                    .push_back(ServerEvent::Withdraw { seq: request.seq });
+                let text = format!(
+                    "the mailbox of {} stayed full for {}; the {} was not delivered",
+                    request.path,
+                    format_duration(config.enqueue_timeout),
+                    request.kind
+                );
+                self.queue_reply(Frame::Error {
+                    version: request.version,
+                    text,
+                });
+                self.drive(now);
+            }
+        }
+    }
+
+    /// Closes the session (the node is shutting down); a request still waiting for mailbox
+    /// space is withdrawn.
+    pub fn shut_down(&mut self) {
+        self.close(CloseReason::Shutdown);
+    }
+
+    /// Whether the session is finished (closed or handed off).
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// Runs the receiver until it needs more bytes or a decision.
+    fn drive(&mut self, now: Instant) {
+        while !self.closed {
+            self.receiver
+                .hold(self.request.is_some() || self.reply.is_some());
+            let Some(received) = self.receiver.next() else {
+                break;
+            };
+            match received {
+                Received::ForeignPreface(preface) => {
+                    self.closed = true;
+                    self.events.push_back(ServerEvent::HandOff { preface });
+                }
+                Received::Started => {
+                    if self.preface_until.take().is_some() {
+                        stats::global().record_raw_connection_accepted();
+                    }
+                    self.idle_since = None;
+                    self.head_until = now.checked_add(self.config.head_timeout);
+                    self.receive_rate.start(now);
+                }
+                Received::Routed { kind, version } => self.routed(kind, version),
+                Received::Frame { frame, wire_len } => {
+                    stats::global().record_raw_frame_received(wire_len);
+                    self.receive_rate.stop();
+                    self.dispatch(frame, now);
+                }
+                Received::Skipped => self.receive_rate.stop(),
+                Received::Closed => self.close(CloseReason::PeerClosed),
+                Received::Failed { error, version } => self.failed(error, version),
+            }
+        }
+        let idle = !self.closed
+            && self.request.is_none()
+            && self.reply.is_none()
+            && self.admitting.is_none()
+            && self.draining_since.is_none()
+            && self.preface_until.is_none()
+            && self.receiver.is_between_frames();
+        if !idle {
+            self.idle_since = None;
+        } else if self.idle_since.is_none() {
+            self.idle_since = Some(now);
+        }
+    }
+
+    fn routed(&mut self, kind: FrameKind, version: u32) {
+        self.head_until = None;
+        let kind = match kind {
+            _ if self.require_tls => {
+                self.receiver.refuse();
+                self.drain_after_reply = true;
+                let text = "this node requires TLS: plaintext PTR1 is refused; connect with TLS"
+                    .to_owned();
+                return self.queue_reply(Frame::Error { version, text });
+            }
+            FrameKind::Ask => RequestKind::Ask,
+            FrameKind::Tell => RequestKind::Tell,
+            other => {
+                self.receiver.refuse();
+                let text = format!("unexpected request frame: {other} (requests are Ask or Tell)");
+                return self.queue_reply(Frame::Error { version, text });
+            }
+        };
+        let path = self.receiver.path().unwrap_or_default().to_owned();
+        self.admitting = Some(version);
+        self.events.push_back(ServerEvent::Admit { kind, path });
+    }
+
+    fn dispatch(&mut self, frame: Frame, now: Instant) {
+        let (kind, path, message) = match frame {
+            Frame::Ask { path, message } => (RequestKind::Ask, path, message),
+            Frame::Tell { path, message } => (RequestKind::Tell, path, message),
+            // Other kinds were refused when their head arrived.
+            _ => return,
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.request = Some(Outstanding {
+            seq,
+            kind,
+            version: message.version,
+            path: path.clone(),
+            waiting_since: Some(now),
+        });
+        self.receiver.hold(true);
+        let request = InboundRequest::new(kind, path, message);
+        self.events.push_back(ServerEvent::Request { seq, request });
+    }
+
+    fn failed(&mut self, error: RecvError, version: Option<u32>) {
+        self.receive_rate.stop();
+        self.head_until = None;
+        let text = match &error {
+            RecvError::Wire(e) => format!("rejected request: {e}"),
+            RecvError::Memory(text) => format!("rejected request: {text}"),
+            RecvError::Truncated { .. } | RecvError::Io(_) => {
+                return self.close(CloseReason::from_recv(error));
+            }
+        };
+        match version {
+            Some(version) if self.reply.is_none() => {
+                // The header was readable: tell the peer before closing.
+                self.request = None;
+                self.drain_after_reply = true;
+                self.queue_reply(Frame::Error { version, text });
+            }
+            _ => self.close(CloseReason::from_recv(error)),
+        }
+    }
+
+    fn queue_reply(&mut self, frame: Frame) {
+        match encode_reply(&frame, &self.config.limits) {
+            Some(encoded) => self.reply = Some(Outgoing::Queued(Transmit::new(encoded))),
+            // Not even a short error text fits the configured limits.
+            None => self.close(CloseReason::ReplyTooLarge),
+        }
+    }
+
+    fn waiting_since(&self) -> Option<Instant> {
+        self.request.as_ref().and_then(|r| r.waiting_since)
+    }
+
+    fn waiting_seq(&self) -> Option<u64> {
+        self.request
+            .as_ref()
+            .filter(|r| r.waiting_since.is_some())
+            .map(|r| r.seq)
+    }
+
+    fn close(&mut self, reason: CloseReason) {
+        if self.closed {
+            return;
+        }
+        if let Some(seq) = self.waiting_seq() {
+            self.events.push_back(ServerEvent::Withdraw { seq });
+        }
+        self.closed = true;
+        self.events.push_back(ServerEvent::Close(reason));
+    }
+}

@@ -1,0 +1,129 @@
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use crate::session::{Checkin, Checkout, ConnectionPool, PoolConfig};
+
+fn peer(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+fn pool(idle: usize, max: usize) -> ConnectionPool<u32, &'static str> {
+    let config = PoolConfig {
+        idle_per_peer: idle,
+        max_per_peer: max,
+        trim_after: Duration::from_secs(1),
+        ..PoolConfig::default()
+    };
+    ConnectionPool::new(config)
+}
+
+#[test]
+fn the_most_recently_used_idle_connection_is_reused_first() {
+    let mut sut = pool(8, 32);
+    let now = Instant::now();
+    assert_eq!(sut.checkout(peer(1), "a", None), Checkout::Connect("a"));
+    assert_eq!(sut.checkout(peer(1), "b", None), Checkout::Connect("b"));
+    assert_eq!(sut.checkin(peer(1), 10, now), Checkin::Idle);
+    assert_eq!(sut.checkin(peer(1), 11, now), Checkin::Idle);
+    assert_eq!(sut.checkout(peer(1), "c", None), Checkout::Reuse(11, "c"));
+    assert_eq!(sut.checkout(peer(1), "d", None), Checkout::Reuse(10, "d"));
+}
+
+#[test]
+fn requests_beyond_the_cap_wait_in_order_for_a_free_connection() {
+    let mut sut = pool(8, 1);
+    let now = Instant::now();
+    assert_eq!(sut.checkout(peer(1), "a", None), Checkout::Connect("a"));
+    assert!(matches!(
+        sut.checkout(peer(1), "b", None),
+        Checkout::Queued(_)
+    ));
+    assert!(matches!(
+        sut.checkout(peer(1), "c", None),
+        Checkout::Queued(_)
+    ));
+    assert_eq!(sut.checkin(peer(1), 7, now), Checkin::Serve(7, "b"));
+    // The connection breaks: the next waiter opens a new one.
+    assert_eq!(sut.closed(peer(1), 7), Some("c"));
+    assert_eq!(sut.waiting(), 0);
+    // Other peers are not limited by this one.
+    assert_eq!(sut.checkout(peer(2), "x", None), Checkout::Connect("x"));
+}
+
+#[test]
+fn a_waiting_request_expires_at_its_deadline_and_a_cancelled_one_is_handed_back() {
+    let mut sut = pool(8, 1);
+    let now = Instant::now();
+    sut.checkout(peer(1), "a", None);
+    let Checkout::Queued(_) = sut.checkout(peer(1), "b", Some(now + Duration::from_secs(2))) else {
+        panic!("not queued");
+    };
+    let Checkout::Queued(c) = sut.checkout(peer(1), "c", None) else {
+        panic!("not queued");
+    };
+    assert_eq!(sut.poll_timeout(), Some(now + Duration::from_secs(2)));
+    assert!(
+        sut.handle_timeout(now + Duration::from_secs(1))
+            .requests
+            .is_empty()
+    );
+    assert_eq!(
+        sut.handle_timeout(now + Duration::from_secs(2)).requests,
+        vec!["b"]
+    );
+    assert_eq!(sut.cancel(c), Some("c"));
+    assert_eq!(sut.cancel(c), None, "only once");
+    assert_eq!(sut.checkin(peer(1), 1, now), Checkin::Idle);
+}
+
+#[test]
+fn idle_connections_above_the_cap_are_trimmed_after_the_delay() {
+    let mut sut = pool(1, 32);
+    let now = Instant::now();
+    for _ in 0..3 {
+        assert_eq!(sut.checkout(peer(1), "r", None), Checkout::Connect("r"));
+    }
+    for conn in 0..3 {
+        assert_eq!(sut.checkin(peer(1), conn, now), Checkin::Idle);
+    }
+    assert_eq!(sut.idle(), 3);
+    let at = sut.poll_timeout().unwrap();
+    assert_eq!(at, now + Duration::from_secs(1));
+    let expired = sut.handle_timeout(at);
+    assert_eq!(
+        expired.trimmed,
+        vec![0, 1],
+        "the least recently used go first"
+    );
+    assert_eq!(sut.idle(), 1);
+    assert_eq!(sut.poll_timeout(), None);
+}
+
+#[test]
+fn a_peer_without_connections_or_waiters_leaves_the_map() {
+    let mut sut = pool(8, 32);
+    let now = Instant::now();
+    for port in 0..1000 {
+        assert_eq!(sut.checkout(peer(port), "r", None), Checkout::Connect("r"));
+        assert_eq!(sut.closed(peer(port), 1), None);
+    }
+    assert_eq!(sut.peers(), 0);
+    sut.checkout(peer(5), "r", None);
+    sut.checkin(peer(5), 9, now);
+    assert_eq!(sut.peers(), 1);
+    sut.closed(peer(5), 9);
+    assert_eq!((sut.peers(), sut.idle()), (0, 0));
+}
+
+#[test]
+fn draining_hands_back_every_waiter_and_idle_connection() {
+    let mut sut = pool(8, 1);
+    let now = Instant::now();
+    sut.checkout(peer(1), "a", None);
+    sut.checkout(peer(1), "b", Some(now + Duration::from_secs(9)));
+    sut.checkout(peer(2), "c", None);
+    sut.checkin(peer(2), 5, now);
+    let (requests, idle) = sut.drain();
+    assert_eq!((requests, idle), (vec!["b"], vec![5]));
+    assert_eq!(sut.poll_timeout(), None);
+}

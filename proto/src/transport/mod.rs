@@ -1,0 +1,29 @@
+//! The seams between a node and its transports, and the types that cross them.
+//!
+//! A node owns endpoints, routes sends and offers its API; a transport moves bytes. They meet
+//! only here:
+//!
+//! - a transport that receives hands each request to the node's [`Inbound`] with a
+//!   [`Responder`] for the answer (and first asks [`Inbound::admit`] whether the path is
+//!   served, before committing any payload memory);
+//! - the node hands a transport an [`OutboundRequest`] with a [`Deadline`] and a
+//!   [`Completion`];
+//! - received payload goes into the node's [`ReceiveMemory`];
+//! - a PTR1 [`Driver`] (io_uring or the tokio fallback) is started by a [`DriverFactory`] on
+//!   the node's listener; connections that are not PTR1 go to a [`HandOff`].
+//!
+//! Everything fails with the one [`Error`] type.
+
+mod error;
+mod memory;
+mod request;
+mod seam;
+
+pub use error::Error;
+pub(crate) use error::format_duration;
+pub use memory::{HeapMemory, ReceiveMemory, RecvBuffer, RecvStorage};
+pub use request::{ActorPath, Answer, Deadline, InboundRequest, Reply, RequestKind};
+pub use seam::{
+    Completion, Delivery, Driver, DriverFactory, DriverSetup, HandOff, Inbound, Outbound,
+    OutboundRequest, Responder, Withdraw,
+};
