@@ -1,17 +1,21 @@
-//! Engine counters beyond the proto stats: zero-copy sends and why the engine fell back.
+//! Engine counters beyond the proto stats: zero-copy sends, why the io_uring driver could not
+//! be used, and which driver each node of this process runs.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, PoisonError};
 
 static FALLBACK_REASON: Mutex<Option<String>> = Mutex::new(None);
+static NODES: Mutex<Vec<(SocketAddr, &'static str)>> = Mutex::new(Vec::new());
 static ZERO_COPY_REQUESTS: AtomicU64 = AtomicU64::new(0);
 static ZERO_COPY_DONE: AtomicU64 = AtomicU64::new(0);
 static ZERO_COPY_COPIED: AtomicU64 = AtomicU64::new(0);
 
 /// Engine counters of this process.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EngineStats {
-    /// `SENDMSG_ZC` operations submitted.
+    /// `SENDMSG_ZC` submissions.
     pub zero_copy_requests: u64,
     /// Their notifications that report the pages were sent without a copy.
     pub zero_copy_done: u64,
@@ -19,6 +23,8 @@ pub struct EngineStats {
     pub zero_copy_copied: u64,
     /// Why io_uring could not be used, if a node ever found out.
     pub fallback_reason: Option<String>,
+    /// Each running node's listening address and driver (`"io_uring"`, `"tokio"`, …).
+    pub drivers: Vec<(SocketAddr, &'static str)>,
 }
 
 /// Reads the engine counters.
@@ -28,18 +34,51 @@ pub fn snapshot() -> EngineStats {
         zero_copy_done: ZERO_COPY_DONE.load(Relaxed),
         zero_copy_copied: ZERO_COPY_COPIED.load(Relaxed),
         fallback_reason: fallback_reason(),
+        drivers: NODES.lock().unwrap_or_else(PoisonError::into_inner).clone(),
     }
 }
 
+/// Why this process could not use io_uring, if a node ever found out.
+pub fn fallback_reason() -> Option<String> {
+    FALLBACK_REASON
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
+}
+
 /// Records (and logs once) why io_uring could not be used.
-pub(crate) fn record_fallback(reason: &str) {
+pub(crate) fn record_fallback(reason: &str, fallback: Option<&str>) {
     let mut slot = FALLBACK_REASON
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
     if slot.is_none() {
-        eprintln!("tensorwire: io_uring unavailable: {reason}");
+        match fallback {
+            Some(driver) => tracing::warn!(
+                reason,
+                driver,
+                "io_uring is unavailable; using the fallback driver"
+            ),
+            None => tracing::error!(
+                reason,
+                "io_uring is unavailable and no fallback driver is plugged in"
+            ),
+        }
         *slot = Some(reason.to_owned());
     }
+}
+
+pub(crate) fn register_node(addr: SocketAddr, driver: &'static str) {
+    NODES
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push((addr, driver));
+}
+
+pub(crate) fn unregister_node(addr: SocketAddr) {
+    NODES
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .retain(|(a, _)| *a != addr);
 }
 
 pub(crate) fn record_zero_copy_request() {
@@ -53,12 +92,4 @@ pub(crate) fn record_zero_copy_notification(copied: bool) {
         &ZERO_COPY_DONE
     }
     .fetch_add(1, Relaxed);
-}
-
-/// Why this process could not use io_uring, if a node ever found out.
-pub fn fallback_reason() -> Option<String> {
-    FALLBACK_REASON
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone()
 }

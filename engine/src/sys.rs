@@ -5,7 +5,7 @@
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
 /// Calls a libc function and turns `-1` into the thread's `errno`.
 macro_rules! syscall {
@@ -115,21 +115,6 @@ pub(crate) fn tcp_socket(addr: &SocketAddr) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// A listening socket bound to `addr` with `SO_REUSEADDR`.
-pub(crate) fn tcp_listener(addr: SocketAddr, backlog: i32) -> io::Result<OwnedFd> {
-    let fd = tcp_socket(&addr)?;
-    set_int_option(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
-    let raw = RawAddr::new(addr);
-    syscall!(bind(fd.as_raw_fd(), raw.as_ptr(), raw.len()))?;
-    syscall!(listen(fd.as_raw_fd(), backlog))?;
-    Ok(fd)
-}
-
-/// The local address a socket is bound to.
-pub(crate) fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
-    socket_address(fd, false)
-}
-
 /// The address of a connected socket's peer.
 pub(crate) fn peer_addr(fd: RawFd) -> io::Result<SocketAddr> {
     socket_address(fd, true)
@@ -145,64 +130,6 @@ fn socket_address(fd: RawFd, peer: bool) -> io::Result<SocketAddr> {
         syscall!(getsockname(fd, storage, len))?;
     }
     raw.to_socket_addr()
-}
-
-/// One `sendmsg(MSG_DONTWAIT | MSG_NOSIGNAL)` of up to 1024 slices; returns the bytes the
-/// kernel took (possibly fewer than offered) or `WouldBlock`.
-pub(crate) fn send_nonblocking<'a>(
-    fd: RawFd,
-    slices: impl Iterator<Item = &'a [u8]>,
-) -> io::Result<usize> {
-    let iov: Vec<libc::iovec> = slices
-        .take(1024)
-        .map(|s| libc::iovec {
-            iov_base: s.as_ptr().cast_mut().cast(),
-            iov_len: s.len(),
-        })
-        .collect();
-    // SAFETY: msghdr is plain old data; all-zero is a valid empty header.
-    let mut msg: libc::msghdr = unsafe { zeroed() };
-    msg.msg_iov = iov.as_ptr().cast_mut();
-    msg.msg_iovlen = iov.len();
-    // The kernel only reads the slices (they outlive the call); `msg` and `iov` are live locals.
-    let sent = syscall!(sendmsg(
-        fd,
-        &raw const msg,
-        libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL
-    ))?;
-    usize::try_from(sent).map_err(|_| io::Error::other("sendmsg returned a negative count"))
-}
-
-/// One non-blocking `recv` into `buf`.
-pub(crate) fn recv_nonblocking(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
-    let n = syscall!(recv(
-        fd,
-        buf.as_mut_ptr().cast(),
-        buf.len(),
-        libc::MSG_DONTWAIT
-    ))?;
-    usize::try_from(n).map_err(|_| io::Error::other("recv returned a negative count"))
-}
-
-/// One non-blocking `recvmsg`.
-///
-/// # Safety
-///
-/// `msg` and the iovecs it points to must be valid, and the iovec memory writable and not
-/// otherwise borrowed, for the duration of the call.
-pub(crate) unsafe fn recvmsg_nonblocking(fd: RawFd, msg: *mut libc::msghdr) -> io::Result<usize> {
-    let n = syscall!(recvmsg(fd, msg, libc::MSG_DONTWAIT))?;
-    usize::try_from(n).map_err(|_| io::Error::other("recvmsg returned a negative count"))
-}
-
-/// One non-blocking `sendmsg` with `MSG_NOSIGNAL`.
-///
-/// # Safety
-///
-/// `msg` and the memory its iovecs describe must be valid for the duration of the call.
-pub(crate) unsafe fn sendmsg_nonblocking(fd: RawFd, msg: *const libc::msghdr) -> io::Result<usize> {
-    let n = syscall!(sendmsg(fd, msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL))?;
-    usize::try_from(n).map_err(|_| io::Error::other("sendmsg returned a negative count"))
 }
 
 /// Waits up to `timeout` for `events` on one descriptor; returns the events that happened
@@ -226,41 +153,6 @@ pub(crate) fn poll_one(fd: RawFd, events: i16, timeout: std::time::Duration) -> 
     }
 }
 
-/// Starts a non-blocking `connect`; `Ok(false)` if it is still in progress (wait for POLLOUT,
-/// then read [`take_socket_error`]).
-pub(crate) fn connect_nonblocking(fd: RawFd, addr: &RawAddr) -> io::Result<bool> {
-    match syscall!(connect(fd, addr.as_ptr(), addr.len())) {
-        Ok(_) => Ok(true),
-        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(false),
-        Err(e) => Err(e),
-    }
-}
-
-/// The pending error of a socket (`SO_ERROR`), e.g. the outcome of a non-blocking connect.
-pub(crate) fn take_socket_error(fd: RawFd) -> io::Result<()> {
-    let mut error: i32 = 0;
-    let mut len = socklen(size_of::<i32>());
-    syscall!(getsockopt(
-        fd,
-        libc::SOL_SOCKET,
-        libc::SO_ERROR,
-        (&raw mut error).cast(),
-        &raw mut len
-    ))?;
-    if error == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::from_raw_os_error(error))
-    }
-}
-
-/// Puts a socket into non-blocking mode.
-pub(crate) fn set_nonblocking(fd: RawFd) -> io::Result<()> {
-    let flags = syscall!(fcntl(fd, libc::F_GETFL))?;
-    syscall!(fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK))?;
-    Ok(())
-}
-
 /// Sets `TCP_NODELAY`: frames end in partial segments that must not wait for an ACK.
 pub(crate) fn set_nodelay(fd: RawFd) -> io::Result<()> {
     set_int_option(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1)
@@ -268,7 +160,8 @@ pub(crate) fn set_nodelay(fd: RawFd) -> io::Result<()> {
 
 /// Sets `SO_RCVLOWAT`: the socket reports readable (and wakes a waiting receive) only once this
 /// many bytes are queued (or the receive window is nearly closed, or the peer finished).
-pub(crate) fn set_receive_low_water(fd: RawFd, bytes: i32) -> io::Result<()> {
+pub(crate) fn set_receive_low_water(fd: RawFd, bytes: usize) -> io::Result<()> {
+    let bytes = i32::try_from(bytes).unwrap_or(i32::MAX);
     set_int_option(fd, libc::SOL_SOCKET, libc::SO_RCVLOWAT, bytes)
 }
 
@@ -313,9 +206,4 @@ fn family(af: i32) -> libc::sa_family_t {
 /// `size_of` of a C struct as `socklen_t`. Struct sizes are small constants.
 pub(crate) fn socklen(len: usize) -> libc::socklen_t {
     libc::socklen_t::try_from(len).unwrap_or(libc::socklen_t::MAX)
-}
-
-/// Number of file descriptors this process has open (`/proc/self/fd`), for leak checks.
-pub fn open_fd_count() -> io::Result<usize> {
-    Ok(std::fs::read_dir("/proc/self/fd")?.count())
 }

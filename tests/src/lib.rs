@@ -1,10 +1,95 @@
-//! Helpers for the integration tests in `tests/integration/`.
+//! Helpers for the integration tests in `tests/integration/`: nodes on either PTR1 driver,
+//! patterned messages, raw peers, and resource probes.
 
-use std::net::SocketAddr;
-use std::time::Duration;
+use std::io::Read;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tensorwire_engine::{Node, Reply, TensorMessage};
+use tensorwire_engine::{Node, NodeBuilder, Reply, TensorMessage};
+use tensorwire_proto::Limits;
+use tensorwire_proto::ptr1::{self, Frame};
+
+/// Which PTR1 driver runs a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Driver {
+    /// The io_uring thread-per-core driver of the engine.
+    Uring,
+    /// The tokio driver of `tensorwire-compat`, plugged in as the fallback and forced.
+    Tokio,
+}
+
+impl Driver {
+    /// The name a node running it reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Uring => "io_uring",
+            Self::Tokio => "tokio",
+        }
+    }
+
+    /// A builder for a loopback node on this driver, with two driver threads.
+    pub fn builder(self) -> NodeBuilder {
+        let builder = Node::builder(any_local_address()).cores(2);
+        match self {
+            Self::Uring => {
+                require_io_uring();
+                builder
+            }
+            Self::Tokio => builder
+                .force_fallback(true)
+                .fallback(Arc::new(tensorwire_compat::TokioFallback::default())),
+        }
+    }
+}
+
+/// A client driver and a server driver for one conformance run.
+#[derive(Clone, Copy, Debug)]
+pub struct Drivers {
+    /// What the sending node runs.
+    pub client: Driver,
+    /// What the serving node runs.
+    pub server: Driver,
+}
+
+impl Drivers {
+    /// A builder for the serving node.
+    pub fn server(self) -> NodeBuilder {
+        self.server.builder()
+    }
+
+    /// A builder for the sending node (it never short-cuts to an in-process node).
+    pub fn client(self) -> NodeBuilder {
+        self.client.builder().in_process_delivery(false)
+    }
+
+    /// A serving node with an `echo` endpoint (handler threads) and an `echo-core` endpoint
+    /// (on the driver thread), both returning the request.
+    pub fn echo_server(self) -> Node {
+        self.echo_server_with(|builder| builder)
+    }
+
+    /// [`Drivers::echo_server`] with more settings.
+    pub fn echo_server_with(self, configure: impl FnOnce(NodeBuilder) -> NodeBuilder) -> Node {
+        let node = configure(self.server())
+            .build()
+            .expect("the server node starts");
+        assert_eq!(node.stats().driver, self.server.name());
+        node.serve("echo", 2, |request| Ok(Reply::Tensor(request.message)))
+            .expect("echo registers");
+        node.serve_on_core("echo-core", |request| Ok(Reply::Tensor(request.message)))
+            .expect("echo-core registers");
+        node
+    }
+
+    /// A sending node.
+    pub fn client_node(self) -> Node {
+        let node = self.client().build().expect("the client node starts");
+        assert_eq!(node.stats().driver, self.client.name());
+        node
+    }
+}
 
 /// A loopback address with a free port.
 pub fn any_local_address() -> SocketAddr {
@@ -19,28 +104,6 @@ pub fn require_io_uring() {
              Run on a kernel with io_uring enabled (CI does)."
         );
     }
-}
-
-/// A node on loopback with two cores and an `echo` endpoint that returns the request.
-pub fn echo_node() -> Node {
-    require_io_uring();
-    let node = Node::builder(any_local_address())
-        .cores(2)
-        .build()
-        .expect("node starts");
-    node.serve("echo", 2, |request| Ok(Reply::Tensor(request.message)))
-        .expect("echo registers");
-    node
-}
-
-/// A second node to send from (so the send crosses a real socket, not the local mailbox).
-pub fn client_node() -> Node {
-    require_io_uring();
-    Node::builder(any_local_address())
-        .cores(2)
-        .in_process_delivery(false)
-        .build()
-        .expect("client node starts")
 }
 
 /// A message with `count` buffers of `len` bytes each, filled with a pattern that depends on
@@ -79,35 +142,77 @@ pub fn checksum(message: &TensorMessage) -> u64 {
         })
 }
 
-/// Serializes the tests that count file descriptors or set process-wide state; every engine
-/// test takes it so fd counts are not disturbed by a neighbour.
+/// Serializes the tests that count file descriptors or read process-wide counters; every
+/// test of the suite takes it so counts are not disturbed by a neighbour.
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Waits up to 5 s for the process's open fd count to drop to `baseline`; returns the last count.
+/// File descriptors this process has open.
+pub fn open_fd_count() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd is readable")
+        .count()
+}
+
+/// Waits up to 5 s for the process's open fd count to drop to `baseline`; returns the last
+/// count.
 pub fn settle_fds(baseline: usize) -> usize {
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let now = tensorwire_engine::open_fd_count().expect("/proc/self/fd is readable");
-        if now <= baseline || std::time::Instant::now() > deadline {
+        let now = open_fd_count();
+        if now <= baseline || Instant::now() > deadline {
             return now;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
-/// Reads one PTR1 frame from a plain socket (for tests that play a raw peer).
-pub fn read_frame(
-    stream: &mut std::net::TcpStream,
-) -> std::io::Result<Option<tensorwire_proto::ptr1::Frame>> {
-    use std::io::Read;
-    let mut decoder = tensorwire_proto::ptr1::Decoder::new(tensorwire_proto::Limits::default());
+/// This process's resident memory in bytes.
+pub fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .expect("a VmRSS line");
+    line.split_whitespace()
+        .nth(1)
+        .and_then(|kib| kib.parse::<u64>().ok())
+        .expect("VmRSS in kB")
+        * 1024
+}
+
+/// CPU time (user + system) this process used so far.
+pub fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    let after_name = &stat[stat.rfind(')').expect("a comm field") + 2..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks: u64 =
+        fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}
+
+/// A plain TCP connection for playing a raw peer; reads give up after 10 s.
+pub fn raw_stream(addr: SocketAddr) -> TcpStream {
+    let stream = TcpStream::connect(addr).expect("connects");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream
+}
+
+/// Reads one PTR1 frame from a plain socket; `None` if the peer closed first.
+pub fn read_frame(stream: &mut TcpStream) -> std::io::Result<Option<Frame>> {
+    let mut decoder = ptr1::Decoder::new(Limits::default());
     let mut buf = [0u8; 4096];
     loop {
-        let n = stream.read(&mut buf)?;
+        let n = match stream.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => 0,
+            Err(e) => return Err(e),
+        };
         if n == 0 {
             return Ok(None);
         }
@@ -133,4 +238,22 @@ pub fn raw_header(kind: u8, version: u32, path_len: u32, metadata_len: u64, coun
     h.extend_from_slice(&metadata_len.to_le_bytes());
     h.extend_from_slice(&count.to_le_bytes());
     h
+}
+
+/// An Ask frame with no metadata and no buffers.
+pub fn raw_ask(path: &[u8], version: u32) -> Vec<u8> {
+    let mut frame = raw_header(1, version, u32::try_from(path.len()).unwrap(), 0, 0);
+    frame.extend_from_slice(path);
+    frame
+}
+
+/// The whole encoded frame of an ask.
+pub fn encoded_ask(path: &str, message: TensorMessage) -> Vec<u8> {
+    let frame = Frame::Ask {
+        path: path.into(),
+        message,
+    };
+    ptr1::encode(&frame, &Limits::default())
+        .expect("encodes")
+        .to_vec()
 }

@@ -109,7 +109,7 @@ struct Busy {
 #[derive(Debug)]
 enum Outgoing {
     Queued(Transmit),
-    Writing { remaining: u64 },
+    Writing { remaining: u64, wire_len: u64 },
 }
 
 impl ClientSession {
@@ -254,6 +254,7 @@ impl ClientSession {
         };
         self.transmit = Some(Outgoing::Writing {
             remaining: transmit.remaining(),
+            wire_len: transmit.wire_len(),
         });
         self.send_rate.start(now);
         Some(transmit)
@@ -261,7 +262,11 @@ impl ClientSession {
 
     /// `n` more bytes of the request were written.
     pub fn handle_written(&mut self, n: usize, now: Instant) {
-        let Some(Outgoing::Writing { remaining }) = &mut self.transmit else {
+        let Some(Outgoing::Writing {
+            remaining,
+            wire_len,
+        }) = &mut self.transmit
+        else {
             return;
         };
         self.send_rate.progress(n);
@@ -269,6 +274,7 @@ impl ClientSession {
         if *remaining > 0 {
             return;
         }
+        stats::global().record_raw_frame_sent(*wire_len);
         self.transmit = None;
         self.send_rate.stop();
         if let Some(request) = &mut self.request {

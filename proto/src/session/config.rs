@@ -80,7 +80,7 @@ impl SessionConfig {
 /// Bounds of a client's connections to one peer.
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
-pub struct PoolConfig {
+pub struct ConnectionPoolConfig {
     /// Idle connections kept per peer (default 8); more are closed after `trim_after`.
     pub idle_per_peer: usize,
     /// Connections per peer at most (default 32); further requests wait in order.
@@ -90,7 +90,7 @@ pub struct PoolConfig {
     pub trim_after: Duration,
 }
 
-impl Default for PoolConfig {
+impl Default for ConnectionPoolConfig {
     fn default() -> Self {
         Self {
             idle_per_peer: 8,

@@ -30,7 +30,7 @@ use std::io;
 use std::time::Duration;
 
 pub use client::{ClientEvent, ClientRequest, ClientSession};
-pub use config::{PoolConfig, SessionConfig};
+pub use config::{ConnectionPoolConfig, SessionConfig};
 pub use pool::{Checkin, Checkout, ConnectionPool, Expired, WaiterId};
 pub use receiver::ReadBuf;
 pub use server::{ServerEvent, ServerSession};

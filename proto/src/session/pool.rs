@@ -9,7 +9,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use crate::session::PoolConfig;
+use crate::session::ConnectionPoolConfig;
 
 /// Identifies a request waiting for a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -56,7 +56,7 @@ impl<C, R> Default for Expired<C, R> {
 /// Connections to every peer of one driver thread.
 #[derive(Debug)]
 pub struct ConnectionPool<C, R> {
-    config: PoolConfig,
+    config: ConnectionPoolConfig,
     peers: HashMap<SocketAddr, Peer<C>>,
     waiters: HashMap<WaiterId, Waiter<R>>,
     deadlines: BTreeSet<(Instant, WaiterId)>,
@@ -84,7 +84,7 @@ struct Waiter<R> {
 
 impl<C: Copy + Eq, R> ConnectionPool<C, R> {
     /// An empty pool.
-    pub fn new(config: PoolConfig) -> Self {
+    pub fn new(config: ConnectionPoolConfig) -> Self {
         Self {
             config,
             peers: HashMap::new(),
@@ -158,6 +158,13 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
     pub fn closed(&mut self, peer: SocketAddr, conn: C) -> Option<R> {
         let state = self.peers.get_mut(&peer)?;
         state.idle.retain(|(c, _)| *c != conn);
+        self.not_opened(peer)
+    }
+
+    /// A connection counted by [`Checkout::Connect`] could not even be created. Returns a
+    /// waiting request that may now try (already counted as open).
+    pub fn not_opened(&mut self, peer: SocketAddr) -> Option<R> {
+        let state = self.peers.get_mut(&peer)?;
         state.open = state.open.saturating_sub(1);
         match self.next_waiter_of(peer) {
             Some(request) => {

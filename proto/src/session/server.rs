@@ -101,7 +101,7 @@ struct Outstanding {
 #[derive(Debug)]
 enum Outgoing {
     Queued(Transmit),
-    Writing { remaining: u64 },
+    Writing { remaining: u64, wire_len: u64 },
 }
 
 impl ServerSession {
@@ -220,6 +220,7 @@ impl ServerSession {
         };
         self.reply = Some(Outgoing::Writing {
             remaining: transmit.remaining(),
+            wire_len: transmit.wire_len(),
         });
         self.send_rate.start(now);
         Some(transmit)
@@ -227,7 +228,11 @@ impl ServerSession {
 
     /// `n` more bytes of the transmit were written.
     pub fn handle_written(&mut self, n: usize, now: Instant) {
-        let Some(Outgoing::Writing { remaining }) = &mut self.reply else {
+        let Some(Outgoing::Writing {
+            remaining,
+            wire_len,
+        }) = &mut self.reply
+        else {
             return;
         };
         self.send_rate.progress(n);
@@ -235,6 +240,7 @@ impl ServerSession {
         if *remaining > 0 {
             return;
         }
+        stats::global().record_raw_frame_sent(*wire_len);
         self.reply = None;
         self.send_rate.stop();
         if self.drain_after_reply {

@@ -24,6 +24,6 @@ pub(crate) use error::format_duration;
 pub use memory::{HeapMemory, ReceiveMemory, RecvBuffer, RecvStorage};
 pub use request::{ActorPath, Answer, Deadline, InboundRequest, Reply, RequestKind};
 pub use seam::{
-    Completion, Delivery, Driver, DriverFactory, DriverSetup, HandOff, Inbound, Outbound,
-    OutboundRequest, Responder, Withdraw,
+    Completion, Delivery, Driver, DriverFactory, DriverGauges, DriverSetup, HandOff, Inbound,
+    Outbound, OutboundRequest, Responder, Withdraw,
 };

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::limits::Limits;
 use crate::message::TensorMessage;
-use crate::session::{PoolConfig, SessionConfig};
+use crate::session::{ConnectionPoolConfig, SessionConfig};
 use crate::transport::ReceiveMemory;
 use crate::transport::{ActorPath, Answer, Deadline, Error, InboundRequest, Reply, RequestKind};
 
@@ -58,6 +58,10 @@ pub trait Withdraw: Send + 'static {
 /// Where the answer to one inbound request goes (implemented by each transport).
 pub trait Responder: Send + 'static {
     /// A request that waited for mailbox space is now in the mailbox.
+    ///
+    /// Called from whichever thread freed the space, possibly while the mailbox is locked:
+    /// it must only hand the news on (send a message, wake a task), never block or call back
+    /// into the node.
     fn enqueued(&self);
 
     /// The answer to an ask, or the failure of an ask or a tell (`Err(text)` reaches the peer
@@ -127,6 +131,13 @@ pub trait Completion: Send + 'static {
     /// Whether the caller gave up on the request (its handle was dropped): a transport that
     /// has not sent it yet drops it, one that is sending it closes the connection.
     fn is_cancelled(&self) -> bool;
+
+    /// Asks to be told (by running `hook`, on whatever thread gives up) when the caller gives
+    /// up; runs it at once if it already has. A transport registers this once the request is
+    /// on a connection, to close it promptly.
+    fn on_cancel(&self, hook: Box<dyn FnOnce() + Send>) {
+        let _ = hook;
+    }
 }
 
 /// Takes over connections whose first bytes are not `PTR1` (a TLS ClientHello, an HTTP/2
@@ -142,9 +153,28 @@ pub trait Driver: Outbound {
     /// `"io_uring"`, `"tokio"`, …
     fn name(&self) -> &'static str;
 
+    /// What the driver holds now (for statistics).
+    fn gauges(&self) -> DriverGauges {
+        DriverGauges::default()
+    }
+
     /// Stops accepting, fails every request in flight, closes every connection and waits
     /// (bounded) for its threads. Idempotent.
     fn shutdown(&self);
+}
+
+/// What a running driver holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DriverGauges {
+    /// Open connections (server and client).
+    pub connections: usize,
+    /// Connection deadlines queued.
+    pub timers: usize,
+    /// Operations the kernel (or the runtime) still has.
+    pub operations: usize,
+    /// Peers with pooled connections or waiting requests.
+    pub peers: usize,
 }
 
 /// Starts a PTR1 driver for a node: how the tokio fallback (or any other driver) is plugged in.
@@ -174,7 +204,7 @@ pub struct DriverSetup {
     /// Deadlines and receive windows of every connection.
     pub session: Arc<SessionConfig>,
     /// Client connection pools.
-    pub pool: PoolConfig,
+    pub pool: ConnectionPoolConfig,
     /// Limits of encoded frames.
     pub limits: Limits,
     /// Threads the driver may use for I/O.
@@ -198,7 +228,7 @@ impl DriverSetup {
             handoff: None,
             limits: session.limits,
             session,
-            pool: PoolConfig::default(),
+            pool: ConnectionPoolConfig::default(),
             threads: 1,
             require_tls: false,
         }

@@ -1,3 +1,7 @@
-//! Integration tests: loopback, real sockets, real io_uring. One binary, one module per area.
+//! Cross-crate integration tests: real sockets, real io_uring, the tokio fallback, a second
+//! process.
 
+mod conformance;
+mod defects;
 mod engine;
+mod fallback;

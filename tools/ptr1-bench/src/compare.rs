@@ -14,13 +14,14 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use crate::measure::{self, Sample};
-use crate::{Mode, Options, Transport, blocking, engine_side, seed};
+use crate::{Handlers, Mode, Options, Transport, blocking, engine_side, seed};
 
+/// Every transport, the engine first (ratios are the engine's against the others).
 const TRANSPORTS: [Transport; 4] = [
     Transport::Engine,
+    Transport::Tokio,
     Transport::Seed,
     Transport::Std,
-    Transport::TokioPool,
 ];
 
 /// A fixture server in a child process; killed on drop.
@@ -30,7 +31,7 @@ struct Server {
 }
 
 impl Server {
-    fn start(exe: &Path, transport: Transport) -> Result<Self> {
+    fn start(exe: &Path, transport: Transport, handlers: Handlers) -> Result<Self> {
         let mut child = Command::new(exe)
             .args([
                 "serve",
@@ -38,6 +39,8 @@ impl Server {
                 transport.name(),
                 "--listen",
                 "127.0.0.1:0",
+                "--handlers",
+                handlers.name(),
             ])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -83,8 +86,8 @@ struct Measurement {
 
 struct Clients {
     engine: tensorwire_engine::Node,
+    tokio: tensorwire_engine::Node,
     seed: seed::Client,
-    tokio_pool: seed::Client,
 }
 
 pub(crate) fn compare(options: &Options) -> Result<()> {
@@ -125,13 +128,20 @@ pub(crate) fn compare(options: &Options) -> Result<()> {
 
     let servers: Vec<Server> = TRANSPORTS
         .iter()
-        .map(|&t| Server::start(&exe, t))
+        .map(|&t| Server::start(&exe, t, options.handlers))
         .collect::<Result<_>>()?;
     let mut clients = Clients {
-        engine: engine_side::client(None)?,
-        seed: seed::Client::new(seed::Design::seed())?,
-        tokio_pool: seed::Client::new(seed::Design::pooled())?,
+        engine: engine_side::client(Transport::Engine, None)?,
+        tokio: engine_side::client(Transport::Tokio, None)?,
+        seed: seed::Client::new()?,
     };
+    println!(
+        "fixture handlers: {} (engine and tokio servers)",
+        match options.handlers {
+            Handlers::Core => "on the driver thread that received the request",
+            Handlers::Threads => "on handler threads",
+        }
+    );
     let mut results = vec![vec![Vec::<Measurement>::new(); TRANSPORTS.len()]; cases.len()];
 
     for rep in 0..reps {
@@ -194,9 +204,9 @@ fn measure_one(
     );
     let sample: Sample = match transport {
         Transport::Engine => engine_side::measure(&clients.engine, server.addr, options, message)?,
+        Transport::Tokio => engine_side::measure(&clients.tokio, server.addr, options, message)?,
         Transport::Seed => clients.seed.measure(server.addr, options, message)?,
         Transport::Std => blocking::run(server.addr, options, message)?,
-        Transport::TokioPool => clients.tokio_pool.measure(server.addr, options, message)?,
     };
     let cpu = (measure::cpu_time(None)? - client_cpu)
         + (measure::cpu_time(Some(server.pid()))? - server_cpu);
@@ -257,7 +267,7 @@ fn peak_rss_for_one_gib(exe: &Path, clients: &mut Clients) -> Result<Vec<(Transp
     let message = measure::message(1 << 30, 1);
     let mut out = Vec::new();
     for &transport in &TRANSPORTS {
-        let server = Server::start(exe, transport)?;
+        let server = Server::start(exe, transport, Handlers::Core)?;
         let options = Options {
             mode: Mode::OneWay,
             size: 1 << 30,
@@ -278,6 +288,7 @@ impl Options {
             connect: None,
             transport: Transport::Engine,
             cores: None,
+            handlers: Handlers::Core,
             mode: Mode::OneWay,
             size: 0,
             buffers: 1,
@@ -305,12 +316,13 @@ fn pick(results: &[Measurement], f: impl Fn(&Measurement) -> f64) -> f64 {
 
 fn print_table(cases: &[Case], results: &[Vec<Vec<Measurement>>], reps: usize) {
     println!(
-        "\nmedians of {reps} interleaved repetition(s); CPU = both processes, s per GB of payload\n"
+        "\nmedians of {reps} interleaved repetition(s); CPU = both processes, s per GB of payload; \
+         ratios: how many times better the engine is (for RTT: the other's latency ÷ the engine's)\n"
     );
     println!(
-        "| case | engine | seed (tokio) | std (blocking) | tokio + pool | engine ÷ seed | engine ÷ tokio + pool | CPU s/GB engine / seed / std / tokio + pool | CPU engine ÷ tokio + pool |"
+        "| case | engine (io_uring) | tokio (fallback) | seed (tokio) | std (blocking) | engine ÷ tokio | engine ÷ seed | engine ÷ std | engine ÷ best other | CPU s/GB engine / tokio / seed / std | CPU engine ÷ tokio |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|");
     for (case, per_transport) in cases.iter().zip(results) {
         let cpu: Vec<f64> = per_transport
             .iter()
@@ -339,28 +351,25 @@ fn print_table(cases: &[Case], results: &[Vec<Vec<Measurement>>], reps: usize) {
             Mode::Rtt => format!("{x:.1} {unit}"),
             Mode::InFlight => format!("{x:.0} {unit}"),
         };
-        // Ratios are "how many times better the engine is": inverted for latencies.
-        let better = |engine: f64, other: f64| match case.mode {
-            Mode::Rtt => other / engine,
-            _ => engine / other,
+        // "How many times better the engine is": inverted for latencies.
+        let better = |other: f64| match case.mode {
+            Mode::Rtt => other / v[0],
+            _ => v[0] / other,
         };
-        let vs_seed = match case.mode {
-            Mode::Rtt => format!(
-                "{:.2}× (std ÷ engine: {:.2}×)",
-                better(v[0], v[1]),
-                v[2] / v[0]
-            ),
-            _ => format!("{:.2}×", better(v[0], v[1])),
-        };
+        let best_other = (1..v.len())
+            .map(|i| better(v[i]))
+            .fold(f64::INFINITY, f64::min);
         println!(
-            "| {label} | {} | {} | {} | {} | {vs_seed} | {:.2}× | {} | {:.2}× |",
+            "| {label} | {} | {} | {} | {} | {:.2}× | {:.2}× | {:.2}× | {best_other:.2}× | {} | {:.2}× |",
             cell(v[0]),
             cell(v[1]),
             cell(v[2]),
             cell(v[3]),
-            better(v[0], v[3]),
+            better(v[1]),
+            better(v[2]),
+            better(v[3]),
             cpu_text.join(" / "),
-            cpu[0] / cpu[3],
+            cpu[0] / cpu[1],
         );
     }
 }
@@ -376,7 +385,13 @@ fn print_iperf(cases: &[Case], results: &[Vec<Vec<Measurement>>], iperf: f64) {
         for (case, per_transport) in cases.iter().zip(results) {
             if case.mode == Mode::OneWay && case.size >= 64 << 20 {
                 let engine = pick(&per_transport[0], |m| m.gb_per_s);
-                println!("  {}: engine ÷ iperf3 = {:.2}×", case.label, engine / iperf);
+                let tokio = pick(&per_transport[1], |m| m.gb_per_s);
+                println!(
+                    "  {}: engine ÷ iperf3 = {:.2}×, tokio ÷ iperf3 = {:.2}×",
+                    case.label,
+                    engine / iperf,
+                    tokio / iperf
+                );
             }
         }
     }

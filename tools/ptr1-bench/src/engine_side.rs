@@ -1,4 +1,4 @@
-//! The fixture and the client on tensorwire's io_uring engine.
+//! The fixture and the client on a tensorwire node: its io_uring driver, or the tokio fallback.
 
 use std::collections::VecDeque;
 use std::io::Write;
@@ -7,21 +7,33 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow};
 use bytes::Bytes;
-use tensorwire_engine::{Node, Reply, TensorMessage};
+use std::sync::Arc;
+
+use tensorwire_engine::{Node, NodeBuilder, Reply, Request, TensorMessage};
 
 use crate::measure::{Sample, check_sink_ack, sequential};
-use crate::{Mode, Options};
+use crate::{Handlers, Mode, Options, Transport};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Hosts `/actors/echo` and `/actors/sink` until killed.
-pub(crate) fn serve(options: &Options) -> Result<()> {
-    let mut builder = Node::builder(options.listen).in_process_delivery(false);
-    if let Some(cores) = options.cores {
+/// A builder for a node on `transport`'s driver (the tokio one is plugged in and forced).
+fn builder(transport: Transport, bind: SocketAddr, cores: Option<usize>) -> NodeBuilder {
+    let mut builder = Node::builder(bind).in_process_delivery(false);
+    if let Some(cores) = cores {
         builder = builder.cores(cores);
     }
-    let node = builder.build()?;
-    register_fixture(&node)?;
+    if transport == Transport::Tokio {
+        builder = builder
+            .force_fallback(true)
+            .fallback(Arc::new(tensorwire_compat::TokioFallback::default()));
+    }
+    builder
+}
+
+/// Hosts `/actors/echo` and `/actors/sink` until killed.
+pub(crate) fn serve(options: &Options) -> Result<()> {
+    let node = builder(options.transport, options.listen, options.cores).build()?;
+    register_fixture(&node, options.handlers)?;
     println!("listening on {}", node.local_addr());
     std::io::stdout().flush()?;
     loop {
@@ -30,29 +42,37 @@ pub(crate) fn serve(options: &Options) -> Result<()> {
 }
 
 /// The fixture endpoints: `echo` returns the request; `sink` acknowledges its byte count.
-pub(crate) fn register_fixture(node: &Node) -> Result<()> {
-    node.serve("echo", 2, |request| Ok(Reply::Tensor(request.message)))?;
-    node.serve("sink", 2, |request| {
+pub(crate) fn register_fixture(node: &Node, handlers: Handlers) -> Result<()> {
+    fn echo(request: Request) -> Result<Reply, String> {
+        Ok(Reply::Tensor(request.message))
+    }
+    fn sink(request: Request) -> Result<Reply, String> {
         let total = request.message.total_bytes();
         Ok(Reply::Single {
             msg_type: "ack".into(),
             data: Bytes::from(total.to_string()),
         })
-    })?;
+    }
+    match handlers {
+        Handlers::Core => {
+            node.serve_on_core("echo", echo)?;
+            node.serve_on_core("sink", sink)?;
+        }
+        Handlers::Threads => {
+            node.serve("echo", 2, echo)?;
+            node.serve("sink", 2, sink)?;
+        }
+    }
     Ok(())
 }
 
 /// A client node for measurements (it never short-cuts to an in-process node).
-pub(crate) fn client(cores: Option<usize>) -> Result<Node> {
-    let mut builder = Node::builder("127.0.0.1:0".parse()?).in_process_delivery(false);
-    if let Some(cores) = cores {
-        builder = builder.cores(cores);
-    }
-    Ok(builder.build()?)
+pub(crate) fn client(transport: Transport, cores: Option<usize>) -> Result<Node> {
+    Ok(builder(transport, "127.0.0.1:0".parse()?, cores).build()?)
 }
 
 pub(crate) fn run(peer: SocketAddr, options: &Options, message: &TensorMessage) -> Result<Sample> {
-    let node = client(options.cores)?;
+    let node = client(options.transport, options.cores)?;
     measure(&node, peer, options, message)
 }
 

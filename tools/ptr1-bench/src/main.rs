@@ -1,17 +1,20 @@
 //! `ptr1-bench`: the PTR1 test fixture and transport microbenchmark.
 //!
 //! ```text
-//! ptr1-bench serve   [--listen ADDR] [--transport engine|seed|std|tokio-pool] [--cores N]
-//! ptr1-bench run     --connect ADDR [--transport engine|seed|std|tokio-pool] [--mode oneway|rtt|inflight]
+//! ptr1-bench serve   [--listen ADDR] [--transport engine|tokio|seed|std] [--cores N]
+//!                    [--handlers core|threads]
+//! ptr1-bench run     --connect ADDR [--transport engine|tokio|seed|std] [--mode oneway|rtt|inflight]
 //!                    [--size BYTES] [--buffers N] [--seconds S] [--inflight K]
-//! ptr1-bench compare [--quick] [--reps N] [--json FILE]
+//! ptr1-bench compare [--quick] [--reps N] [--json FILE] [--handlers core|threads]
 //! ```
 //!
 //! `serve` hosts two endpoints on one port: `/actors/echo` (ask → the same TensorMessage back)
 //! and `/actors/sink` (ask → SingleResponse `ack` with the payload byte count as decimal ASCII;
-//! tell → Ack). It prints `listening on ADDR` once ready. `run` measures one transport against
-//! one address and prints JSON. `compare` starts a server process per transport and measures
-//! them side by side (interleaved repetitions, medians), plus iperf3 when installed.
+//! tell → Ack). On the engine and tokio transports they run on the driver thread that received
+//! the request (`--handlers core`, the default) or on handler threads (`--handlers threads`).
+//! It prints `listening on ADDR` once ready. `run` measures one transport against one address
+//! and prints JSON. `compare` starts a server process per transport and measures them side by
+//! side (interleaved repetitions, medians), plus iperf3 when installed.
 
 mod blocking;
 mod compare;
@@ -44,43 +47,62 @@ fn main() -> Result<()> {
 }
 
 const USAGE: &str = "usage:
-  ptr1-bench serve   [--listen ADDR] [--transport engine|seed|std|tokio-pool] [--cores N]
-  ptr1-bench run     --connect ADDR [--transport engine|seed|std|tokio-pool] [--mode oneway|rtt|inflight]
+  ptr1-bench serve   [--listen ADDR] [--transport engine|tokio|seed|std] [--cores N]
+                     [--handlers core|threads]
+  ptr1-bench run     --connect ADDR [--transport engine|tokio|seed|std] [--mode oneway|rtt|inflight]
                      [--size BYTES] [--buffers N] [--seconds S] [--inflight K]
-  ptr1-bench compare [--quick] [--reps N] [--json FILE]";
+  ptr1-bench compare [--quick] [--reps N] [--json FILE] [--handlers core|threads]";
 
 /// Which implementation is on each end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Transport {
-    /// tensorwire's io_uring engine.
+    /// tensorwire's node on its io_uring driver.
     Engine,
+    /// tensorwire's node on the tokio fallback driver of `tensorwire-compat`: the same sessions
+    /// and receive pool, only the driver differs.
+    Tokio,
     /// The seed design: tokio, `write_vectored` of at most 64 slices, `read_exact` into a fresh
     /// zero-filled `Vec` per buffer.
     Seed,
     /// Blocking `std::net`, one thread per connection.
     Std,
-    /// Tokio with 1024 slices per `write_vectored` and the engine's receive pool: the runtime
-    /// is the only difference from the engine (stands in for the compat crate's PTR1 path).
-    TokioPool,
 }
 
 impl Transport {
     fn parse(text: &str) -> Result<Self> {
         Ok(match text {
             "engine" => Self::Engine,
+            "tokio" => Self::Tokio,
             "seed" => Self::Seed,
             "std" => Self::Std,
-            "tokio-pool" => Self::TokioPool,
-            _ => bail!("unknown transport {text:?} (engine, seed, std or tokio-pool)"),
+            _ => bail!("unknown transport {text:?} (engine, tokio, seed or std)"),
         })
     }
 
     pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Engine => "engine",
+            Self::Tokio => "tokio",
             Self::Seed => "seed",
             Self::Std => "std",
-            Self::TokioPool => "tokio-pool",
+        }
+    }
+}
+
+/// Where the fixture's handlers run (engine and tokio transports).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Handlers {
+    /// On the driver thread that received the request.
+    Core,
+    /// On handler threads of their own.
+    Threads,
+}
+
+impl Handlers {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Core => "core",
+            Self::Threads => "threads",
         }
     }
 }
@@ -102,6 +124,7 @@ pub(crate) struct Options {
     pub(crate) connect: Option<SocketAddr>,
     pub(crate) transport: Transport,
     pub(crate) cores: Option<usize>,
+    pub(crate) handlers: Handlers,
     pub(crate) mode: Mode,
     pub(crate) size: usize,
     pub(crate) buffers: usize,
@@ -119,6 +142,7 @@ impl Options {
             connect: None,
             transport: Transport::Engine,
             cores: None,
+            handlers: Handlers::Core,
             mode: Mode::OneWay,
             size: 1 << 20,
             buffers: 1,
@@ -135,6 +159,13 @@ impl Options {
                 "--connect" => o.connect = Some(value()?.parse()?),
                 "--transport" => o.transport = Transport::parse(&value()?)?,
                 "--cores" => o.cores = Some(value()?.parse()?),
+                "--handlers" => {
+                    o.handlers = match value()?.as_str() {
+                        "core" => Handlers::Core,
+                        "threads" => Handlers::Threads,
+                        other => bail!("unknown handlers {other:?} (core or threads)"),
+                    }
+                }
                 "--mode" => {
                     o.mode = match value()?.as_str() {
                         "oneway" => Mode::OneWay,
@@ -163,10 +194,9 @@ impl Options {
 
 fn serve(options: &Options) -> Result<()> {
     match options.transport {
-        Transport::Engine => engine_side::serve(options),
-        Transport::Seed => seed::serve(options.listen, seed::Design::seed()),
+        Transport::Engine | Transport::Tokio => engine_side::serve(options),
+        Transport::Seed => seed::serve(options.listen),
         Transport::Std => blocking::serve(options.listen),
-        Transport::TokioPool => seed::serve(options.listen, seed::Design::pooled()),
     }
 }
 
@@ -175,10 +205,9 @@ pub(crate) fn run(options: &Options) -> Result<serde_json::Value> {
     let peer = options.connect.context("run needs --connect ADDR")?;
     let message = measure::message(options.size, options.buffers);
     let result = match options.transport {
-        Transport::Engine => engine_side::run(peer, options, &message)?,
-        Transport::Seed => seed::run(peer, options, &message, seed::Design::seed())?,
+        Transport::Engine | Transport::Tokio => engine_side::run(peer, options, &message)?,
+        Transport::Seed => seed::run(peer, options, &message)?,
         Transport::Std => blocking::run(peer, options, &message)?,
-        Transport::TokioPool => seed::run(peer, options, &message, seed::Design::pooled())?,
     };
     Ok(result.to_json(options))
 }

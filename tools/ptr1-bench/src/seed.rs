@@ -1,8 +1,6 @@
-//! The tokio baselines. The seed design: `write_vectored` with at most 64 slices per call, and
-//! `read_exact` of header, table, path, metadata and each buffer, every section into a fresh
-//! zero-filled `Vec`. And tokio done as well as it goes without io_uring ("tokio-pool", a
-//! stand-in for the compat crate's PTR1 path until that exists): 1024 slices per call, and
-//! every section received into the engine's receive pool, so only the runtime differs.
+//! The seed design on tokio: `write_vectored` with at most 64 slices per call, and `read_exact`
+//! of header, table, path, metadata and each buffer, every section into a fresh zero-filled
+//! `Vec`.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -10,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use bytes::Bytes;
-use tensorwire_engine::{PoolConfig, ReceivePool};
 use tensorwire_proto::ptr1::{self, Frame};
 use tensorwire_proto::{
     Body, Encoded, FixedHeader, Format, Layout, Limits, ReceiveBuffer, TensorMessage,
@@ -21,32 +18,8 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::measure::{Sample, WriteCursor, check_sink_ack, sequential};
 use crate::{Mode, Options};
 
-/// How a tokio baseline writes, and where it receives.
-#[derive(Clone, Debug)]
-pub(crate) enum Design {
-    /// At most 64 slices per `write_vectored`; a fresh zero-filled `Vec` per section.
-    Seed,
-    /// At most 1024 slices per `write_vectored`; sections in receive-pool memory.
-    Pooled(ReceivePool),
-}
-
-impl Design {
-    pub(crate) fn seed() -> Self {
-        Self::Seed
-    }
-
-    /// With a receive pool of the engine's default configuration.
-    pub(crate) fn pooled() -> Self {
-        Self::Pooled(ReceivePool::new(PoolConfig::default()))
-    }
-
-    fn max_slices(&self) -> usize {
-        match self {
-            Self::Seed => 64,
-            Self::Pooled(_) => 1024,
-        }
-    }
-}
+/// Most slices one `write_vectored` call takes in the seed design.
+const MAX_SLICES: usize = 64;
 
 /// The fixture's answer to a request (shared with the blocking server).
 pub(crate) fn fixture_reply(frame: Frame) -> Frame {
@@ -67,7 +40,7 @@ pub(crate) fn fixture_reply(frame: Frame) -> Frame {
     }
 }
 
-pub(crate) fn serve(listen: SocketAddr, design: Design) -> Result<()> {
+pub(crate) fn serve(listen: SocketAddr) -> Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         let listener = TcpListener::bind(listen).await?;
@@ -76,29 +49,24 @@ pub(crate) fn serve(listen: SocketAddr, design: Design) -> Result<()> {
         loop {
             let (stream, _) = listener.accept().await?;
             stream.set_nodelay(true)?;
-            let design = design.clone();
             tokio::spawn(async move {
-                let _ = serve_connection(stream, &design).await;
+                let _ = serve_connection(stream).await;
             });
         }
     })
 }
 
-async fn serve_connection(mut stream: TcpStream, design: &Design) -> Result<()> {
+async fn serve_connection(mut stream: TcpStream) -> Result<()> {
     let limits = Limits::default();
-    while let Some(frame) = read_frame(&mut stream, &limits, design).await? {
+    while let Some(frame) = read_frame(&mut stream, &limits).await? {
         let reply = ptr1::encode(&fixture_reply(frame), &limits)?;
-        write_frame(&mut stream, &reply, design.max_slices()).await?;
+        write_frame(&mut stream, &reply).await?;
     }
     Ok(())
 }
 
 /// Reads one frame; `None` at a clean end of stream.
-async fn read_frame(
-    stream: &mut TcpStream,
-    limits: &Limits,
-    design: &Design,
-) -> Result<Option<Frame>> {
+async fn read_frame(stream: &mut TcpStream, limits: &Limits) -> Result<Option<Frame>> {
     let mut head = [0u8; ptr1::FIXED_HEADER_LEN];
     match stream.read_exact(&mut head).await {
         Ok(_) => {}
@@ -109,12 +77,8 @@ async fn read_frame(
     let mut table = vec![0u8; fixed.table_len()?];
     stream.read_exact(&mut table).await?;
     let layout = fixed.layout(&table, limits)?;
-    let frame = match design {
-        // A fresh zero-filled Vec for every section.
-        Design::Seed => read_body(stream, layout, |len| vec![0u8; len]).await?,
-        Design::Pooled(pool) => read_body(stream, layout, pool.allocator()).await?,
-    };
-    Ok(Some(frame))
+    // A fresh zero-filled Vec for every section.
+    Ok(Some(read_body(stream, layout, |len| vec![0u8; len]).await?))
 }
 
 /// Fills a body with one `read_exact` per section.
@@ -136,32 +100,26 @@ async fn read_body<B: ReceiveBuffer>(
     Ok(Frame::from_body(body)?)
 }
 
-/// Writes a frame with `write_vectored` calls of at most `max_slices` slices, handling short
-/// writes.
-async fn write_frame(stream: &mut TcpStream, encoded: &Encoded, max_slices: usize) -> Result<()> {
+/// Writes a frame with `write_vectored` calls of at most 64 slices, handling short writes.
+async fn write_frame(stream: &mut TcpStream, encoded: &Encoded) -> Result<()> {
     let mut cursor = WriteCursor::new(encoded);
     while !cursor.is_done() {
-        let written = stream.write_vectored(&cursor.batch(max_slices)).await?;
+        let written = stream.write_vectored(&cursor.batch(MAX_SLICES)).await?;
         cursor.advance(written)?;
     }
     stream.flush().await?;
     Ok(())
 }
 
-async fn ask(
-    stream: &mut TcpStream,
-    path: &str,
-    message: &TensorMessage,
-    design: &Design,
-) -> Result<Frame> {
+async fn ask(stream: &mut TcpStream, path: &str, message: &TensorMessage) -> Result<Frame> {
     let limits = Limits::default();
     let frame = Frame::Ask {
         path: path.to_owned(),
         message: message.clone(),
     };
     let encoded = ptr1::encode(&frame, &limits)?;
-    write_frame(stream, &encoded, design.max_slices()).await?;
-    read_frame(stream, &limits, design)
+    write_frame(stream, &encoded).await?;
+    read_frame(stream, &limits)
         .await?
         .context("server closed the connection")
 }
@@ -172,19 +130,17 @@ async fn connect(peer: SocketAddr) -> Result<TcpStream> {
     Ok(stream)
 }
 
-/// A tokio baseline client: a tokio runtime and one pooled connection.
+/// A seed-design client: a tokio runtime and one pooled connection.
 pub(crate) struct Client {
     runtime: tokio::runtime::Runtime,
-    design: Design,
     /// The pooled connection and the peer it goes to.
     stream: Option<(SocketAddr, TcpStream)>,
 }
 
 impl Client {
-    pub(crate) fn new(design: Design) -> Result<Self> {
+    pub(crate) fn new() -> Result<Self> {
         Ok(Self {
             runtime: tokio::runtime::Runtime::new()?,
-            design,
             stream: None,
         })
     }
@@ -197,7 +153,6 @@ impl Client {
     ) -> Result<Sample> {
         let total = message.total_bytes();
         let runtime = &self.runtime;
-        let design = &self.design;
         let slot = &mut self.stream;
         match options.mode {
             Mode::OneWay | Mode::Rtt => {
@@ -212,7 +167,7 @@ impl Client {
                             *slot = Some((peer, connect(peer).await?));
                         }
                         let (_, stream) = slot.as_mut().context("connected above")?;
-                        match ask(stream, path, message, design).await? {
+                        match ask(stream, path, message).await? {
                             Frame::SingleResponse { msg_type, data, .. } => {
                                 check_sink_ack(&msg_type, &data, total)
                             }
@@ -222,29 +177,24 @@ impl Client {
                     })
                 })
             }
-            Mode::InFlight => runtime.block_on(in_flight(peer, options, message, design)),
+            Mode::InFlight => runtime.block_on(in_flight(peer, options, message)),
         }
     }
 }
 
 /// `inflight` tasks, each with its own connection (the seed design has no multiplexing).
-async fn in_flight(
-    peer: SocketAddr,
-    options: &Options,
-    message: &TensorMessage,
-    design: &Design,
-) -> Result<Sample> {
+async fn in_flight(peer: SocketAddr, options: &Options, message: &TensorMessage) -> Result<Sample> {
     let total = message.total_bytes();
     let deadline = Instant::now() + options.duration.max(Duration::from_millis(100));
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..options.inflight {
-        let (message, design) = (message.clone(), design.clone());
+        let message = message.clone();
         tasks.push(tokio::spawn(async move {
             let mut stream = connect(peer).await?;
             let mut ops = 0u64;
             while Instant::now() < deadline {
-                match ask(&mut stream, "/actors/echo", &message, &design).await? {
+                match ask(&mut stream, "/actors/echo", &message).await? {
                     Frame::TensorResponse(reply) if reply.total_bytes() == total => ops += 1,
                     other => return Err(anyhow!("unexpected reply {other:?}")),
                 }
@@ -261,11 +211,6 @@ async fn in_flight(
     Ok(sample)
 }
 
-pub(crate) fn run(
-    peer: SocketAddr,
-    options: &Options,
-    message: &TensorMessage,
-    design: Design,
-) -> Result<Sample> {
-    Client::new(design)?.measure(peer, options, message)
+pub(crate) fn run(peer: SocketAddr, options: &Options, message: &TensorMessage) -> Result<Sample> {
+    Client::new()?.measure(peer, options, message)
 }

@@ -16,9 +16,10 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 struct Server(Child, SocketAddr);
 
 impl Server {
-    fn start(transport: &str) -> Self {
+    fn start(transport: &str, extra: &[&str]) -> Self {
         let mut child = Command::new(BIN)
             .args(["serve", "--transport", transport, "--listen", "127.0.0.1:0"])
+            .args(extra)
             .stdout(Stdio::piped())
             .spawn()
             .expect("ptr1-bench starts");
@@ -45,6 +46,7 @@ impl Drop for Server {
 
 fn client() -> Node {
     Node::builder("127.0.0.1:0".parse().unwrap())
+        .in_process_delivery(false)
         .build()
         .expect("client node")
 }
@@ -63,7 +65,11 @@ fn message() -> TensorMessage {
 }
 
 fn check_fixture(transport: &str) {
-    let server = Server::start(transport);
+    check_fixture_with(transport, &[]);
+}
+
+fn check_fixture_with(transport: &str, extra: &[&str]) {
+    let server = Server::start(transport, extra);
     let client = client();
     let sent = message();
     let echo = client
@@ -109,13 +115,18 @@ fn blocking_fixture_speaks_the_same_wire_format() {
 }
 
 #[test]
-fn tokio_pool_fixture_speaks_the_same_wire_format() {
-    check_fixture("tokio-pool");
+fn tokio_fallback_fixture_speaks_the_same_wire_format() {
+    check_fixture("tokio");
+}
+
+#[test]
+fn engine_fixture_with_handler_threads_answers_the_same() {
+    check_fixture_with("engine", &["--handlers", "threads"]);
 }
 
 #[test]
 fn run_prints_a_json_measurement() {
-    let server = Server::start("engine");
+    let server = Server::start("engine", &[]);
     let output = Command::new(BIN)
         .args([
             "run",
@@ -166,6 +177,10 @@ fn forced_fallback_stops_the_engine_server_with_a_clear_error() {
         .read_to_string(&mut stderr)
         .unwrap();
     assert!(!status.success());
-    assert!(stderr.contains("io_uring unavailable"), "{stderr}");
+    assert!(
+        stderr.contains("io_uring driver is unavailable"),
+        "{stderr}"
+    );
     assert!(stderr.contains("TENSORWIRE_FORCE_FALLBACK"), "{stderr}");
+    assert!(stderr.contains("NodeBuilder::fallback"), "{stderr}");
 }

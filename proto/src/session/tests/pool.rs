@@ -1,18 +1,18 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use crate::session::{Checkin, Checkout, ConnectionPool, PoolConfig};
+use crate::session::{Checkin, Checkout, ConnectionPool, ConnectionPoolConfig};
 
 fn peer(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
 fn pool(idle: usize, max: usize) -> ConnectionPool<u32, &'static str> {
-    let config = PoolConfig {
+    let config = ConnectionPoolConfig {
         idle_per_peer: idle,
         max_per_peer: max,
         trim_after: Duration::from_secs(1),
-        ..PoolConfig::default()
+        ..ConnectionPoolConfig::default()
     };
     ConnectionPool::new(config)
 }

@@ -1,0 +1,245 @@
+//! Outgoing connections on tokio: the shared per-peer pool, and one task per connection that
+//! drives its client session with the requests the pool gives it.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use tensorwire_proto::session::{Checkin, Checkout, ClientEvent, ClientSession};
+use tensorwire_proto::transport::{Completion, Error};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+use crate::ptr1::io::{self, Ready};
+use crate::ptr1::{Command, Outgoing, Shared, lock, stopped};
+
+/// Starts a request: on an idle pooled connection, a new one, or in its peer's queue.
+pub(crate) fn start(shared: &Arc<Shared>, outgoing: Outgoing) {
+    if outgoing.completion.is_cancelled() {
+        return outgoing.completion.complete(Err(Error::Cancelled));
+    }
+    let peer = outgoing.peer;
+    let deadline = outgoing.request.deadline().at();
+    let checkout = lock(&shared.pool).checkout(peer, outgoing, deadline);
+    match checkout {
+        Checkout::Reuse(id, outgoing) => {
+            let sender = lock(&shared.conns).get(&id).cloned();
+            let sent = match sender {
+                Some(sender) => sender.send(Command::Carry(outgoing)),
+                None => Err(mpsc::error::SendError(Command::Carry(outgoing))),
+            };
+            if let Err(mpsc::error::SendError(Command::Carry(outgoing))) = sent {
+                // The connection's task ended meanwhile: forget it and try again.
+                if let Some(next) = lock(&shared.pool).closed(peer, id) {
+                    connect(shared, next);
+                }
+                start(shared, outgoing);
+            }
+        }
+        Checkout::Connect(outgoing) => connect(shared, outgoing),
+        Checkout::Queued(_) => shared.pool_changed.notify_one(),
+    }
+}
+
+/// Opens a connection for `outgoing` (already counted as open by the pool).
+fn connect(shared: &Arc<Shared>, outgoing: Outgoing) {
+    if shared.is_shut_down() {
+        return outgoing.completion.complete(Err(Error::Shutdown));
+    }
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let (sender, commands) = mpsc::unbounded_channel();
+    lock(&shared.conns).insert(id, sender.clone());
+    Shared::spawn(
+        shared,
+        connection(Arc::clone(shared), id, outgoing, sender, commands),
+    );
+}
+
+/// The request a connection carries now.
+struct Current {
+    id: u64,
+    completion: Box<dyn Completion>,
+}
+
+async fn connection(
+    shared: Arc<Shared>,
+    id: u64,
+    first: Outgoing,
+    sender: mpsc::UnboundedSender<Command>,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+) {
+    shared.connections.fetch_add(1, Ordering::Relaxed);
+    let peer = first.peer;
+    let mut session = ClientSession::connecting(
+        Arc::clone(&shared.session),
+        Arc::clone(&shared.memory),
+        peer,
+        Instant::now(),
+    );
+    let mut next_request = 0u64;
+    let mut current = begin(&mut session, first, &sender, &mut next_request);
+    let mut shutdown = shared.shutdown.subscribe();
+    let stream = tokio::select! {
+        connected = TcpStream::connect(peer) => match connected {
+            Ok(stream) => {
+                let _ = stream.set_nodelay(true);
+                session.handle_connected();
+                Some(stream)
+            }
+            Err(e) => {
+                session.handle_connect_error(e);
+                None
+            }
+        },
+        () = io::sleep_until(session.poll_timeout()) => {
+            session.handle_timeout(Instant::now());
+            None
+        }
+        () = stopped(&mut shutdown) => {
+            session.shut_down();
+            None
+        }
+    };
+    let mut read = None;
+    let mut transmit = None;
+    let mut pooled = false;
+    'connection: loop {
+        let mut finished = None;
+        let mut close = false;
+        while let Some(event) = session.poll_event() {
+            match event {
+                ClientEvent::Done(outcome) => finished = current.take().map(|done| (done, outcome)),
+                ClientEvent::Close(reason) => {
+                    tracing::debug!(%reason, %peer, "closing a client connection");
+                    close = true;
+                }
+                _ => {}
+            }
+        }
+        if !close && current.is_none() && !pooled && session.is_reusable() && stream.is_some() {
+            // Back to the pool (or straight to the next request waiting for this peer) before
+            // the caller hears of the outcome, so its next request finds it there.
+            loop {
+                let checkin = lock(&shared.pool).checkin(peer, id, Instant::now());
+                match checkin {
+                    Checkin::Serve(_, next) if next.completion.is_cancelled() => {
+                        next.completion.complete(Err(Error::Cancelled));
+                    }
+                    Checkin::Serve(_, next) => {
+                        current = begin(&mut session, next, &sender, &mut next_request);
+                        break;
+                    }
+                    Checkin::Idle => {
+                        pooled = true;
+                        break;
+                    }
+                }
+            }
+            shared.pool_changed.notify_one();
+        }
+        if let Some((done, outcome)) = finished {
+            done.completion.complete(outcome);
+        }
+        if close {
+            break 'connection;
+        }
+        let Some(stream) = &stream else {
+            break;
+        };
+        let now = Instant::now();
+        if transmit.is_none() {
+            transmit = session.poll_transmit(now);
+        }
+        if read.is_none() {
+            read = session.poll_read();
+        }
+        let deadline = session.poll_timeout();
+        tokio::select! {
+            ready = io::step(stream, &mut read, &mut transmit) => match ready {
+                Ready::Read(buf, result) => session.handle_read(buf, result, Instant::now()),
+                Ready::Wrote(n) => session.handle_written(n, Instant::now()),
+                Ready::WriteFailed(e) => session.handle_write_error(e, Instant::now()),
+                Ready::Nothing => {}
+            },
+            command = commands.recv() => match command {
+                Some(Command::Carry(outgoing)) => {
+                    pooled = false;
+                    current = begin(&mut session, outgoing, &sender, &mut next_request);
+                }
+                Some(Command::Cancel(request)) => {
+                    if current.as_ref().is_some_and(|c| c.id == request) {
+                        session.cancel();
+                    }
+                }
+                // Trimmed from the pool (or the driver stopped): close.
+                None => break,
+            },
+            () = io::sleep_until(deadline) => session.handle_timeout(Instant::now()),
+            () = stopped(&mut shutdown) => session.shut_down(),
+        }
+    }
+    if let Some(current) = current {
+        current
+            .completion
+            .complete(Err(Error::ConnectionClosed { peer, detail: None }));
+    }
+    drop(commands);
+    lock(&shared.conns).remove(&id);
+    let next = lock(&shared.pool).closed(peer, id);
+    if let Some(next) = next {
+        connect(&shared, next);
+    }
+    shared.connections.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Starts `outgoing` on the session; registers its cancellation with this task.
+fn begin(
+    session: &mut ClientSession,
+    outgoing: Outgoing,
+    sender: &mpsc::UnboundedSender<Command>,
+    next_request: &mut u64,
+) -> Option<Current> {
+    let id = *next_request;
+    *next_request += 1;
+    let Outgoing {
+        request,
+        completion,
+        ..
+    } = outgoing;
+    if session.start(request, Instant::now()).is_err() {
+        completion.complete(Err(Error::Misuse(
+            "a pooled connection could not take a request".into(),
+        )));
+        return None;
+    }
+    let sender = sender.clone();
+    completion.on_cancel(Box::new(move || {
+        let _ = sender.send(Command::Cancel(id));
+    }));
+    Some(Current { id, completion })
+}
+
+/// Fails requests whose deadline passed while they waited for a connection, and closes idle
+/// connections above the cap that stayed idle too long.
+pub(crate) async fn pool_janitor(shared: Arc<Shared>) {
+    let mut shutdown = shared.shutdown.subscribe();
+    loop {
+        let next = lock(&shared.pool).poll_timeout();
+        tokio::select! {
+            () = io::sleep_until(next) => {
+                let expired = lock(&shared.pool).handle_timeout(Instant::now());
+                for outgoing in expired.requests {
+                    let request = outgoing.request;
+                    let error = request.deadline().error(request.kind().as_str());
+                    outgoing.completion.complete(Err(error));
+                }
+                let mut conns = lock(&shared.conns);
+                for id in expired.trimmed {
+                    conns.remove(&id); // its task sees the channel close
+                }
+            }
+            () = shared.pool_changed.notified() => {}
+            () = stopped(&mut shutdown) => return,
+        }
+    }
+}

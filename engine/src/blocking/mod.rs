@@ -1,0 +1,265 @@
+//! Blocking calls: one exchange on the calling thread with plain system calls, driving the same
+//! client session as the cores.
+//!
+//! A thread that blocks for its reply anyway gains nothing from a ring: io_uring's receive path
+//! (arm a poll, run task work, retry the receive) costs more than one blocking wait for a
+//! single sequential exchange. So `Node::ask_blocking` writes with non-blocking `sendmsg` and
+//! waits with `poll`, and a large body still lands straight in final receive memory.
+//!
+//! Connections are pooled per peer by the node (not per thread), so a node that shuts down
+//! closes them at once. A pooled connection is reused only if its session is in step with
+//! nothing buffered and the socket shows nothing new (a peer close, stray bytes); a close that
+//! arrives after that check fails the request, which is never replayed.
+
+use std::collections::HashMap;
+use std::io::{IoSlice, IoSliceMut, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tensorwire_proto::Limits;
+use tensorwire_proto::TensorMessage;
+use tensorwire_proto::session::{ClientEvent, ClientRequest, ClientSession, SessionConfig};
+use tensorwire_proto::transport::{ActorPath, Answer, Deadline, Error, ReceiveMemory, RequestKind};
+
+use crate::sys;
+
+/// Bodies with at least this left wait for a low-water mark instead of waking per segment.
+const LOW_WATER_MIN: u64 = 128 << 10;
+const LOW_WATER_MAX: u64 = 1 << 20;
+
+/// A node's connections for blocking calls, shared by every calling thread.
+pub(crate) struct BlockingPool {
+    session: Arc<SessionConfig>,
+    memory: Arc<dyn ReceiveMemory>,
+    limits: Limits,
+    idle_per_peer: usize,
+    idle: Mutex<HashMap<SocketAddr, Vec<Conn>>>,
+    closed: AtomicBool,
+}
+
+struct Conn {
+    stream: TcpStream,
+    session: ClientSession,
+    low_water: usize,
+}
+
+impl BlockingPool {
+    pub(crate) fn new(
+        session: Arc<SessionConfig>,
+        memory: Arc<dyn ReceiveMemory>,
+        limits: Limits,
+        idle_per_peer: usize,
+    ) -> Self {
+        Self {
+            session,
+            memory,
+            limits,
+            idle_per_peer,
+            idle: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// Sends one request to `peer` and waits for its answer on the calling thread.
+    pub(crate) fn exchange(
+        &self,
+        peer: SocketAddr,
+        kind: RequestKind,
+        path: &ActorPath,
+        message: TensorMessage,
+        deadline: Deadline,
+    ) -> Result<Answer, Error> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Shutdown);
+        }
+        let request = ClientRequest::encode(kind, path, message, &self.limits, deadline)?;
+        let mut conn = self.take(peer, deadline)?;
+        let outcome = conn.run(request);
+        if conn.session.is_reusable() && !self.closed.load(Ordering::Acquire) {
+            let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            let list = idle.entry(peer).or_default();
+            if list.len() < self.idle_per_peer {
+                list.push(conn);
+            }
+        }
+        outcome
+    }
+
+    /// Closes every pooled connection; later calls fail with [`Error::Shutdown`].
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(PoisonError::into_inner));
+        drop(idle);
+    }
+
+    /// A pooled connection that is still in step, or a new one.
+    fn take(&self, peer: SocketAddr, deadline: Deadline) -> Result<Conn, Error> {
+        loop {
+            let pooled = self
+                .idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get_mut(&peer)
+                .and_then(Vec::pop);
+            let Some(conn) = pooled else { break };
+            // Readable while idle means the peer closed, or sent bytes nobody asked for.
+            let events = libc::POLLIN | libc::POLLRDHUP;
+            let quiet = matches!(
+                sys::poll_one(conn.stream.as_raw_fd(), events, Duration::ZERO),
+                Ok(0)
+            );
+            if quiet && conn.session.is_reusable() {
+                return Ok(conn);
+            }
+        }
+        let connect_timeout = self.session.connect_timeout;
+        let left = deadline
+            .at()
+            .map(|at| at.saturating_duration_since(Instant::now()));
+        if left.is_some_and(|left| left.is_zero()) {
+            return Err(deadline.error("connect"));
+        }
+        let (limit, what) = match left {
+            Some(left) if left < connect_timeout => (left, deadline.error("connect")),
+            _ => (
+                connect_timeout,
+                Error::Timeout {
+                    what: "connect",
+                    after: connect_timeout,
+                },
+            ),
+        };
+        let stream = match TcpStream::connect_timeout(&peer, limit) {
+            Ok(stream) => stream,
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return Err(what),
+            Err(source) => return Err(Error::Connect { peer, source }),
+        };
+        let setup = |source| Error::Connect { peer, source };
+        stream.set_nodelay(true).map_err(setup)?;
+        stream.set_nonblocking(true).map_err(setup)?;
+        let session =
+            ClientSession::connected(Arc::clone(&self.session), Arc::clone(&self.memory), peer);
+        Ok(Conn {
+            stream,
+            session,
+            low_water: 1,
+        })
+    }
+}
+
+impl Conn {
+    /// Runs one exchange to its outcome.
+    fn run(&mut self, request: ClientRequest) -> Result<Answer, Error> {
+        let started = self.session.start(request, Instant::now());
+        if started.is_err() {
+            return Err(Error::Misuse("a pooled connection was not idle".into()));
+        }
+        let mut transmit = None;
+        let mut read = None;
+        loop {
+            let now = Instant::now();
+            while let Some(event) = self.session.poll_event() {
+                if let ClientEvent::Done(outcome) = event {
+                    if let Some(buf) = read.take() {
+                        // Memory lent for a read that did not happen goes back to the session.
+                        let nothing = Err(std::io::ErrorKind::WouldBlock.into());
+                        self.session.handle_read(buf, nothing, now);
+                    }
+                    return outcome;
+                }
+            }
+            if self.session.is_closed() {
+                return Err(Error::Misuse(
+                    "the session closed without an outcome".into(),
+                ));
+            }
+            let mut progress = false;
+            if transmit.is_none() {
+                transmit = self.session.poll_transmit(now);
+            }
+            let mut want_write = false;
+            if let Some(tx) = &mut transmit {
+                let slices: Vec<IoSlice<'_>> = tx.slices().take(1024).map(IoSlice::new).collect();
+                match self.stream.write_vectored(&slices) {
+                    Ok(n) => {
+                        progress = true;
+                        let done = tx.advance(n);
+                        self.session.handle_written(n, now);
+                        if done {
+                            transmit = None;
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => want_write = true,
+                    Err(e) => {
+                        progress = true;
+                        transmit = None;
+                        self.session.handle_write_error(e, now);
+                    }
+                }
+            }
+            if read.is_none() {
+                read = self.session.poll_read();
+                if let Some(buf) = &read {
+                    self.set_low_water(buf);
+                }
+            }
+            if let Some(mut buf) = read.take() {
+                let result = {
+                    let mut regions: Vec<IoSliceMut<'_>> =
+                        buf.regions().take(1024).map(IoSliceMut::new).collect();
+                    self.stream.read_vectored(&mut regions)
+                };
+                match result {
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => read = Some(buf),
+                    result => {
+                        progress = true;
+                        self.session.handle_read(buf, result, now);
+                    }
+                }
+            }
+            if progress {
+                continue;
+            }
+            let mut events = 0;
+            if read.is_some() {
+                events |= libc::POLLIN;
+            }
+            if want_write {
+                events |= libc::POLLOUT;
+            }
+            let wait = self
+                .session
+                .poll_timeout()
+                .map_or(Duration::from_secs(3600), |at| {
+                    at.saturating_duration_since(now)
+                });
+            let ready = sys::poll_one(self.stream.as_raw_fd(), events, wait);
+            match ready {
+                Ok(0) => self.session.handle_timeout(Instant::now()),
+                Ok(_) => {}
+                Err(e) => self.session.handle_write_error(e, Instant::now()),
+            }
+        }
+    }
+
+    /// Lets a large body arrive in a few big steps (see the io_uring driver's receive).
+    fn set_low_water(&mut self, buf: &tensorwire_proto::session::ReadBuf) {
+        let mark = if buf.is_payload() && buf.frame_remaining() >= LOW_WATER_MIN {
+            usize::try_from((buf.frame_remaining() / 2).min(LOW_WATER_MAX))
+                .unwrap_or(1)
+                .min(buf.progress_quantum())
+                .min(buf.capacity())
+                .max(1)
+        } else {
+            1
+        };
+        if mark != self.low_water
+            && sys::set_receive_low_water(self.stream.as_raw_fd(), mark).is_ok()
+        {
+            self.low_water = mark;
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! A bounded queue of requests for one endpoint, with an ordered wait for space.
+//!
+//! Requests that find the mailbox full wait *in the mailbox*, in order, each under a ticket.
+//! When a request is taken out, the oldest waiter moves in and is told so (which sends a
+//! tell's Ack): one freed slot admits exactly one waiter, and a waiter that gave up was
+//! withdrawn by its ticket, so it cannot swallow the wake-up meant for another.
+
+use std::collections::VecDeque;
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use tensorwire_proto::transport::{Deadline, Error};
+
+use crate::endpoint::Incoming;
+
+/// The outcome of a push.
+pub(crate) enum Push {
+    /// In the mailbox.
+    Pushed,
+    /// The mailbox is full: it waits under this ticket and is told when it gets in.
+    Waiting(u64),
+    /// The mailbox is closed; the request is handed back.
+    Closed(Incoming),
+}
+
+#[derive(Debug)]
+pub(crate) struct Mailbox {
+    state: Mutex<State>,
+    not_empty: Condvar,
+    capacity: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    queue: VecDeque<Incoming>,
+    /// Requests waiting for space, oldest first, with their tickets.
+    waiting: VecDeque<(u64, Incoming)>,
+    next_ticket: u64,
+    closed: bool,
+    /// Threads blocked in `pop`: the condition variable is signalled only if there are any.
+    blocked_takers: usize,
+    /// Tasks waiting in `poll_pop`, oldest first.
+    async_takers: VecDeque<Waker>,
+}
+
+impl Mailbox {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            state: Mutex::new(State::default()),
+            not_empty: Condvar::new(),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// Pushes without blocking; a full mailbox keeps the request waiting in order.
+    pub(crate) fn push(&self, mut incoming: Incoming) -> Push {
+        let mut state = self.lock();
+        if state.closed {
+            return Push::Closed(incoming);
+        }
+        if state.queue.len() >= self.capacity || !state.waiting.is_empty() {
+            let ticket = state.next_ticket;
+            state.next_ticket += 1;
+            state.waiting.push_back((ticket, incoming));
+            return Push::Waiting(ticket);
+        }
+        incoming.settle(false);
+        state.queue.push_back(incoming);
+        self.wake_a_taker(state);
+        Push::Pushed
+    }
+
+    /// Takes back a waiting request (its sender gave up). `None` if it got in meanwhile.
+    pub(crate) fn withdraw(&self, ticket: u64) -> Option<Incoming> {
+        let mut state = self.lock();
+        let index = state.waiting.iter().position(|(t, _)| *t == ticket)?;
+        state.waiting.remove(index).map(|(_, incoming)| incoming)
+    }
+
+    /// Takes the oldest request, waiting up to `timeout` (`None`: forever). `Ok(None)` on
+    /// timeout.
+    pub(crate) fn pop(&self, timeout: Option<Duration>) -> Result<Option<Incoming>, Error> {
+        let deadline = timeout.map(|t| Deadline::after(std::time::Instant::now(), t));
+        let mut state = self.lock();
+        loop {
+            if let Some(item) = state.queue.pop_front() {
+                self.admit_waiter(state);
+                return Ok(Some(item));
+            }
+            if state.closed {
+                return Err(Error::MailboxClosed);
+            }
+            let left = match deadline.and_then(|d| d.at()) {
+                None if deadline.is_some() => None, // a deadline too far to represent
+                None => None,
+                Some(at) => match at.checked_duration_since(std::time::Instant::now()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => return Ok(None),
+                },
+            };
+            state.blocked_takers += 1;
+            state = match left {
+                None => self
+                    .not_empty
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner),
+                Some(left) => {
+                    self.not_empty
+                        .wait_timeout(state, left)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0
+                }
+            };
+            state.blocked_takers -= 1;
+        }
+    }
+
+    /// The async form of `pop`.
+    pub(crate) fn poll_pop(&self, cx: &mut Context<'_>) -> Poll<Result<Incoming, Error>> {
+        let mut state = self.lock();
+        if let Some(item) = state.queue.pop_front() {
+            self.admit_waiter(state);
+            return Poll::Ready(Ok(item));
+        }
+        if state.closed {
+            return Poll::Ready(Err(Error::MailboxClosed));
+        }
+        if !state.async_takers.iter().any(|w| w.will_wake(cx.waker())) {
+            state.async_takers.push_back(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+
+    /// Closes the mailbox: queued and waiting asks are answered with an error, takers woken.
+    pub(crate) fn close(&self) {
+        let (queued, waiting, wakers) = {
+            let mut state = self.lock();
+            state.closed = true;
+            (
+                std::mem::take(&mut state.queue),
+                std::mem::take(&mut state.waiting),
+                std::mem::take(&mut state.async_takers),
+            )
+        };
+        self.not_empty.notify_all();
+        wakers.into_iter().for_each(Waker::wake);
+        drop(queued);
+        drop(waiting);
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.lock().queue.len()
+    }
+
+    /// After a pop: the oldest waiting request moves in and is told so (outside the lock).
+    fn admit_waiter(&self, mut state: MutexGuard<'_, State>) {
+        let Some((_, mut incoming)) = state.waiting.pop_front() else {
+            return;
+        };
+        incoming.settle(true);
+        state.queue.push_back(incoming);
+        self.wake_a_taker(state);
+    }
+
+    fn wake_a_taker(&self, mut state: MutexGuard<'_, State>) {
+        let waker = state.async_takers.pop_front();
+        let blocked = state.blocked_takers > 0;
+        drop(state);
+        if blocked {
+            self.not_empty.notify_one();
+        }
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}

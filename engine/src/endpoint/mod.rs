@@ -1,0 +1,209 @@
+//! Endpoints: a bounded mailbox per actor path, what travels through it, and how requests
+//! are served (pulled, handler threads, or handlers on the core).
+
+mod handler;
+mod local;
+mod mailbox;
+mod registry;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tensorwire_proto::TensorMessage;
+use tensorwire_proto::transport::{Error, InboundRequest, Reply, RequestKind, Responder};
+
+pub(crate) use handler::{Handler, spawn_handler_threads};
+pub(crate) use local::{LocalResponder, SharedCompleter};
+pub(crate) use mailbox::{Mailbox, Push};
+pub(crate) use registry::{Registry, Served};
+
+/// A request as an endpoint receives it.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Request {
+    /// The actor path it was sent to (e.g. `/actors/echo`).
+    pub path: String,
+    /// Ask or tell.
+    pub kind: RequestKind,
+    /// The message. Buffers from the network are in receive-pool memory; buffers from this
+    /// process are the sender's own (no copy).
+    pub message: TensorMessage,
+    /// Where it came from, when it crossed a socket.
+    pub peer: Option<SocketAddr>,
+    /// The peer's authenticated identity (TLS client certificate), if any.
+    pub identity: Option<String>,
+}
+
+impl From<InboundRequest> for Request {
+    fn from(request: InboundRequest) -> Self {
+        Self {
+            path: request.path,
+            kind: request.kind,
+            message: request.message,
+            peer: request.peer,
+            identity: request.identity,
+        }
+    }
+}
+
+/// A request taken from a mailbox, with the means to answer it.
+///
+/// For an ask, call [`Incoming::reply`] (or [`Replier::reply`] after [`Incoming::into_parts`]);
+/// dropping it unanswered sends the asker an error ("endpoint dropped the request without
+/// replying") so nobody waits forever. A tell was acknowledged when it entered the mailbox;
+/// its answer goes nowhere.
+#[derive(Debug)]
+pub struct Incoming {
+    request: Request,
+    replier: Replier,
+}
+
+/// Answers one ask (does nothing for a tell).
+pub struct Replier {
+    responder: Option<Box<dyn Responder>>,
+}
+
+impl std::fmt::Debug for Replier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replier")
+            .field("answered", &self.responder.is_none())
+            .finish()
+    }
+}
+
+impl Incoming {
+    pub(crate) fn new(request: Request, responder: Box<dyn Responder>) -> Self {
+        Self {
+            request,
+            replier: Replier {
+                responder: Some(responder),
+            },
+        }
+    }
+
+    /// The request.
+    pub fn request(&self) -> &Request {
+        &self.request
+    }
+
+    /// Splits into the request (owned, so its buffers can be sent back without a copy) and the
+    /// means to answer it.
+    pub fn into_parts(self) -> (Request, Replier) {
+        (self.request, self.replier)
+    }
+
+    /// Answers an ask (a tell ignores the answer). `Err(text)` reaches the asker as a remote
+    /// error carrying `text`.
+    pub fn reply(self, result: Result<Reply, String>) {
+        self.replier.reply(result);
+    }
+
+    /// The request entered the mailbox (`waited`: after waiting for space, so its sender is
+    /// told now). A tell's sender needs nothing more.
+    fn settle(&mut self, waited: bool) {
+        if waited {
+            if let Some(responder) = &self.replier.responder {
+                responder.enqueued();
+            }
+        }
+        if self.request.kind == RequestKind::Tell {
+            self.replier.responder = None;
+        }
+    }
+
+    /// Forgets the sender: the request is dropped without anyone being told.
+    pub(crate) fn disarm(mut self) {
+        self.replier.responder = None;
+    }
+}
+
+impl Replier {
+    /// Sends the answer. `Err(text)` reaches the asker as a remote error carrying `text`.
+    pub fn reply(mut self, result: Result<Reply, String>) {
+        if let Some(responder) = self.responder.take() {
+            responder.respond(result);
+        }
+    }
+}
+
+impl Drop for Replier {
+    fn drop(&mut self) {
+        if let Some(responder) = self.responder.take() {
+            responder.respond(Err(
+                "endpoint dropped the request without replying".to_owned()
+            ));
+        }
+    }
+}
+
+/// An endpoint the user pulls requests from (see [`crate::Node::endpoint`]).
+///
+/// Dropping it unregisters the path and closes the mailbox (queued asks are answered with an
+/// error).
+#[derive(Debug)]
+pub struct Endpoint {
+    pub(crate) path: String,
+    pub(crate) mailbox: Arc<Mailbox>,
+    pub(crate) registry: Weak<Registry>,
+}
+
+impl Endpoint {
+    /// The actor path (`/actors/{name}`).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The next request, as a future any executor can await.
+    ///
+    /// # Errors
+    ///
+    /// The future fails with [`Error::MailboxClosed`] once the node shut down.
+    pub fn recv(&self) -> Recv<'_> {
+        Recv {
+            mailbox: &self.mailbox,
+        }
+    }
+
+    /// The next request, blocking the calling thread up to `timeout` (`None`: until one
+    /// arrives); `Ok(None)` if none arrived in time.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::MailboxClosed`] once the node shut down.
+    pub fn recv_blocking(&self, timeout: Option<Duration>) -> Result<Option<Incoming>, Error> {
+        self.mailbox.pop(timeout)
+    }
+
+    /// Requests waiting in the mailbox now.
+    pub fn queued(&self) -> usize {
+        self.mailbox.len()
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        if let Some(registry) = self.registry.upgrade() {
+            registry.remove(&self.path);
+        }
+        self.mailbox.close();
+    }
+}
+
+/// The future of [`Endpoint::recv`].
+#[derive(Debug)]
+#[must_use = "futures do nothing unless awaited"]
+pub struct Recv<'a> {
+    mailbox: &'a Mailbox,
+}
+
+impl Future for Recv<'_> {
+    type Output = Result<Incoming, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.mailbox.poll_pop(cx)
+    }
+}

@@ -1,0 +1,171 @@
+//! The endpoints of a node by actor path: the node's side of every inbound transport.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+
+use tensorwire_proto::transport::{
+    ActorPath, Delivery, Error, Inbound, InboundRequest, RequestKind, Responder, Withdraw,
+};
+
+use crate::endpoint::handler::{self, Handler};
+use crate::endpoint::{Incoming, Mailbox, Push, Request};
+
+/// How an endpoint's requests are served.
+#[derive(Clone)]
+pub(crate) enum Served {
+    /// Taken from the mailbox by the user ([`crate::Endpoint`]) or by handler threads.
+    Mailbox,
+    /// By a handler run on the thread that received the request (a core thread for network
+    /// requests): no mailbox, no thread hop.
+    OnCore(Arc<Handler>),
+}
+
+struct Entry {
+    mailbox: Arc<Mailbox>,
+    served: Served,
+}
+
+/// The endpoints of one node.
+pub(crate) struct Registry {
+    endpoints: RwLock<HashMap<String, Arc<Entry>>>,
+    mailbox_capacity: usize,
+    closed: AtomicBool,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let count = self
+            .endpoints
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len();
+        f.debug_struct("Registry")
+            .field("endpoints", &count)
+            .finish()
+    }
+}
+
+impl Registry {
+    pub(crate) fn new(mailbox_capacity: usize) -> Self {
+        Self {
+            endpoints: RwLock::new(HashMap::new()),
+            mailbox_capacity,
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// Registers `path`; its mailbox.
+    pub(crate) fn insert(&self, path: &ActorPath, served: Served) -> Result<Arc<Mailbox>, Error> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Shutdown);
+        }
+        let mut endpoints = self
+            .endpoints
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if endpoints.contains_key(path.as_str()) {
+            return Err(Error::EndpointExists {
+                path: path.to_string(),
+            });
+        }
+        let mailbox = Arc::new(Mailbox::new(self.mailbox_capacity));
+        let entry = Entry {
+            mailbox: Arc::clone(&mailbox),
+            served,
+        };
+        endpoints.insert(path.to_string(), Arc::new(entry));
+        Ok(mailbox)
+    }
+
+    pub(crate) fn remove(&self, path: &str) {
+        let removed = self
+            .endpoints
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(path);
+        drop(removed); // outside the lock
+    }
+
+    /// Closes every mailbox (shutdown); queued asks are answered with an error.
+    pub(crate) fn close_all(&self) {
+        self.closed.store(true, Ordering::Release);
+        let endpoints = std::mem::take(
+            &mut *self
+                .endpoints
+                .write()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        endpoints.values().for_each(|entry| entry.mailbox.close());
+    }
+
+    fn lookup(&self, path: &str) -> Option<Arc<Entry>> {
+        self.endpoints
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(path)
+            .cloned()
+    }
+}
+
+fn unknown(path: &str) -> String {
+    format!("no endpoint at path {path:?}")
+}
+
+impl Inbound for Registry {
+    fn admit(&self, _kind: RequestKind, path: &str) -> Result<(), String> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Shutdown.to_string());
+        }
+        match self.lookup(path) {
+            Some(_) => Ok(()),
+            None => Err(unknown(path)),
+        }
+    }
+
+    fn deliver(&self, request: InboundRequest, responder: Box<dyn Responder>) -> Delivery {
+        let Some(entry) = self.lookup(&request.path) else {
+            return Delivery::Refused(unknown(&request.path));
+        };
+        match &entry.served {
+            Served::OnCore(handler) => {
+                let kind = request.kind;
+                let result = handler::run(&**handler, Request::from(request));
+                if kind == RequestKind::Ask {
+                    responder.respond(result);
+                }
+                Delivery::Enqueued
+            }
+            Served::Mailbox => {
+                match entry
+                    .mailbox
+                    .push(Incoming::new(Request::from(request), responder))
+                {
+                    Push::Pushed => Delivery::Enqueued,
+                    Push::Waiting(ticket) => Delivery::Waiting(Box::new(Ticket {
+                        mailbox: Arc::clone(&entry.mailbox),
+                        ticket,
+                    })),
+                    Push::Closed(incoming) => {
+                        incoming.disarm();
+                        Delivery::Refused(Error::MailboxClosed.to_string())
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A request waiting for mailbox space, for its transport to withdraw.
+struct Ticket {
+    mailbox: Arc<Mailbox>,
+    ticket: u64,
+}
+
+impl Withdraw for Ticket {
+    fn withdraw(self: Box<Self>) {
+        if let Some(incoming) = self.mailbox.withdraw(self.ticket) {
+            incoming.disarm();
+        }
+    }
+}

@@ -1,0 +1,331 @@
+//! Building a node: its settings, its listener, and which PTR1 driver runs it.
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tensorwire_proto::Limits;
+use tensorwire_proto::route::Preference;
+use tensorwire_proto::session::{ConnectionPoolConfig, SessionConfig};
+use tensorwire_proto::transport::{Driver, DriverFactory, DriverSetup, Error, HandOff};
+
+use crate::blocking::BlockingPool;
+use crate::endpoint::Registry;
+use crate::node::{Node, NodeInner, local};
+use crate::pool::{PoolConfig, ReceivePool};
+use crate::uring::{UringConfig, UringDriver, ZeroCopy};
+use crate::{stats, uring};
+
+const NO_FALLBACK_HINT: &str = "plug in the tokio fallback with \
+    NodeBuilder::fallback(Arc::new(tensorwire_compat::TokioFallback::default()))";
+
+/// Builds a [`Node`]. Every setting has a default; explicit values win over the environment.
+#[derive(Clone)]
+pub struct NodeBuilder {
+    bind: SocketAddr,
+    cores: usize,
+    ring_entries: u32,
+    mailbox_capacity: usize,
+    session: SessionConfig,
+    pool: ConnectionPoolConfig,
+    limits: Option<Limits>,
+    receive_pool: PoolConfig,
+    handoff: Option<Arc<dyn HandOff>>,
+    fallback: Option<Arc<dyn DriverFactory>>,
+    force_fallback: bool,
+    require_tls: bool,
+    in_process_delivery: bool,
+    zero_copy: ZeroCopy,
+    zero_copy_min_bytes: u64,
+    request_queue_capacity: usize,
+    shutdown_timeout: Duration,
+}
+
+impl std::fmt::Debug for NodeBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeBuilder")
+            .field("bind", &self.bind)
+            .field("cores", &self.cores)
+            .field("session", &self.session)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodeBuilder {
+    /// A node that will listen on `bind` (port 0 picks a free port).
+    pub fn new(bind: SocketAddr) -> Self {
+        let cores = std::thread::available_parallelism()
+            .map_or(1, usize::from)
+            .min(4);
+        Self {
+            bind,
+            cores,
+            ring_entries: 256,
+            mailbox_capacity: 256,
+            session: SessionConfig::default(),
+            pool: ConnectionPoolConfig::default(),
+            limits: None,
+            receive_pool: PoolConfig::default(),
+            handoff: None,
+            fallback: None,
+            force_fallback: false,
+            require_tls: false,
+            in_process_delivery: true,
+            zero_copy: ZeroCopy::Auto,
+            zero_copy_min_bytes: 64 << 10,
+            request_queue_capacity: 65_536,
+            shutdown_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// Driver threads (default: available CPUs, at most 4).
+    pub fn cores(mut self, cores: usize) -> Self {
+        self.cores = cores.max(1);
+        self
+    }
+
+    /// Mailbox capacity of each endpoint (default 256).
+    pub fn mailbox_capacity(mut self, capacity: usize) -> Self {
+        self.mailbox_capacity = capacity.max(1);
+        self
+    }
+
+    /// Connection deadlines, rates and receive windows (see [`SessionConfig`]).
+    pub fn session(mut self, session: SessionConfig) -> Self {
+        self.session = session;
+        self
+    }
+
+    /// How long a new connection may take to send its first bytes (default 5 s).
+    pub fn preface_timeout(mut self, timeout: Duration) -> Self {
+        self.session.preface_timeout = timeout;
+        self
+    }
+
+    /// How long a request's head may take to arrive once it started (default 10 s).
+    pub fn head_timeout(mut self, timeout: Duration) -> Self {
+        self.session.head_timeout = timeout;
+        self
+    }
+
+    /// The minimum rate of a body or a reply being written, measured over `window`
+    /// (default 64 KiB/s over 30 s).
+    pub fn min_transfer_rate(mut self, bytes_per_second: u64, window: Duration) -> Self {
+        self.session.min_rate = bytes_per_second;
+        self.session.rate_window = window;
+        self
+    }
+
+    /// How long a server connection may sit idle between requests (default 300 s).
+    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
+        self.session.idle_timeout = timeout;
+        self
+    }
+
+    /// How long a request may wait for space in a full mailbox (default 60 s).
+    pub fn enqueue_timeout(mut self, timeout: Duration) -> Self {
+        self.session.enqueue_timeout = timeout;
+        self
+    }
+
+    /// Connect timeout for outgoing connections (default 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.session.connect_timeout = timeout;
+        self
+    }
+
+    /// Idle pooled connections kept per peer and driver thread (default 8).
+    pub fn idle_connections_per_peer(mut self, count: usize) -> Self {
+        self.pool.idle_per_peer = count;
+        self
+    }
+
+    /// Most connections to one peer per driver thread (default 32); further requests wait,
+    /// in order, for one to become free (their deadline still runs).
+    pub fn max_connections_per_peer(mut self, count: usize) -> Self {
+        self.pool.max_per_peer = count.max(1);
+        self
+    }
+
+    /// Refuse plaintext PTR1 (answered with an Error frame saying TLS is required).
+    pub fn require_tls(mut self, require: bool) -> Self {
+        self.require_tls = require;
+        self
+    }
+
+    /// Behave as if io_uring were unavailable (as `TENSORWIRE_FORCE_FALLBACK=1` does).
+    pub fn force_fallback(mut self, force: bool) -> Self {
+        self.force_fallback = force;
+        self
+    }
+
+    /// The driver to use where io_uring cannot be set up or is forced off (the tokio PTR1
+    /// driver of `tensorwire-compat`). Without one, such a node fails to build.
+    pub fn fallback(mut self, factory: Arc<dyn DriverFactory>) -> Self {
+        self.fallback = Some(factory);
+        self
+    }
+
+    /// Whether sends to a node in this same process go straight to its mailbox (default
+    /// `true`, no copy). Tests and benchmarks turn it off to exercise the socket path.
+    pub fn in_process_delivery(mut self, enabled: bool) -> Self {
+        self.in_process_delivery = enabled;
+        self
+    }
+
+    /// When to send with `SENDMSG_ZC` (default [`ZeroCopy::Auto`]).
+    pub fn zero_copy(mut self, mode: ZeroCopy) -> Self {
+        self.zero_copy = mode;
+        self
+    }
+
+    /// Smallest frame sent with `SENDMSG_ZC` (default 64 KiB; below it copying is cheaper).
+    pub fn zero_copy_min_bytes(mut self, bytes: u64) -> Self {
+        self.zero_copy_min_bytes = bytes;
+        self
+    }
+
+    /// Limits (default: from the `PULSING_MAX_TENSOR_*` environment, read once here).
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = Some(limits);
+        self
+    }
+
+    /// Receive-pool settings.
+    pub fn receive_pool(mut self, pool: PoolConfig) -> Self {
+        self.receive_pool = pool;
+        self
+    }
+
+    /// Where connections that do not start with `PTR1` go (default: they are closed).
+    pub fn handoff(mut self, handoff: Arc<dyn HandOff>) -> Self {
+        self.handoff = Some(handoff);
+        self
+    }
+
+    /// New requests queued per driver thread at most (default 65,536); beyond that a
+    /// request fails at once with [`Error::Overloaded`].
+    pub fn request_queue_capacity(mut self, capacity: usize) -> Self {
+        self.request_queue_capacity = capacity.max(1);
+        self
+    }
+
+    /// How long shutdown waits for operations still in flight (default 5 s).
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// Binds, starts the driver and returns the running node.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DriverUnavailable`] if io_uring cannot be used here (the reason says why) and
+    /// no fallback is plugged in; [`Error::Config`] for a bad limit or transport variable;
+    /// [`Error::Io`] if binding fails.
+    pub fn build(self) -> Result<Node, Error> {
+        let limits = match self.limits {
+            Some(limits) => limits,
+            None => Limits::from_env()?,
+        };
+        let preference = Preference::from_env()?;
+        let listener = TcpListener::bind(self.bind).map_err(|e| Error::io("bind", e))?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|e| Error::io("getsockname", e))?;
+        let mut session = self.session.clone();
+        session.limits = limits;
+        let session = Arc::new(session);
+        let registry = Arc::new(Registry::new(self.mailbox_capacity));
+        let pool = ReceivePool::new(self.receive_pool);
+        let setup = |listener| {
+            let mut setup = DriverSetup::new(
+                listener,
+                registry.clone(),
+                Arc::new(pool.clone()),
+                Arc::clone(&session),
+            );
+            setup.handoff = self.handoff.clone();
+            setup.pool = self.pool;
+            setup.limits = limits;
+            setup.threads = self.cores;
+            setup.require_tls = self.require_tls;
+            setup
+        };
+        let reason = if self.force_fallback {
+            Some("forced by NodeBuilder::force_fallback".to_owned())
+        } else {
+            uring::availability().err()
+        };
+        let driver: Box<dyn Driver> = match reason {
+            None => {
+                let config = UringConfig {
+                    ring_entries: self.ring_entries,
+                    queue_capacity: self.request_queue_capacity,
+                    zero_copy: self.zero_copy,
+                    zero_copy_min_bytes: self.zero_copy_min_bytes,
+                    shutdown_timeout: self.shutdown_timeout,
+                };
+                Box::new(UringDriver::start(setup(listener), config)?)
+            }
+            Some(reason) => {
+                let Some(factory) = &self.fallback else {
+                    stats::record_fallback(&reason, None);
+                    return Err(Error::DriverUnavailable {
+                        driver: "io_uring",
+                        reason,
+                        hint: NO_FALLBACK_HINT,
+                    });
+                };
+                stats::record_fallback(&reason, Some(factory.name()));
+                factory.start(setup(listener))?
+            }
+        };
+        let blocking = BlockingPool::new(
+            Arc::clone(&session),
+            Arc::new(pool.clone()),
+            limits,
+            self.pool.idle_per_peer,
+        );
+        let inner = Arc::new(NodeInner {
+            local_addr,
+            driver,
+            registry,
+            pool,
+            blocking,
+            limits,
+            preference,
+            in_process_delivery: self.in_process_delivery,
+            require_tls: self.require_tls,
+            handler_threads: Mutex::new(Vec::new()),
+            shut_down: AtomicBool::new(false),
+        });
+        local::register(local_addr, Arc::downgrade(&inner));
+        stats::register_node(local_addr, inner.driver.name());
+        maintain(Arc::downgrade(&inner), self.receive_pool.idle_ttl);
+        Ok(Node { inner })
+    }
+}
+
+/// Gives idle receive-pool slots back to the system every half `ttl` while the node lives.
+fn maintain(node: std::sync::Weak<NodeInner>, ttl: Duration) {
+    let every = (ttl / 2).max(Duration::from_millis(100));
+    let Some(at) = std::time::Instant::now().checked_add(every) else {
+        return;
+    };
+    crate::pending::schedule_timer(
+        at,
+        Box::new(move || {
+            let Some(inner) = node.upgrade() else {
+                return;
+            };
+            if inner.is_shut_down() {
+                return;
+            }
+            inner.pool().release_unused(std::time::Instant::now());
+            drop(inner);
+            maintain(node, ttl);
+        }),
+    );
+}

@@ -1,0 +1,158 @@
+//! Nodes of this process by listening address, and sends to them: straight into the target
+//! endpoint's mailbox with the sender's buffers (no copy, no socket).
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
+
+use tensorwire_proto::TensorMessage;
+use tensorwire_proto::transport::{
+    ActorPath, Deadline, Delivery, Error, Inbound, InboundRequest, Reply, RequestKind,
+};
+
+use crate::endpoint::{LocalResponder, SharedCompleter};
+use crate::node::NodeInner;
+use crate::pending::{Completer, Pending, pair, schedule_timer};
+
+/// Read on every send (to route it), written only when a node starts or stops.
+struct LocalNodes(RwLock<HashMap<SocketAddr, Weak<NodeInner>>>);
+
+fn local_nodes() -> &'static LocalNodes {
+    static NODES: OnceLock<LocalNodes> = OnceLock::new();
+    NODES.get_or_init(|| LocalNodes(RwLock::new(HashMap::new())))
+}
+
+pub(crate) fn register(addr: SocketAddr, node: Weak<NodeInner>) {
+    local_nodes()
+        .0
+        .write()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(addr, node);
+}
+
+pub(crate) fn unregister(addr: SocketAddr) {
+    let removed = local_nodes()
+        .0
+        .write()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&addr);
+    drop(removed);
+}
+
+/// The node of this process listening at `peer`, if any (an unspecified bind address matches
+/// any loopback address with the same port).
+pub(crate) fn lookup(peer: SocketAddr) -> Option<Arc<NodeInner>> {
+    let nodes = local_nodes()
+        .0
+        .read()
+        .unwrap_or_else(PoisonError::into_inner);
+    if let Some(node) = nodes.get(&peer).and_then(Weak::upgrade) {
+        return Some(node);
+    }
+    if !peer.ip().is_loopback() {
+        return None;
+    }
+    let unspecified: IpAddr = if peer.is_ipv4() {
+        [0, 0, 0, 0].into()
+    } else {
+        Ipv6Addr::UNSPECIFIED.into()
+    };
+    nodes
+        .get(&SocketAddr::new(unspecified, peer.port()))
+        .and_then(Weak::upgrade)
+}
+
+/// Delivers an ask to `target`'s endpoint; a full mailbox waits (without blocking this
+/// thread) until the deadline.
+pub(crate) fn ask(
+    target: &NodeInner,
+    path: &ActorPath,
+    message: TensorMessage,
+    deadline: Deadline,
+) -> Pending<Reply> {
+    let (completer, pending) = pair();
+    completer.expire_at(deadline, move || deadline.error("ask"));
+    let shared: SharedCompleter<Reply> = Arc::new(Mutex::new(Some(completer)));
+    let responder = LocalResponder::Ask(Arc::clone(&shared));
+    let _ = deliver(
+        target,
+        RequestKind::Ask,
+        path,
+        message,
+        deadline,
+        responder,
+        &shared,
+    );
+    pending
+}
+
+/// Delivers a tell; it completes once the message is in the mailbox (a full mailbox delays
+/// it: backpressure), without blocking this thread.
+pub(crate) fn tell(
+    target: &NodeInner,
+    path: &ActorPath,
+    message: TensorMessage,
+    deadline: Deadline,
+) -> Pending<()> {
+    let (completer, pending) = pair();
+    completer.expire_at(deadline, move || deadline.error("tell"));
+    let shared: SharedCompleter<()> = Arc::new(Mutex::new(Some(completer)));
+    let responder = LocalResponder::Tell(Arc::clone(&shared));
+    if deliver(
+        target,
+        RequestKind::Tell,
+        path,
+        message,
+        deadline,
+        responder,
+        &shared,
+    ) {
+        if let Some(completer) = take(&shared) {
+            completer.complete(Ok(()));
+        }
+    }
+    pending
+}
+
+/// Whether the request is in the mailbox now (otherwise it waits for space, or failed).
+fn deliver<T: Send + 'static>(
+    target: &NodeInner,
+    kind: RequestKind,
+    path: &ActorPath,
+    message: TensorMessage,
+    deadline: Deadline,
+    responder: LocalResponder,
+    shared: &SharedCompleter<T>,
+) -> bool {
+    let fail = |error: Error| {
+        if let Some(completer) = take(shared) {
+            completer.complete(Err(error));
+        }
+    };
+    if target.registry.admit(kind, path.as_str()).is_err() {
+        fail(Error::UnknownEndpoint {
+            path: path.to_string(),
+        });
+        return false;
+    }
+    let request = InboundRequest::new(kind, path.to_string(), message);
+    match target.registry.deliver(request, Box::new(responder)) {
+        Delivery::Waiting(withdraw) => {
+            // Give up the wait at the deadline (the request's own expiry fails it).
+            if let Some(at) = deadline.at() {
+                schedule_timer(at, Box::new(move || withdraw.withdraw()));
+            }
+            false
+        }
+        // It was admitted a moment ago: the endpoint closed since.
+        Delivery::Refused(_) => {
+            fail(Error::MailboxClosed);
+            false
+        }
+        Delivery::Enqueued => true,
+    }
+}
+
+fn take<T>(shared: &SharedCompleter<T>) -> Option<Completer<T>> {
+    shared.lock().unwrap_or_else(PoisonError::into_inner).take()
+}

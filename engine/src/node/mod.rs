@@ -1,0 +1,377 @@
+//! The node: endpoints, the router, in-process delivery, and the public ask/tell API. The
+//! PTR1 driver that carries remote requests (io_uring, or a plugged-in fallback) sits behind
+//! the `Driver` seam; the node never names it beyond that.
+
+mod builder;
+mod local;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tensorwire_proto::route::{self, Capabilities, Locality, Preference, Route};
+use tensorwire_proto::transport::{
+    ActorPath, Answer, Deadline, Driver, DriverGauges, Error, OutboundRequest, Reply, RequestKind,
+};
+use tensorwire_proto::{Limits, TensorMessage};
+
+pub use builder::NodeBuilder;
+
+use crate::blocking::BlockingPool;
+use crate::endpoint::{Endpoint, Registry, Request, Served, spawn_handler_threads};
+use crate::pending::{AskCompletion, Pending, TellCompletion, pair};
+use crate::pool::{PoolStats, ReceivePool};
+use crate::stats;
+
+/// A running tensorwire node: it serves its endpoints on one port and sends to other nodes.
+///
+/// Cheap to clone; the node shuts down when [`Node::shutdown`] is called or the last clone is
+/// dropped.
+#[derive(Clone, Debug)]
+pub struct Node {
+    inner: Arc<NodeInner>,
+}
+
+pub(crate) struct NodeInner {
+    local_addr: SocketAddr,
+    driver: Box<dyn Driver>,
+    pub(crate) registry: Arc<Registry>,
+    pool: ReceivePool,
+    blocking: BlockingPool,
+    limits: Limits,
+    preference: Preference,
+    in_process_delivery: bool,
+    require_tls: bool,
+    handler_threads: Mutex<Vec<JoinHandle<()>>>,
+    shut_down: AtomicBool,
+}
+
+impl std::fmt::Debug for NodeInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("local_addr", &self.local_addr)
+            .field("driver", &self.driver.name())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a node is and holds now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NodeStats {
+    /// The PTR1 driver running the node (`"io_uring"`, `"tokio"`, …).
+    pub driver: &'static str,
+    /// Why io_uring is not used in this process, if it is not.
+    pub fallback_reason: Option<String>,
+    /// Connections, timers, operations and peers the driver holds.
+    pub gauges: DriverGauges,
+    /// The receive pool's counters.
+    pub pool: PoolStats,
+}
+
+impl Node {
+    /// Starts building a node that listens on `bind`.
+    pub fn builder(bind: SocketAddr) -> NodeBuilder {
+        NodeBuilder::new(bind)
+    }
+
+    /// The address the node listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.local_addr
+    }
+
+    /// Limits in force on this node.
+    pub fn limits(&self) -> Limits {
+        self.inner.limits
+    }
+
+    /// The driver, its gauges and the receive pool's counters.
+    pub fn stats(&self) -> NodeStats {
+        NodeStats {
+            driver: self.inner.driver.name(),
+            fallback_reason: stats::fallback_reason(),
+            gauges: self.inner.driver.gauges(),
+            pool: self.inner.pool.stats(),
+        }
+    }
+
+    /// Registers an endpoint (a name such as `echo`, or an actor path such as
+    /// `/actors/echo`) and returns it for pulling requests with [`Endpoint::recv`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::EndpointExists`], [`Error::InvalidPath`].
+    pub fn endpoint(&self, name: &str) -> Result<Endpoint, Error> {
+        let path = ActorPath::parse(name)?;
+        let mailbox = self.inner.registry.insert(&path, Served::Mailbox)?;
+        Ok(Endpoint {
+            path: path.to_string(),
+            mailbox,
+            registry: Arc::downgrade(&self.inner.registry),
+        })
+    }
+
+    /// Registers an endpoint served by `handler` on `threads` handler threads of its own: for
+    /// handlers that block or take long. The handler's result answers asks; for tells it is
+    /// ignored. A panicking handler answers with an error and its thread keeps serving.
+    ///
+    /// # Errors
+    ///
+    /// As [`Node::endpoint`], and [`Error::Io`] if a thread cannot be started.
+    pub fn serve<F>(&self, name: &str, threads: usize, handler: F) -> Result<(), Error>
+    where
+        F: Fn(Request) -> Result<Reply, String> + Send + Sync + 'static,
+    {
+        let path = ActorPath::parse(name)?;
+        let mailbox = self.inner.registry.insert(&path, Served::Mailbox)?;
+        let handler: Arc<crate::endpoint::Handler> = Arc::new(handler);
+        let threads = spawn_handler_threads(path.as_str(), &mailbox, &handler, threads)?;
+        lock(&self.inner.handler_threads).extend(threads);
+        Ok(())
+    }
+
+    /// Registers an endpoint served by `handler` **on the thread that received the request**:
+    /// a driver thread for requests from the network (no mailbox, no thread hop, the answer
+    /// goes out on the same thread), the sender's thread for requests from this process.
+    ///
+    /// The handler must never block or take long: while it runs, nothing else on that driver
+    /// thread moves. A panic in it becomes an error answer; the driver thread goes on.
+    ///
+    /// # Errors
+    ///
+    /// As [`Node::endpoint`].
+    pub fn serve_on_core<F>(&self, name: &str, handler: F) -> Result<(), Error>
+    where
+        F: Fn(Request) -> Result<Reply, String> + Send + Sync + 'static,
+    {
+        let path = ActorPath::parse(name)?;
+        self.inner
+            .registry
+            .insert(&path, Served::OnCore(Arc::new(handler)))?;
+        Ok(())
+    }
+
+    /// Sends `message` to the endpoint `path` (a name or an actor path) on `peer` and returns
+    /// its reply, to await or [`Pending::wait`] on, within `timeout`. A target in this process
+    /// gets the message through its mailbox without a copy.
+    pub fn ask(
+        &self,
+        peer: SocketAddr,
+        path: &str,
+        message: TensorMessage,
+        timeout: Duration,
+    ) -> Pending<Reply> {
+        let deadline = Deadline::after(Instant::now(), timeout);
+        let path = match self.check(path) {
+            Ok(path) => path,
+            Err(e) => return Pending::ready(Err(e)),
+        };
+        match self.route(peer) {
+            Ok(Target::Local(target)) => local::ask(&target, &path, message, deadline),
+            Ok(Target::Driver) => {
+                let (completer, pending) = pair();
+                let completion = Box::new(AskCompletion(completer));
+                let request = OutboundRequest::new(
+                    peer,
+                    path,
+                    RequestKind::Ask,
+                    message,
+                    deadline,
+                    completion,
+                );
+                self.inner.driver.send(request);
+                pending
+            }
+            Err(e) => Pending::ready(Err(e)),
+        }
+    }
+
+    /// Sends `message` and completes once the receiver has it in the endpoint's mailbox (a
+    /// full mailbox delays this: backpressure), or `timeout` passes.
+    pub fn tell(
+        &self,
+        peer: SocketAddr,
+        path: &str,
+        message: TensorMessage,
+        timeout: Duration,
+    ) -> Pending<()> {
+        let deadline = Deadline::after(Instant::now(), timeout);
+        let path = match self.check(path) {
+            Ok(path) => path,
+            Err(e) => return Pending::ready(Err(e)),
+        };
+        match self.route(peer) {
+            Ok(Target::Local(target)) => local::tell(&target, &path, message, deadline),
+            Ok(Target::Driver) => {
+                let (completer, pending) = pair();
+                let completion = Box::new(TellCompletion(completer));
+                let request = OutboundRequest::new(
+                    peer,
+                    path,
+                    RequestKind::Tell,
+                    message,
+                    deadline,
+                    completion,
+                );
+                self.inner.driver.send(request);
+                pending
+            }
+            Err(e) => Pending::ready(Err(e)),
+        }
+    }
+
+    /// The blocking form of [`Node::ask`]: the exchange runs on the calling thread with plain
+    /// system calls (non-blocking `sendmsg`, `poll`, `recvmsg` into the receive pool), so no
+    /// driver thread is woken on the way out or back.
+    ///
+    /// # Errors
+    ///
+    /// As the result of [`Node::ask`].
+    pub fn ask_blocking(
+        &self,
+        peer: SocketAddr,
+        path: &str,
+        message: TensorMessage,
+        timeout: Duration,
+    ) -> Result<Reply, Error> {
+        let deadline = Deadline::after(Instant::now(), timeout);
+        let path = self.check(path)?;
+        match self.route(peer)? {
+            Target::Local(target) => local::ask(&target, &path, message, deadline).wait(),
+            Target::Driver => {
+                let answer = self.inner.blocking.exchange(
+                    peer,
+                    RequestKind::Ask,
+                    &path,
+                    message,
+                    deadline,
+                )?;
+                match answer {
+                    Answer::Reply(reply) => Ok(reply),
+                    Answer::Ack => Err(Error::Misuse("an ask was answered with an Ack".into())),
+                }
+            }
+        }
+    }
+
+    /// The blocking form of [`Node::tell`], run on the calling thread like
+    /// [`Node::ask_blocking`].
+    ///
+    /// # Errors
+    ///
+    /// As the result of [`Node::tell`].
+    pub fn tell_blocking(
+        &self,
+        peer: SocketAddr,
+        path: &str,
+        message: TensorMessage,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        let deadline = Deadline::after(Instant::now(), timeout);
+        let path = self.check(path)?;
+        match self.route(peer)? {
+            Target::Local(target) => local::tell(&target, &path, message, deadline).wait(),
+            Target::Driver => self
+                .inner
+                .blocking
+                .exchange(peer, RequestKind::Tell, &path, message, deadline)
+                .map(|_| ()),
+        }
+    }
+
+    /// Stops accepting, fails every request in flight, closes every connection and endpoint,
+    /// and joins the threads. Idempotent.
+    pub fn shutdown(&self) {
+        self.inner.shutdown();
+    }
+
+    fn check(&self, path: &str) -> Result<ActorPath, Error> {
+        if self.inner.shut_down.load(Ordering::Acquire) {
+            return Err(Error::Shutdown);
+        }
+        ActorPath::parse(path)
+    }
+
+    /// Where a send to `peer` goes: the pure route function of proto, applied per send.
+    fn route(&self, peer: SocketAddr) -> Result<Target, Error> {
+        let local = if self.inner.in_process_delivery {
+            local::lookup(peer)
+        } else {
+            None
+        };
+        let locality = if local.is_some() {
+            Locality::SameProcess
+        } else {
+            Locality::Remote
+        };
+        let caps = Capabilities {
+            raw: true,
+            shared_memory: false,
+        };
+        match route::select(
+            self.inner.preference,
+            locality,
+            caps,
+            self.inner.require_tls,
+        ) {
+            Route::LocalMailbox => local
+                .map(Target::Local)
+                .ok_or(Error::ConnectionClosed { peer, detail: None }),
+            Route::RawTcp => Ok(Target::Driver),
+            Route::Http2 => Err(Error::DriverUnavailable {
+                driver: "http2",
+                reason: "this send must go over HTTP/2 (TLS is required, or \
+                         PULSING_TENSOR_TRANSPORT asks for it)"
+                    .into(),
+                hint: "plug in tensorwire-compat's HTTP/2 transport",
+            }),
+            Route::SharedMemory => Ok(Target::Driver),
+        }
+    }
+}
+
+enum Target {
+    Local(Arc<NodeInner>),
+    Driver,
+}
+
+impl NodeInner {
+    fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::Acquire)
+    }
+
+    fn pool(&self) -> &ReceivePool {
+        &self.pool
+    }
+
+    fn shutdown(&self) {
+        if self.shut_down.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        local::unregister(self.local_addr);
+        stats::unregister_node(self.local_addr);
+        self.driver.shutdown();
+        self.blocking.close();
+        self.registry.close_all();
+        let handlers = std::mem::take(&mut *lock(&self.handler_threads));
+        // Shutdown may run on a handler thread (a handler that held the last Node handle):
+        // that thread ends by itself once it returns.
+        let current = std::thread::current().id();
+        handlers
+            .into_iter()
+            .filter(|t| t.thread().id() != current)
+            .for_each(|t| drop(t.join()));
+    }
+}
+
+impl Drop for NodeInner {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}

@@ -1,0 +1,115 @@
+//! The process-wide deadline thread for requests that no core thread watches (in-process
+//! asks, waits for mailbox space, idle-slot release). Started on first use; sleeps until the
+//! earliest deadline.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
+use std::time::Instant;
+
+pub(crate) type Action = Box<dyn FnOnce() + Send>;
+
+/// Pending deadlines: the heap orders them, the map holds what to do. A cancelled entry
+/// leaves the map at once and the heap lazily; the heap is rebuilt when stale entries
+/// dominate, so memory stays proportional to the live deadlines.
+#[derive(Default)]
+struct Queue {
+    heap: BinaryHeap<Reverse<(Instant, u64)>>,
+    actions: std::collections::HashMap<u64, (Instant, Action)>,
+    next_id: u64,
+}
+
+struct Timer {
+    queue: Mutex<Queue>,
+    changed: Condvar,
+}
+
+fn timer() -> &'static Timer {
+    static TIMER: OnceLock<Timer> = OnceLock::new();
+    TIMER.get_or_init(|| {
+        let spawned = std::thread::Builder::new()
+            .name("tensorwire-deadlines".into())
+            .spawn(run);
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the deadline thread: in-process deadlines will not fire");
+        }
+        Timer {
+            queue: Mutex::new(Default::default()),
+            changed: Condvar::new(),
+        }
+    })
+}
+
+/// Runs `action` at `at` unless cancelled first; returns the id for [`cancel`].
+pub(crate) fn schedule(at: Instant, action: Action) -> u64 {
+    let timer = timer();
+    let mut queue = timer.queue.lock().unwrap_or_else(PoisonError::into_inner);
+    let id = queue.next_id;
+    queue.next_id += 1;
+    if queue.heap.len() > 2 * queue.actions.len() + 1024 {
+        let live: BinaryHeap<_> = queue
+            .actions
+            .iter()
+            .map(|(&id, &(at, _))| Reverse((at, id)))
+            .collect();
+        queue.heap = live;
+    }
+    queue.heap.push(Reverse((at, id)));
+    queue.actions.insert(id, (at, action));
+    drop(queue);
+    timer.changed.notify_one();
+    id
+}
+
+/// Entries in the heap and live deadlines (for tests).
+#[cfg(test)]
+pub(crate) fn sizes() -> (usize, usize) {
+    let queue = timer().queue.lock().unwrap_or_else(PoisonError::into_inner);
+    (queue.heap.len(), queue.actions.len())
+}
+
+/// Forgets a deadline (its request completed).
+pub(crate) fn cancel(id: u64) {
+    let timer = timer();
+    let action = timer
+        .queue
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .actions
+        .remove(&id);
+    drop(action); // outside the lock: it may drop a request's last references
+}
+
+fn run() {
+    let timer = timer();
+    let mut queue = timer.queue.lock().unwrap_or_else(PoisonError::into_inner);
+    loop {
+        let now = Instant::now();
+        match queue.heap.peek().copied() {
+            Some(Reverse((at, id))) if at <= now => {
+                queue.heap.pop();
+                if let Some((_, action)) = queue.actions.remove(&id) {
+                    drop(queue);
+                    // A waker or drop that panics must not stop every other deadline.
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(action)).is_err() {
+                        tracing::error!("a deadline action panicked; the deadline thread goes on");
+                    }
+                    queue = timer.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                }
+            }
+            Some(Reverse((at, _))) => {
+                queue = timer
+                    .changed
+                    .wait_timeout(queue, at - now)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+            }
+            None => {
+                queue = timer
+                    .changed
+                    .wait(queue)
+                    .unwrap_or_else(PoisonError::into_inner)
+            }
+        }
+    }
+}

@@ -1,0 +1,497 @@
+//! The receive pool: final memory for received metadata and buffers, lent to every transport
+//! of a node through [`ReceiveMemory`].
+//!
+//! Small sections (below [`PoolConfig::min_pooled_bytes`]) come from the heap. Larger ones get a
+//! *slot*: a private anonymous mapping, 2 MiB-aligned with `MADV_HUGEPAGE` when it is at least
+//! 2 MiB. A fresh slot commits nothing when it is made; the sessions expose it to reads a
+//! bounded window ahead of the bytes that arrived, and each exposed range is pre-faulted
+//! (`MADV_POPULATE_WRITE`) just before the kernel copies into it, so memory is committed for
+//! data that arrives, never for what a peer declares.
+//!
+//! A slot is frozen into [`Bytes`] with `Bytes::from_owner` and goes back to the pool when the
+//! last `Bytes` referring to it drops, so a steady receiver reuses warm memory instead of paying
+//! first-touch page faults on every message. Only slots that were filled once are kept; a slot
+//! of a frame that failed half-way is unmapped. Idle slots are bounded
+//! ([`PoolConfig::max_idle_bytes`]) and given back to the system when unused for
+//! [`PoolConfig::idle_ttl`], so a burst does not pin memory for good.
+//!
+//! Slots are sized in classes of four steps per power of two (at most 25 % slack).
+
+mod mapping;
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tensorwire_proto::transport::{Error, ReceiveMemory, RecvBuffer, RecvStorage};
+use tensorwire_proto::{ReceiveBuffer, len_u64};
+
+use mapping::{Mapping, PAGE};
+
+/// Receive-pool settings.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct PoolConfig {
+    /// Sections smaller than this come from the heap (default 64 KiB).
+    pub min_pooled_bytes: usize,
+    /// Most bytes of idle slots kept for reuse (default 1 GiB); 0 disables reuse.
+    pub max_idle_bytes: usize,
+    /// Idle slots unused for this long are unmapped (default 10 s).
+    pub idle_ttl: Duration,
+    /// Most bytes that frames still arriving may hold (filled or exposed to reads) at once
+    /// (default: half the physical memory). A frame that would go over it is refused.
+    pub max_receiving_bytes: u64,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            min_pooled_bytes: 64 << 10,
+            max_idle_bytes: 1 << 30,
+            idle_ttl: Duration::from_secs(10),
+            max_receiving_bytes: half_of_physical_memory(),
+        }
+    }
+}
+
+/// Counters of a [`ReceivePool`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PoolStats {
+    /// Slots served from idle memory.
+    pub hits: u64,
+    /// Slots that had to be mapped anew.
+    pub misses: u64,
+    /// Sections served from the heap (below the pooled size).
+    pub heap: u64,
+    /// Bytes held in idle slots now.
+    pub idle_bytes: u64,
+    /// Bytes charged by frames still arriving now.
+    pub receiving_bytes: u64,
+    /// Idle slots unmapped because they went unused (or did not fit the idle cap).
+    pub released: u64,
+}
+
+/// A shared pool of receive memory (cheap to clone).
+#[derive(Clone, Debug)]
+pub struct ReceivePool {
+    inner: Arc<PoolInner>,
+}
+
+#[derive(Debug)]
+struct PoolInner {
+    config: PoolConfig,
+    /// Idle slots by class size, with when they became idle (oldest first).
+    idle: Mutex<HashMap<usize, Vec<(Mapping, Instant)>>>,
+    idle_bytes: AtomicU64,
+    receiving: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    heap: AtomicU64,
+    released: AtomicU64,
+}
+
+impl ReceivePool {
+    /// An empty pool.
+    pub fn new(config: PoolConfig) -> Self {
+        Self {
+            inner: Arc::new(PoolInner {
+                config,
+                idle: Mutex::new(HashMap::new()),
+                idle_bytes: AtomicU64::new(0),
+                receiving: AtomicU64::new(0),
+                hits: AtomicU64::new(0),
+                misses: AtomicU64::new(0),
+                heap: AtomicU64::new(0),
+                released: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Memory for `len` received bytes.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Memory`] if neither a mapping nor heap memory can be had.
+    pub fn take(&self, len: usize) -> Result<PoolBuffer, Error> {
+        let inner = &self.inner;
+        if len < inner.config.min_pooled_bytes || len == 0 {
+            inner.heap.fetch_add(1, Relaxed);
+            let mut vec = Vec::new();
+            vec.try_reserve_exact(len)
+                .map_err(|e| Error::Memory(format!("cannot allocate {len} bytes: {e}")))?;
+            vec.resize(len, 0);
+            return Ok(PoolBuffer {
+                storage: Storage::Heap(vec),
+            });
+        }
+        let class = class_size(len);
+        let reused = lock(&inner.idle)
+            .get_mut(&class)
+            .and_then(Vec::pop)
+            .map(|(mapping, _)| mapping);
+        let mapping = match reused {
+            Some(mapping) => {
+                inner.idle_bytes.fetch_sub(len_u64(class), Relaxed);
+                inner.hits.fetch_add(1, Relaxed);
+                mapping
+            }
+            None => {
+                inner.misses.fetch_add(1, Relaxed);
+                Mapping::new(class).map_err(|e| {
+                    Error::Memory(format!("cannot map {class} bytes of receive memory: {e}"))
+                })?
+            }
+        };
+        Ok(PoolBuffer {
+            storage: Storage::Slot {
+                mapping: Some(mapping),
+                len,
+                pool: Arc::clone(inner),
+            },
+        })
+    }
+
+    /// An allocator closure for the proto decoders (a failed allocation gives an empty
+    /// buffer, which the decoders report as the wrong length).
+    pub fn allocator(&self) -> impl FnMut(usize) -> PoolBuffer + use<> {
+        let pool = self.clone();
+        move |len| {
+            pool.take(len).unwrap_or(PoolBuffer {
+                storage: Storage::Heap(Vec::new()),
+            })
+        }
+    }
+
+    /// Unmaps idle slots unused for [`PoolConfig::idle_ttl`]; returns how many.
+    pub fn release_unused(&self, now: Instant) -> usize {
+        let inner = &self.inner;
+        let ttl = inner.config.idle_ttl;
+        let mut released = Vec::new();
+        {
+            let mut idle = lock(&inner.idle);
+            for slots in idle.values_mut() {
+                let keep = slots
+                    .iter()
+                    .position(|(_, since)| since.checked_add(ttl).is_none_or(|at| at > now))
+                    .unwrap_or(slots.len());
+                released.extend(slots.drain(..keep).map(|(mapping, _)| mapping));
+            }
+            idle.retain(|_, slots| !slots.is_empty());
+        }
+        let bytes: u64 = released.iter().map(|m| len_u64(m.len())).sum();
+        inner.idle_bytes.fetch_sub(bytes, Relaxed);
+        inner.released.fetch_add(len_u64(released.len()), Relaxed);
+        released.len() // the mappings are unmapped here, outside the lock
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> PoolStats {
+        let inner = &self.inner;
+        PoolStats {
+            hits: inner.hits.load(Relaxed),
+            misses: inner.misses.load(Relaxed),
+            heap: inner.heap.load(Relaxed),
+            idle_bytes: inner.idle_bytes.load(Relaxed),
+            receiving_bytes: inner.receiving.load(Relaxed),
+            released: inner.released.load(Relaxed),
+        }
+    }
+}
+
+impl ReceiveMemory for ReceivePool {
+    fn allocate(&self, len: usize) -> Result<RecvBuffer, Error> {
+        Ok(RecvBuffer::new(self.take(len)?))
+    }
+
+    fn charge(&self, bytes: u64) -> bool {
+        let max = self.inner.config.max_receiving_bytes;
+        self.inner
+            .receiving
+            .fetch_update(Relaxed, Relaxed, |now| {
+                now.checked_add(bytes).filter(|&n| n <= max)
+            })
+            .is_ok()
+    }
+
+    fn release(&self, bytes: u64) {
+        self.inner.receiving.fetch_sub(bytes, Relaxed);
+    }
+
+    fn budget(&self) -> u64 {
+        self.inner.config.max_receiving_bytes
+    }
+}
+
+impl PoolInner {
+    fn give_back(&self, mapping: Mapping) {
+        if !mapping.is_warm() {
+            return; // a frame that failed half-way: its pages go back to the system
+        }
+        let size = len_u64(mapping.len());
+        let max = len_u64(self.config.max_idle_bytes);
+        // Reserve the budget first so concurrent returns cannot overshoot it.
+        let reserved = self.idle_bytes.fetch_update(Relaxed, Relaxed, |idle| {
+            idle.checked_add(size).filter(|&n| n <= max)
+        });
+        if reserved.is_ok() {
+            lock(&self.idle)
+                .entry(mapping.len())
+                .or_default()
+                .push((mapping, Instant::now()));
+        } else {
+            self.released.fetch_add(1, Relaxed);
+        }
+        // Otherwise `mapping` drops here and is unmapped.
+    }
+}
+
+/// Half of the physical memory (the default receive budget), or 4 GiB if unknown.
+fn half_of_physical_memory() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    match (u64::try_from(pages), u64::try_from(page)) {
+        (Ok(pages), Ok(page)) if pages > 0 && page > 0 => pages.saturating_mul(page) / 2,
+        _ => 4 << 30,
+    }
+}
+
+/// Memory for one received section: a pool slot or a heap vector.
+#[derive(Debug)]
+pub struct PoolBuffer {
+    storage: Storage,
+}
+
+#[derive(Debug)]
+enum Storage {
+    Heap(Vec<u8>),
+    Slot {
+        /// Always `Some` until drop hands it back.
+        mapping: Option<Mapping>,
+        /// Bytes in use; at most the mapping's length.
+        len: usize,
+        pool: Arc<PoolInner>,
+    },
+}
+
+impl PoolBuffer {
+    /// Whether this buffer is a pool slot (not heap memory).
+    pub fn is_pooled(&self) -> bool {
+        matches!(self.storage, Storage::Slot { .. })
+    }
+}
+
+impl AsRef<[u8]> for PoolBuffer {
+    fn as_ref(&self) -> &[u8] {
+        match &self.storage {
+            Storage::Heap(vec) => vec,
+            Storage::Slot {
+                mapping: Some(mapping),
+                len,
+                ..
+            } => &mapping.as_slice()[..*len],
+            Storage::Slot { mapping: None, .. } => &[],
+        }
+    }
+}
+
+impl AsMut<[u8]> for PoolBuffer {
+    fn as_mut(&mut self) -> &mut [u8] {
+        match &mut self.storage {
+            Storage::Heap(vec) => vec,
+            Storage::Slot {
+                mapping: Some(mapping),
+                len,
+                ..
+            } => &mut mapping.as_mut_slice()[..*len],
+            Storage::Slot { mapping: None, .. } => &mut [],
+        }
+    }
+}
+
+impl ReceiveBuffer for PoolBuffer {
+    fn freeze(mut self) -> Bytes {
+        match std::mem::replace(&mut self.storage, Storage::Heap(Vec::new())) {
+            Storage::Heap(vec) => Bytes::from(vec),
+            Storage::Slot {
+                mut mapping,
+                len,
+                pool,
+            } => {
+                // Frozen means every byte was written: the whole slot counts as warm.
+                if let Some(mapping) = &mut mapping {
+                    mapping.mark_written(mapping.len());
+                }
+                let slot = Storage::Slot { mapping, len, pool };
+                Bytes::from_owner(Self { storage: slot })
+            }
+        }
+    }
+
+    fn prepare(&mut self, range: Range<usize>) {
+        if let Storage::Slot {
+            mapping: Some(mapping),
+            ..
+        } = &mut self.storage
+        {
+            mapping.populate(range.end);
+        }
+    }
+}
+
+impl RecvStorage for PoolBuffer {
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.as_mut()
+    }
+
+    fn prepare(&mut self, range: Range<usize>) {
+        ReceiveBuffer::prepare(self, range);
+    }
+
+    fn freeze(self: Box<Self>) -> Bytes {
+        ReceiveBuffer::freeze(*self)
+    }
+}
+
+impl Drop for PoolBuffer {
+    fn drop(&mut self) {
+        if let Storage::Slot { mapping, pool, .. } = &mut self.storage {
+            if let Some(mapping) = mapping.take() {
+                pool.give_back(mapping);
+            }
+        }
+    }
+}
+
+/// The slot size for `len` bytes: rounded up to a quarter of its power of two, and to pages.
+fn class_size(len: usize) -> usize {
+    let base = 1usize << (usize::BITS - 1 - len.leading_zeros());
+    let step = (base / 4).max(PAGE);
+    let size = len.div_ceil(step).saturating_mul(step);
+    size.div_ceil(PAGE).saturating_mul(PAGE)
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding this lock cannot leave the map inconsistent (single push/pop).
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(min_pooled_bytes: usize, max_idle_bytes: usize) -> ReceivePool {
+        ReceivePool::new(PoolConfig {
+            min_pooled_bytes,
+            max_idle_bytes,
+            ..PoolConfig::default()
+        })
+    }
+
+    /// Fills a slot the way a completed receive does, and freezes it.
+    fn filled(pool: &ReceivePool, len: usize, byte: u8) -> Bytes {
+        let mut buffer = pool.take(len).unwrap();
+        buffer.as_mut().fill(byte);
+        buffer.freeze()
+    }
+
+    #[test]
+    fn class_sizes_have_at_most_a_quarter_of_slack() {
+        for len in [256 << 10, (256 << 10) + 1, 3 << 20, (64 << 20) + 5, 1 << 30] {
+            let class = class_size(len);
+            assert!(class >= len && class % PAGE == 0, "{len} -> {class}");
+            assert!(
+                (class - len) as f64 <= len as f64 / 4.0 + PAGE as f64,
+                "{len} -> {class}"
+            );
+        }
+    }
+
+    #[test]
+    fn slot_returns_to_the_pool_when_the_last_bytes_drops() {
+        let sut = pool(4096, 64 << 20);
+        let bytes = filled(&sut, 3 << 20, 7);
+        let clone = bytes.slice(10..20);
+        drop(bytes);
+        assert_eq!(
+            sut.stats().idle_bytes,
+            0,
+            "a slice still refers to the slot"
+        );
+        assert_eq!(&clone[..], &[7; 10]);
+        drop(clone);
+        assert_eq!(sut.stats().idle_bytes, len_u64(class_size(3 << 20)));
+        let again = sut.take(3 << 20).unwrap();
+        assert_eq!(again.as_ref().len(), 3 << 20);
+        let stats = sut.stats();
+        assert_eq!((stats.hits, stats.misses, stats.idle_bytes), (1, 1, 0));
+    }
+
+    #[test]
+    fn a_slot_of_a_frame_that_failed_half_way_is_unmapped_not_kept() {
+        let sut = pool(4096, 64 << 20);
+        let mut buffer = sut.take(8 << 20).unwrap();
+        ReceiveBuffer::prepare(&mut buffer, 0..(1 << 20));
+        drop(buffer);
+        assert_eq!(sut.stats().idle_bytes, 0);
+    }
+
+    #[test]
+    fn idle_memory_is_bounded() {
+        let sut = pool(4096, 1 << 20);
+        let a = filled(&sut, 768 << 10, 1);
+        let b = filled(&sut, 768 << 10, 2);
+        drop(a);
+        drop(b);
+        assert_eq!(
+            sut.stats().idle_bytes,
+            768 << 10,
+            "the second slot did not fit and was unmapped"
+        );
+    }
+
+    #[test]
+    fn idle_slots_unused_for_the_ttl_go_back_to_the_system() {
+        let sut = pool(4096, 1 << 30);
+        drop(filled(&sut, 4 << 20, 1));
+        drop(filled(&sut, 4 << 20, 2));
+        assert_eq!(sut.stats().idle_bytes, len_u64(class_size(4 << 20)));
+        assert_eq!(sut.release_unused(Instant::now()), 0, "not old enough");
+        let later = Instant::now() + Duration::from_secs(11);
+        assert_eq!(sut.release_unused(later), 1);
+        let stats = sut.stats();
+        assert_eq!((stats.idle_bytes, stats.released), (0, 1));
+    }
+
+    #[test]
+    fn small_sections_come_from_the_heap() {
+        let sut = ReceivePool::new(PoolConfig::default());
+        let buffer = sut.take(100).unwrap();
+        assert!(!buffer.is_pooled());
+        assert_eq!(buffer.freeze().len(), 100);
+        assert_eq!(sut.stats().heap, 1);
+    }
+
+    #[test]
+    fn the_budget_refuses_what_does_not_fit_and_takes_back_what_is_released() {
+        let sut = ReceivePool::new(PoolConfig {
+            max_receiving_bytes: 100,
+            ..PoolConfig::default()
+        });
+        assert!(sut.charge(60));
+        assert!(!sut.charge(41));
+        sut.release(60);
+        assert!(sut.charge(100));
+        assert_eq!(sut.stats().receiving_bytes, 100);
+    }
+}

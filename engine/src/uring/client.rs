@@ -1,0 +1,241 @@
+//! Outgoing connections: the per-peer pool, connecting, and driving each one's client session
+//! with the request it carries.
+
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use tensorwire_proto::session::{Checkin, Checkout, ClientEvent, ClientSession};
+use tensorwire_proto::transport::Error;
+
+use crate::sys;
+use crate::uring::commands::{Event, Outgoing};
+use crate::uring::conn::{Client, Conn, ConnKey, InFlight, Role};
+use crate::uring::core::Core;
+use crate::uring::op::{Connect, Op, Owner};
+
+impl Core {
+    /// A new request: on an idle pooled connection, a new one, or in the queue for its peer.
+    pub(crate) fn start_outgoing(&mut self, outgoing: Outgoing) {
+        if outgoing.completion.is_cancelled() {
+            return outgoing.completion.complete(Err(Error::Cancelled));
+        }
+        if self.stopping {
+            return outgoing.completion.complete(Err(Error::Shutdown));
+        }
+        let deadline = outgoing.request.deadline().at();
+        match self.pool.checkout(outgoing.peer, outgoing, deadline) {
+            Checkout::Reuse(key, outgoing) => self.begin(key, outgoing),
+            Checkout::Connect(outgoing) => self.connect(outgoing),
+            Checkout::Queued(_) => {} // its deadline runs in the pool
+        }
+    }
+
+    /// Opens a connection for `outgoing` (already counted as open by the pool).
+    pub(crate) fn connect(&mut self, outgoing: Outgoing) {
+        let peer = outgoing.peer;
+        if outgoing.completion.is_cancelled() || self.stopping {
+            let error = if self.stopping {
+                Error::Shutdown
+            } else {
+                Error::Cancelled
+            };
+            outgoing.completion.complete(Err(error));
+            if let Some(next) = self.pool.not_opened(peer) {
+                self.connect(next);
+            }
+            return;
+        }
+        let socket = sys::tcp_socket(&peer);
+        let fd = match socket {
+            Ok(fd) => Arc::new(fd),
+            Err(source) => {
+                outgoing
+                    .completion
+                    .complete(Err(Error::Connect { peer, source }));
+                // Nothing was opened: a waiting request may try in its place.
+                if let Some(next) = self.pool.not_opened(peer) {
+                    self.connect(next);
+                }
+                return;
+            }
+        };
+        let _ = sys::set_nodelay(fd.as_raw_fd());
+        let session = ClientSession::connecting(
+            Arc::clone(&self.ctx.session),
+            Arc::clone(&self.ctx.memory),
+            peer,
+            self.now,
+        );
+        let client = Client {
+            session,
+            peer,
+            connecting: None,
+            current: None,
+            pooled: false,
+        };
+        let zero_copy = self.ctx.zero_copy.allowed(Some(peer));
+        let key = self
+            .conns
+            .insert(Conn::new(Arc::clone(&fd), Role::Client(client), zero_copy));
+        match self.submit(Owner::Conn(key), Op::Connect(Connect::new(fd, peer))) {
+            Some(op) => {
+                if let Some(Conn {
+                    role: Role::Client(client),
+                    ..
+                }) = self.conns.get_mut(key)
+                {
+                    client.connecting = Some(op);
+                }
+                self.begin(key, outgoing);
+            }
+            None => {
+                outgoing.completion.complete(Err(Error::io(
+                    "submitting a connect",
+                    std::io::Error::other("the ring refused the operation"),
+                )));
+                self.close(key);
+            }
+        }
+    }
+
+    /// Starts `outgoing` on connection `key` (idle, or still connecting).
+    fn begin(&mut self, key: ConnKey, outgoing: Outgoing) {
+        let now = self.now;
+        let id = self.next_request;
+        self.next_request += 1;
+        let Some(Conn {
+            role: Role::Client(client),
+            ..
+        }) = self.conns.get_mut(key)
+        else {
+            return outgoing.completion.complete(Err(Error::Shutdown));
+        };
+        let Outgoing {
+            request,
+            completion,
+            ..
+        } = outgoing;
+        if let Err(request) = client.session.start(request, now) {
+            // The pool only holds connections that can take a request; should one not, the
+            // request is not lost: it goes back through the pool.
+            let peer = client.peer;
+            self.close(key);
+            return self.start_outgoing(Outgoing {
+                peer,
+                request,
+                completion,
+            });
+        }
+        client.pooled = false;
+        let core = self.handle.clone();
+        completion.on_cancel(Box::new(move || {
+            core.post(Event::Cancel {
+                conn: key,
+                request: id,
+            });
+        }));
+        client.current = Some(InFlight { id, completion });
+        self.pump(key);
+    }
+
+    pub(crate) fn on_connected(&mut self, key: ConnKey, res: i32) {
+        let Some(Conn {
+            role: Role::Client(client),
+            ..
+        }) = self.conns.get_mut(key)
+        else {
+            return;
+        };
+        client.connecting = None;
+        if res < 0 {
+            client
+                .session
+                .handle_connect_error(std::io::Error::from_raw_os_error(-res));
+        } else {
+            client.session.handle_connected();
+        }
+        self.pump(key);
+    }
+
+    /// Handles what the client session asks for; a connection that finished its request and
+    /// is still in step goes back to the pool (or to the next waiting request).
+    pub(crate) fn client_events(&mut self, key: ConnKey) {
+        loop {
+            let Some(Conn {
+                role: Role::Client(client),
+                ..
+            }) = self.conns.get_mut(key)
+            else {
+                return;
+            };
+            match client.session.poll_event() {
+                Some(ClientEvent::Done(outcome)) => {
+                    if let Some(current) = client.current.take() {
+                        current.completion.complete(outcome);
+                    }
+                }
+                Some(ClientEvent::Close(reason)) => {
+                    tracing::debug!(%reason, peer = %client.peer, "closing a client connection");
+                    return self.close(key);
+                }
+                Some(_) => {}
+                None => break,
+            }
+        }
+        let Some(Conn {
+            role: Role::Client(client),
+            ..
+        }) = self.conns.get_mut(key)
+        else {
+            return;
+        };
+        if client.current.is_none() && !client.pooled && client.session.is_reusable() {
+            client.pooled = true;
+            let peer = client.peer;
+            loop {
+                match self.pool.checkin(peer, key, self.now) {
+                    Checkin::Serve(key, next) if next.completion.is_cancelled() => {
+                        next.completion.complete(Err(Error::Cancelled));
+                        let _ = key; // free again: check it in once more
+                    }
+                    Checkin::Serve(key, next) => return self.begin(key, next),
+                    Checkin::Idle => return,
+                }
+            }
+        }
+    }
+
+    /// The caller of request `request` on connection `key` gave up.
+    pub(crate) fn on_cancel(&mut self, key: ConnKey, request: u64) {
+        let Some(Conn {
+            role: Role::Client(client),
+            ..
+        }) = self.conns.get_mut(key)
+        else {
+            return;
+        };
+        if client.current.as_ref().is_some_and(|c| c.id == request) {
+            client.session.cancel();
+            self.pump(key);
+        }
+    }
+
+    /// Requests whose deadline passed while they waited for a connection; idle connections
+    /// above the cap that stayed idle too long.
+    pub(crate) fn pool_timeouts(&mut self) {
+        if self.pool.poll_timeout().is_none_or(|at| at > self.now) {
+            return;
+        }
+        let expired = self.pool.handle_timeout(self.now);
+        for outgoing in expired.requests {
+            let request = outgoing.request;
+            let what = request.kind().as_str();
+            outgoing
+                .completion
+                .complete(Err(request.deadline().error(what)));
+        }
+        for key in expired.trimmed {
+            self.close(key);
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! How other threads reach a core: a bounded queue of new requests, an unbounded queue of
+//! events about requests it already carries (bounded in practice by its connections: one
+//! request each), and an eventfd the core keeps a read armed on, written only when the core is
+//! about to sleep. A core posting to itself (a handler run on the core) skips both.
+
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use tensorwire_proto::session::ClientRequest;
+use tensorwire_proto::transport::{Completion, Error, Reply};
+
+use crate::sys;
+use crate::uring::conn::ConnKey;
+
+/// A request for a core to carry.
+pub(crate) struct Outgoing {
+    pub(crate) peer: SocketAddr,
+    pub(crate) request: ClientRequest,
+    pub(crate) completion: Box<dyn Completion>,
+}
+
+/// News about a request a core carries or serves.
+pub(crate) enum Event {
+    /// A served request that waited for mailbox space got in.
+    Enqueued { conn: ConnKey, seq: u64 },
+    /// The answer to a served request.
+    Answer {
+        conn: ConnKey,
+        seq: u64,
+        answer: Result<Reply, String>,
+    },
+    /// The caller of a carried request gave up.
+    Cancel { conn: ConnKey, request: u64 },
+    /// Fail everything, close every connection, stop.
+    Shutdown,
+}
+
+/// The way into a core from any thread (cheap to clone).
+#[derive(Clone)]
+pub(crate) struct CoreHandle {
+    pub(crate) shared: Arc<CoreShared>,
+}
+
+pub(crate) struct CoreShared {
+    requests: Sender<Outgoing>,
+    events: Sender<Event>,
+    pub(crate) capacity: usize,
+    /// Written to wake the core; a blocking eventfd the core keeps a READ armed on.
+    pub(crate) wake: Arc<OwnedFd>,
+    /// Set by the core just before it waits; whoever clears it must write the eventfd.
+    pub(crate) sleeping: AtomicBool,
+    /// Gauges for statistics, updated by the core.
+    pub(crate) connections: AtomicUsize,
+    pub(crate) timers: AtomicUsize,
+    pub(crate) operations: AtomicUsize,
+    pub(crate) peers: AtomicUsize,
+}
+
+/// The receiving ends, owned by the core.
+pub(crate) struct Inbox {
+    pub(crate) requests: Receiver<Outgoing>,
+    pub(crate) events: Receiver<Event>,
+}
+
+thread_local! {
+    /// On a core thread: its identity and the events it posted to itself.
+    static SELF_POSTED: RefCell<Option<(usize, Vec<Event>)>> = const { RefCell::new(None) };
+}
+
+impl CoreHandle {
+    pub(crate) fn new(capacity: usize) -> Result<(Self, Inbox), Error> {
+        let (requests, requests_rx) = crossbeam_channel::bounded(capacity.max(1));
+        let (events, events_rx) = crossbeam_channel::unbounded();
+        let wake = sys::eventfd_blocking().map_err(|e| Error::io("eventfd", e))?;
+        let shared = Arc::new(CoreShared {
+            requests,
+            events,
+            capacity: capacity.max(1),
+            wake: Arc::new(wake),
+            sleeping: AtomicBool::new(false),
+            connections: AtomicUsize::new(0),
+            timers: AtomicUsize::new(0),
+            operations: AtomicUsize::new(0),
+            peers: AtomicUsize::new(0),
+        });
+        let inbox = Inbox {
+            requests: requests_rx,
+            events: events_rx,
+        };
+        Ok((Self { shared }, inbox))
+    }
+
+    /// Queues a request; one that finds the queue full (or the core stopped) fails at once.
+    pub(crate) fn submit(&self, outgoing: Outgoing) {
+        let (outgoing, error) = match self.shared.requests.try_send(outgoing) {
+            Ok(()) => return self.wake(),
+            Err(TrySendError::Full(outgoing)) => {
+                let error = Error::Overloaded {
+                    what: "the core's request queue",
+                    capacity: self.shared.capacity,
+                };
+                (outgoing, error)
+            }
+            Err(TrySendError::Disconnected(outgoing)) => (outgoing, Error::Shutdown),
+        };
+        outgoing.completion.complete(Err(error));
+    }
+
+    /// Posts an event; from the core's own thread it is kept for the core to take right away.
+    pub(crate) fn post(&self, event: Event) {
+        let me = self.identity();
+        let event = SELF_POSTED.with(|posted| match &mut *posted.borrow_mut() {
+            Some((core, queue)) if *core == me => {
+                queue.push(event);
+                None
+            }
+            _ => Some(event),
+        });
+        if let Some(event) = event {
+            if self.shared.events.send(event).is_ok() {
+                self.wake();
+            }
+        }
+    }
+
+    fn wake(&self) {
+        if self.shared.sleeping.swap(false, Ordering::SeqCst) {
+            sys::eventfd_signal(self.shared.wake.as_raw_fd());
+        }
+    }
+
+    fn identity(&self) -> usize {
+        Arc::as_ptr(&self.shared) as usize
+    }
+
+    /// Marks the calling thread as this core's (once, when the core starts).
+    pub(crate) fn enter(&self) {
+        let me = self.identity();
+        SELF_POSTED.with(|posted| *posted.borrow_mut() = Some((me, Vec::new())));
+    }
+
+    /// Events this core posted to itself since the last call.
+    pub(crate) fn take_self_posted() -> Vec<Event> {
+        SELF_POSTED.with(|posted| match &mut *posted.borrow_mut() {
+            Some((_, queue)) => std::mem::take(queue),
+            None => Vec::new(),
+        })
+    }
+}

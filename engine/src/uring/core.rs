@@ -1,0 +1,370 @@
+//! A core thread: one ring, the connections placed on it for life, their timers and the
+//! client pool. Nothing but the core thread touches its ring.
+
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use io_uring::cqueue;
+use tensorwire_proto::session::ConnectionPool;
+use tensorwire_proto::transport::Error;
+
+use crate::uring::Context;
+use crate::uring::commands::{CoreHandle, Event, Inbox, Outgoing};
+use crate::uring::conn::{ConnKey, ConnSlab};
+use crate::uring::op::{Accept, Op, OpKey, OpSlab, Owner, Read};
+use crate::uring::ring::Ring;
+use crate::uring::timers::Timers;
+
+/// Pause before re-arming an accept that failed (for instance out of file descriptors).
+const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(100);
+/// New requests taken from the queue per loop turn, so completions are not starved.
+const REQUESTS_PER_TURN: usize = 256;
+
+pub(crate) struct Core {
+    pub(crate) ring: Ring,
+    pub(crate) ctx: Arc<Context>,
+    pub(crate) handle: CoreHandle,
+    inbox: Inbox,
+    pub(crate) ops: OpSlab,
+    pub(crate) conns: ConnSlab,
+    pub(crate) timers: Timers,
+    pub(crate) pool: ConnectionPool<ConnKey, Outgoing>,
+    listener: Option<RawFd>,
+    accept: Option<OpKey>,
+    wake: Option<OpKey>,
+    accept_multishot: bool,
+    accept_retry_at: Option<Instant>,
+    pub(crate) stopping: bool,
+    pub(crate) next_request: u64,
+    completions: Vec<(u64, i32, u32)>,
+    /// The time of the current loop turn.
+    pub(crate) now: Instant,
+}
+
+impl Core {
+    pub(crate) fn new(
+        ring: Ring,
+        ctx: Arc<Context>,
+        handle: CoreHandle,
+        inbox: Inbox,
+        listener: Option<RawFd>,
+    ) -> Self {
+        Self {
+            ring,
+            pool: ConnectionPool::new(ctx.pool),
+            ctx,
+            handle,
+            inbox,
+            ops: OpSlab::default(),
+            conns: ConnSlab::default(),
+            timers: Timers::default(),
+            listener,
+            accept: None,
+            wake: None,
+            accept_multishot: true,
+            accept_retry_at: None,
+            stopping: false,
+            next_request: 0,
+            completions: Vec::with_capacity(256),
+            now: Instant::now(),
+        }
+    }
+
+    /// Runs until shut down. A panic in a turn (a handler run on the core, the drop of a user's
+    /// buffer, a hand-off callback, a waker) is caught: every connection is closed, the
+    /// operations in flight keep their memory until the kernel is done, and the core goes on.
+    pub(crate) fn run(mut self) {
+        self.handle.enter();
+        self.arm_wake();
+        self.arm_accept();
+        let mut stop_deadline = None;
+        loop {
+            let turn = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.turn()));
+            match turn {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, "a core's ring failed; closing its connections");
+                    self.stop_all();
+                    break;
+                }
+                Err(panic) => {
+                    let text = panic
+                        .downcast_ref::<&str>()
+                        .copied()
+                        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+                        .unwrap_or("(no message)");
+                    tracing::error!(
+                        panic = text,
+                        "a core thread panicked; closing its connections"
+                    );
+                    self.close_all(|| {
+                        Error::io(
+                            "serving the request",
+                            io::Error::other("the core thread panicked"),
+                        )
+                    });
+                }
+            }
+            if self.stopping {
+                let deadline =
+                    *stop_deadline.get_or_insert_with(|| self.now + self.ctx.shutdown_timeout);
+                if self.conns.len() == 0 && self.ops.live() == 0 {
+                    break;
+                }
+                if self.now >= deadline {
+                    tracing::warn!(
+                        operations = self.ops.live(),
+                        "operations still in flight at shutdown (a zero-copy notification that never came?); leaking their memory"
+                    );
+                    break;
+                }
+            }
+        }
+        // Anything still queued fails instead of hanging.
+        while let Ok(outgoing) = self.inbox.requests.try_recv() {
+            outgoing.completion.complete(Err(Error::Shutdown));
+        }
+    }
+
+    /// One round: submit and wait (until the nearest deadline), then completions, timers and
+    /// queued work.
+    fn turn(&mut self) -> io::Result<()> {
+        let shared = &self.handle.shared;
+        shared.sleeping.store(true, Ordering::SeqCst);
+        let busy = !self.inbox.requests.is_empty() || !self.inbox.events.is_empty();
+        let timeout = if busy || self.stopping {
+            Some(if busy {
+                Duration::ZERO
+            } else {
+                Duration::from_millis(10)
+            })
+        } else {
+            self.next_deadline()
+                .map(|at| at.saturating_duration_since(Instant::now()))
+        };
+        let waited = self.ring.submit_and_wait(timeout);
+        self.handle.shared.sleeping.store(false, Ordering::SeqCst);
+        waited?;
+        self.now = Instant::now();
+        // Completions first: an idle peer's close is seen before a request could reuse it.
+        let mut completions = std::mem::take(&mut self.completions);
+        self.ring.drain(&mut completions);
+        for (user_data, res, flags) in completions.drain(..) {
+            self.on_completion(OpKey::from_user_data(user_data), res, flags);
+        }
+        self.completions = completions;
+        self.fire_timers();
+        while let Ok(event) = self.inbox.events.try_recv() {
+            self.on_event(event);
+        }
+        for _ in 0..REQUESTS_PER_TURN {
+            let Ok(outgoing) = self.inbox.requests.try_recv() else {
+                break;
+            };
+            self.start_outgoing(outgoing);
+        }
+        self.update_gauges();
+        Ok(())
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        [
+            self.timers.next(),
+            self.pool.poll_timeout(),
+            self.accept_retry_at,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    fn on_completion(&mut self, key: OpKey, res: i32, flags: u32) {
+        let Some(entry) = self.ops.get_mut(key) else {
+            return; // cannot happen: an operation leaves the slab only after its last completion
+        };
+        match (&mut entry.op, entry.owner) {
+            (Op::Accept(accept), _) => {
+                let multishot = accept.is_multishot();
+                if !cqueue::more(flags) {
+                    self.ops.remove(key);
+                    self.accept = None;
+                    self.accept_ended(res, multishot);
+                }
+                self.on_accept(res);
+            }
+            (Op::Read(_), _) => {
+                self.ops.remove(key);
+                self.wake = None;
+                if !self.stopping {
+                    self.arm_wake();
+                }
+            }
+            (Op::Cancel(_), _) => {
+                self.ops.remove(key);
+            }
+            (Op::Connect(_), Owner::Conn(conn)) => {
+                self.ops.remove(key);
+                self.on_connected(conn, res);
+            }
+            (Op::Recv(_), Owner::Conn(conn)) => {
+                if let Some(entry) = self.ops.remove(key) {
+                    if let Op::Recv(op) = entry.op {
+                        self.on_received(conn, op.into_buf(), res);
+                    }
+                }
+            }
+            (Op::Send(_), Owner::Conn(conn)) => self.on_sent(key, conn, res, flags),
+            (_, Owner::Core) => {
+                self.ops.remove(key);
+            }
+        }
+    }
+
+    fn accept_ended(&mut self, res: i32, multishot: bool) {
+        if self.stopping {
+            return;
+        }
+        if res == -libc::EINVAL && multishot {
+            // A kernel before 5.19 has no multishot accept: accept one at a time.
+            self.accept_multishot = false;
+            self.arm_accept();
+        } else if res < 0 && res != -libc::ECANCELED {
+            // The accept ended on an error (e.g. EMFILE): retry after a pause instead of
+            // spinning on an error that persists.
+            tracing::warn!(error = %io::Error::from_raw_os_error(-res), "accept failed; retrying in 100 ms");
+            self.accept_retry_at = Some(self.now + ACCEPT_RETRY_DELAY);
+        } else {
+            self.arm_accept();
+        }
+    }
+
+    fn fire_timers(&mut self) {
+        let now = self.now;
+        if self.accept_retry_at.is_some_and(|at| at <= now) {
+            self.accept_retry_at = None;
+            self.arm_accept();
+        }
+        while let Some(key) = self.timers.pop_expired(now) {
+            if let Some(conn) = self.conns.get_mut(key) {
+                conn.timer = None;
+            }
+            self.on_timeout(key);
+        }
+        self.pool_timeouts();
+    }
+
+    pub(crate) fn on_event(&mut self, event: Event) {
+        match event {
+            Event::Enqueued { conn, seq } => self.on_enqueued(conn, seq),
+            Event::Answer { conn, seq, answer } => self.on_answer(conn, seq, answer),
+            Event::Cancel { conn, request } => self.on_cancel(conn, request),
+            Event::Shutdown => self.stop_all(),
+        }
+    }
+
+    /// Handles the events this core posted to itself (handlers run on the core answer this
+    /// way), until none are left.
+    pub(crate) fn take_self_posted(&mut self) {
+        loop {
+            let events = CoreHandle::take_self_posted();
+            if events.is_empty() {
+                return;
+            }
+            events.into_iter().for_each(|event| self.on_event(event));
+        }
+    }
+
+    /// Fails every request, closes every connection and stops accepting.
+    fn stop_all(&mut self) {
+        if !self.stopping {
+            self.stopping = true;
+            // The core's own operations end too, so nothing is left for the kernel at exit.
+            for op in [self.accept, self.wake].into_iter().flatten() {
+                self.submit(Owner::Core, Op::Cancel(crate::uring::op::Cancel::Op(op)));
+            }
+        }
+        self.close_all(|| Error::Shutdown);
+        let (waiting, idle) = self.pool.drain();
+        for outgoing in waiting {
+            outgoing.completion.complete(Err(Error::Shutdown));
+        }
+        idle.into_iter().for_each(|conn| self.close(conn));
+        while let Ok(outgoing) = self.inbox.requests.try_recv() {
+            outgoing.completion.complete(Err(Error::Shutdown));
+        }
+    }
+
+    pub(crate) fn arm_wake(&mut self) {
+        let fd = Arc::clone(&self.handle.shared.wake);
+        self.wake = self.submit(Owner::Core, Op::Read(Read::new(fd)));
+    }
+
+    fn arm_accept(&mut self) {
+        let Some(listener) = self.listener else {
+            return;
+        };
+        if self.accept.is_some() || self.stopping {
+            return;
+        }
+        let op = Op::Accept(Accept::new(listener, self.accept_multishot));
+        self.accept = self.submit(Owner::Core, op);
+    }
+
+    /// Puts an operation in the slab and its SQE in the ring. `None` (and nothing armed) if
+    /// the ring refused it.
+    pub(crate) fn submit(&mut self, owner: Owner, op: Op) -> Option<OpKey> {
+        let key = self.ops.insert(owner, op);
+        let entry = self.ops.get_mut(key)?.op.entry().user_data(key.user_data());
+        // SAFETY: every pointer in `entry` refers to memory the operation owns (heap memory that
+        // does not move when the operation moves); the operation stays in `self.ops` until its
+        // last completion, and is leaked rather than freed if the core stops before that.
+        match unsafe { self.ring.push(&entry) } {
+            Ok(()) => Some(key),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot submit to the ring");
+                self.ops.remove(key);
+                None
+            }
+        }
+    }
+
+    /// Submits an operation that is still in the slab again (the rest of a send).
+    pub(crate) fn resubmit(&mut self, key: OpKey) -> bool {
+        let Some(entry) = self.ops.get_mut(key) else {
+            return false;
+        };
+        let entry = entry.op.entry().user_data(key.user_data());
+        // SAFETY: as in `submit`: the operation owns what the entry points to and stays in the
+        // slab until its last completion.
+        match unsafe { self.ring.push(&entry) } {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot submit to the ring");
+                false
+            }
+        }
+    }
+
+    fn update_gauges(&self) {
+        let shared = &self.handle.shared;
+        shared
+            .connections
+            .store(self.conns.len(), Ordering::Relaxed);
+        shared.timers.store(self.timers.len(), Ordering::Relaxed);
+        shared.operations.store(self.ops.live(), Ordering::Relaxed);
+        shared.peers.store(self.pool.peers(), Ordering::Relaxed);
+    }
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        if self.ops.live() > 0 {
+            // The kernel may still write into memory of these operations: never free it. (The
+            // ring itself may close: the kernel keeps what it needs of it.)
+            std::mem::forget(std::mem::take(&mut self.ops));
+        }
+    }
+}

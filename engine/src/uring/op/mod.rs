@@ -1,0 +1,150 @@
+//! io_uring operations, one file each. An operation owns everything its SQE points to (the
+//! descriptor, buffers, iovecs, `msghdr`, address) and lives in the core's [`OpSlab`] until its
+//! last completion, whatever happened to the connection that started it.
+
+mod accept;
+mod cancel;
+mod connect;
+mod read;
+mod recvmsg;
+mod sendmsg;
+mod sendmsg_zc;
+
+pub(crate) use accept::Accept;
+pub(crate) use cancel::Cancel;
+pub(crate) use connect::Connect;
+pub(crate) use read::Read;
+pub(crate) use recvmsg::{RecvMode, RecvMsg};
+pub(crate) use sendmsg::SendMsg;
+pub(crate) use sendmsg_zc::Notification;
+
+use io_uring::squeue;
+
+use crate::uring::conn::ConnKey;
+
+/// Identifies an operation across slot reuse; it is the SQE's `user_data`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct OpKey {
+    index: u32,
+    generation: u32,
+}
+
+impl OpKey {
+    pub(crate) fn user_data(self) -> u64 {
+        (u64::from(self.generation) << 32) | u64::from(self.index)
+    }
+
+    pub(crate) fn from_user_data(user_data: u64) -> Self {
+        Self {
+            index: u32::try_from(user_data & 0xFFFF_FFFF).unwrap_or(u32::MAX),
+            generation: u32::try_from(user_data >> 32).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// Who started an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Owner {
+    /// The core itself (accept, wake-up read, cancels).
+    Core,
+    /// A connection (which may be gone by the time the operation completes).
+    Conn(ConnKey),
+}
+
+/// Every kind of operation.
+pub(crate) enum Op {
+    Accept(Accept),
+    Read(Read),
+    Connect(Connect),
+    Recv(RecvMsg),
+    Send(SendMsg),
+    Cancel(Cancel),
+}
+
+impl Op {
+    /// The SQE for this operation (pointing into memory the operation owns).
+    pub(crate) fn entry(&mut self) -> squeue::Entry {
+        match self {
+            Self::Accept(op) => op.entry(),
+            Self::Read(op) => op.entry(),
+            Self::Connect(op) => op.entry(),
+            Self::Recv(op) => op.entry(),
+            Self::Send(op) => op.entry(),
+            Self::Cancel(op) => op.entry(),
+        }
+    }
+}
+
+pub(crate) struct OpEntry {
+    pub(crate) owner: Owner,
+    pub(crate) op: Op,
+}
+
+struct Slot {
+    generation: u32,
+    entry: Option<OpEntry>,
+}
+
+/// Operations that may be known to the kernel. An entry leaves only through
+/// [`OpSlab::remove`], called when the operation's last completion has been seen (or its
+/// submission failed); on shutdown with operations still in flight the slab is leaked rather
+/// than freed (see `Core`'s `Drop`).
+#[derive(Default)]
+pub(crate) struct OpSlab {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    live: usize,
+}
+
+impl OpSlab {
+    pub(crate) fn insert(&mut self, owner: Owner, op: Op) -> OpKey {
+        let entry = Some(OpEntry { owner, op });
+        self.live += 1;
+        match self.free.pop() {
+            Some(index) => {
+                let slot = &mut self.slots[index as usize];
+                slot.generation = slot.generation.wrapping_add(1);
+                slot.entry = entry;
+                OpKey {
+                    index,
+                    generation: slot.generation,
+                }
+            }
+            None => {
+                let index = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
+                self.slots.push(Slot {
+                    generation: 0,
+                    entry,
+                });
+                OpKey {
+                    index,
+                    generation: 0,
+                }
+            }
+        }
+    }
+
+    pub(crate) fn get_mut(&mut self, key: OpKey) -> Option<&mut OpEntry> {
+        let slot = self.slots.get_mut(key.index as usize)?;
+        if slot.generation != key.generation {
+            return None;
+        }
+        slot.entry.as_mut()
+    }
+
+    pub(crate) fn remove(&mut self, key: OpKey) -> Option<OpEntry> {
+        let slot = self.slots.get_mut(key.index as usize)?;
+        if slot.generation != key.generation {
+            return None;
+        }
+        let entry = slot.entry.take()?;
+        self.free.push(key.index);
+        self.live -= 1;
+        Some(entry)
+    }
+
+    /// Operations not yet completed.
+    pub(crate) fn live(&self) -> usize {
+        self.live
+    }
+}

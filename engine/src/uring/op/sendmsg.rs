@@ -1,0 +1,87 @@
+//! `SENDMSG` of a frame: head, path, metadata and every buffer as iovecs (`MSG_WAITALL |
+//! MSG_NOSIGNAL`), at most one progress quantum per submission so a slow peer is seen to keep
+//! the minimum rate; the same operation is submitted again for the rest.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+
+use io_uring::{opcode, squeue, types};
+use tensorwire_proto::session::Transmit;
+
+use crate::uring::op::sendmsg_zc;
+
+/// Most iovecs one `sendmsg` takes (`UIO_MAXIOV`).
+const MAX_IOVECS: usize = 1024;
+
+/// A send. Owns the frame (keeping head and payload alive), the iovecs and the `msghdr`.
+pub(crate) struct SendMsg {
+    fd: Arc<OwnedFd>,
+    transmit: Transmit,
+    iov: Vec<libc::iovec>,
+    msg: Box<libc::msghdr>,
+    /// Bytes one submission covers at most.
+    chunk: usize,
+    /// Send with `SENDMSG_ZC`: the memory must outlive the notifications, not only the send.
+    pub(crate) zero_copy: bool,
+    /// Notifications still to come for submissions made so far.
+    pub(crate) notifications: u32,
+    /// The whole frame was written (or writing failed); only notifications may follow.
+    pub(crate) finished: bool,
+}
+
+impl SendMsg {
+    pub(crate) fn new(fd: Arc<OwnedFd>, transmit: Transmit, chunk: usize, zero_copy: bool) -> Self {
+        Self {
+            fd,
+            transmit,
+            iov: Vec::new(),
+            // SAFETY: msghdr is plain old data; all-zero is a valid empty header.
+            msg: Box::new(unsafe { std::mem::zeroed::<libc::msghdr>() }),
+            chunk: chunk.max(1),
+            zero_copy,
+            notifications: 0,
+            finished: false,
+        }
+    }
+
+    /// The SQE for the next chunk of what is left.
+    pub(crate) fn entry(&mut self) -> squeue::Entry {
+        self.iov.clear();
+        let mut budget = self.chunk;
+        for slice in self.transmit.slices().take(MAX_IOVECS) {
+            let len = slice.len().min(budget);
+            self.iov.push(libc::iovec {
+                iov_base: slice.as_ptr().cast_mut().cast(),
+                iov_len: len,
+            });
+            budget -= len;
+            if budget == 0 {
+                break;
+            }
+        }
+        self.msg.msg_iov = self.iov.as_mut_ptr();
+        self.msg.msg_iovlen = self.iov.len();
+        let flags = u32::try_from(libc::MSG_WAITALL | libc::MSG_NOSIGNAL).unwrap_or(0);
+        let fd = types::Fd(self.fd.as_raw_fd());
+        if self.zero_copy {
+            crate::stats::record_zero_copy_request();
+            return opcode::SendMsgZc::new(fd, &raw const *self.msg)
+                .ioprio(sendmsg_zc::REPORT_USAGE)
+                .flags(flags)
+                .build();
+        }
+        opcode::SendMsg::new(fd, &raw const *self.msg)
+            .flags(flags)
+            .build()
+    }
+
+    /// Applies `n` written bytes; `true` once the frame is completely written.
+    pub(crate) fn advance(&mut self, n: usize) -> bool {
+        self.transmit.advance(n)
+    }
+
+    /// Whether nothing more will complete for this operation.
+    pub(crate) fn is_done(&self) -> bool {
+        self.finished && self.notifications == 0
+    }
+}
