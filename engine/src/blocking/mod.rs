@@ -36,6 +36,9 @@ pub(crate) struct BlockingPool {
     memory: Arc<dyn ReceiveMemory>,
     limits: Limits,
     idle_per_peer: usize,
+    /// How long a caller polls for its reply before sleeping, when the connection's recent
+    /// exchanges were that quick.
+    busy_poll: Duration,
     idle: Mutex<HashMap<SocketAddr, Vec<Conn>>>,
     closed: AtomicBool,
 }
@@ -44,6 +47,8 @@ struct Conn {
     stream: TcpStream,
     session: ClientSession,
     low_water: usize,
+    /// How long this connection's exchanges took lately (a moving average).
+    recent: Duration,
 }
 
 impl BlockingPool {
@@ -52,12 +57,14 @@ impl BlockingPool {
         memory: Arc<dyn ReceiveMemory>,
         limits: Limits,
         idle_per_peer: usize,
+        busy_poll: Duration,
     ) -> Self {
         Self {
             session,
             memory,
             limits,
             idle_per_peer,
+            busy_poll,
             idle: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
         }
@@ -77,7 +84,7 @@ impl BlockingPool {
         }
         let request = ClientRequest::encode(kind, path, message, &self.limits, deadline)?;
         let mut conn = self.take(peer, deadline)?;
-        let outcome = conn.run(request);
+        let outcome = conn.run(request, self.busy_poll);
         if conn.session.is_reusable() && !self.closed.load(Ordering::Acquire) {
             let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
             let list = idle.entry(peer).or_default();
@@ -146,19 +153,37 @@ impl BlockingPool {
             stream,
             session,
             low_water: 1,
+            recent: Duration::ZERO,
         })
     }
 }
 
 impl Conn {
-    /// Runs one exchange to its outcome.
-    fn run(&mut self, request: ClientRequest) -> Result<Answer, Error> {
+    /// Runs one exchange to its outcome. While waiting for the reply the caller polls for up
+    /// to `busy_poll` before it sleeps, if this connection's exchanges were that quick lately:
+    /// a reply that comes within microseconds is then taken without a wake-up. A slower one
+    /// costs at most that much polling.
+    fn run(&mut self, request: ClientRequest, busy_poll: Duration) -> Result<Answer, Error> {
+        let begun = Instant::now();
+        let spin = if self.recent <= busy_poll * 2 {
+            busy_poll
+        } else {
+            Duration::ZERO
+        };
+        let outcome = self.exchange(request, spin);
+        // A moving average over the last few exchanges (weight 1/4 for the newest).
+        self.recent = (self.recent * 3 + begun.elapsed()) / 4;
+        outcome
+    }
+
+    fn exchange(&mut self, request: ClientRequest, spin: Duration) -> Result<Answer, Error> {
         let started = self.session.start(request, Instant::now());
         if started.is_err() {
             return Err(Error::Misuse("a pooled connection was not idle".into()));
         }
         let mut transmit = None;
         let mut read = None;
+        let mut spin_started: Option<Instant> = None;
         loop {
             let now = Instant::now();
             while let Some(event) = self.session.poll_event() {
@@ -221,6 +246,10 @@ impl Conn {
                 }
             }
             if progress {
+                continue;
+            }
+            if !want_write && read.is_some() && spin_started.get_or_insert(now).elapsed() < spin {
+                std::hint::spin_loop();
                 continue;
             }
             let mut events = 0;

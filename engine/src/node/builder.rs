@@ -40,6 +40,7 @@ pub struct NodeBuilder {
     zero_copy_min_bytes: u64,
     request_queue_capacity: usize,
     shutdown_timeout: Duration,
+    busy_poll: Duration,
 }
 
 impl std::fmt::Debug for NodeBuilder {
@@ -76,6 +77,7 @@ impl NodeBuilder {
             zero_copy_min_bytes: 64 << 10,
             request_queue_capacity: 65_536,
             shutdown_timeout: Duration::from_secs(5),
+            busy_poll: default_busy_poll(),
         }
     }
 
@@ -211,6 +213,19 @@ impl NodeBuilder {
         self
     }
 
+    /// How long a driver thread, or a caller of a blocking ask, polls for the next message
+    /// instead of sleeping, when it is in a quick request-reply conversation (default 20 µs
+    /// where the machine has more than one CPU, else 0; `Duration::ZERO` turns it off).
+    ///
+    /// A driver thread polls only after work for a single connection (with more at work it is
+    /// busy anyway); a blocking caller only when its connection's recent exchanges took less
+    /// than twice this. Polling trades at most this much CPU per wait for not paying a sleeping
+    /// thread's wake-up (5–10 µs on a virtual machine) on a round trip of 20–30 µs.
+    pub fn busy_poll(mut self, budget: Duration) -> Self {
+        self.busy_poll = budget;
+        self
+    }
+
     /// How long shutdown waits for operations still in flight (default 5 s).
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.shutdown_timeout = timeout;
@@ -266,6 +281,7 @@ impl NodeBuilder {
                     zero_copy: self.zero_copy,
                     zero_copy_min_bytes: self.zero_copy_min_bytes,
                     shutdown_timeout: self.shutdown_timeout,
+                    busy_poll: self.busy_poll,
                 };
                 Box::new(UringDriver::start(setup(listener), config)?)
             }
@@ -287,6 +303,7 @@ impl NodeBuilder {
             Arc::new(pool.clone()),
             limits,
             self.pool.idle_per_peer,
+            self.busy_poll,
         );
         let inner = Arc::new(NodeInner {
             local_addr,
@@ -305,6 +322,16 @@ impl NodeBuilder {
         stats::register_node(local_addr, inner.driver.name());
         maintain(Arc::downgrade(&inner), self.receive_pool.idle_ttl);
         Ok(Node { inner })
+    }
+}
+
+/// 20 µs where there is more than one CPU to poll on, else nothing.
+fn default_busy_poll() -> Duration {
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    if cpus > 1 {
+        Duration::from_micros(20)
+    } else {
+        Duration::ZERO
     }
 }
 

@@ -20,6 +20,8 @@ use crate::uring::timers::Timers;
 
 /// Pause before re-arming an accept that failed (for instance out of file descriptors).
 const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(100);
+/// A connection counts as at work if it had a completion this recently.
+const LONE_WINDOW: Duration = Duration::from_millis(1);
 /// New requests taken from the queue per loop turn, so completions are not starved.
 const REQUESTS_PER_TURN: usize = 256;
 
@@ -40,6 +42,11 @@ pub(crate) struct Core {
     pub(crate) stopping: bool,
     pub(crate) next_request: u64,
     completions: Vec<(u64, i32, u32)>,
+    /// When the core last had something to do (for the busy-poll before sleeping).
+    last_work: Instant,
+    /// The last two connections that had a completion, and when: if only one had any lately,
+    /// the core serves a lone request-reply conversation.
+    recent_conns: [(Option<ConnKey>, Instant); 2],
     /// The time of the current loop turn.
     pub(crate) now: Instant,
 }
@@ -69,6 +76,8 @@ impl Core {
             stopping: false,
             next_request: 0,
             completions: Vec::with_capacity(256),
+            last_work: Instant::now(),
+            recent_conns: [(None, Instant::now()); 2],
             now: Instant::now(),
         }
     }
@@ -132,9 +141,10 @@ impl Core {
     /// One round: submit and wait (until the nearest deadline), then completions, timers and
     /// queued work.
     fn turn(&mut self) -> io::Result<()> {
+        let polled = self.busy_poll()?;
         let shared = &self.handle.shared;
         shared.sleeping.store(true, Ordering::SeqCst);
-        let busy = !self.inbox.requests.is_empty() || !self.inbox.events.is_empty();
+        let busy = polled || !self.inbox.requests.is_empty() || !self.inbox.events.is_empty();
         let timeout = if busy || self.stopping {
             Some(if busy {
                 Duration::ZERO
@@ -152,6 +162,9 @@ impl Core {
         // Completions first: an idle peer's close is seen before a request could reuse it.
         let mut completions = std::mem::take(&mut self.completions);
         self.ring.drain(&mut completions);
+        if !completions.is_empty() || !self.inbox.requests.is_empty() {
+            self.last_work = self.now;
+        }
         for (user_data, res, flags) in completions.drain(..) {
             self.on_completion(OpKey::from_user_data(user_data), res, flags);
         }
@@ -170,6 +183,40 @@ impl Core {
         Ok(())
     }
 
+    /// Right after work for a lone conversation, polls the ring (and the queues) for a short
+    /// while instead of sleeping: its next message usually comes sooner than a sleeping thread
+    /// wakes up. With more connections at work the core has work anyway, and the CPU is better
+    /// left to the threads that produce it. Returns whether work arrived.
+    fn busy_poll(&mut self) -> io::Result<bool> {
+        let budget = self.ctx.busy_poll;
+        if budget.is_zero() || !self.in_lone_conversation() {
+            return Ok(false);
+        }
+        let until = self.last_work + budget;
+        while Instant::now() < until && !self.stopping {
+            if self.ring.has_completions()
+                || !self.inbox.requests.is_empty()
+                || !self.inbox.events.is_empty()
+            {
+                return Ok(true);
+            }
+            self.ring.submit_and_wait(Some(Duration::ZERO))?;
+            std::hint::spin_loop();
+        }
+        Ok(false)
+    }
+
+    /// Whether only one connection had completions in the last millisecond.
+    fn in_lone_conversation(&self) -> bool {
+        let lately = |at: Instant| self.now.saturating_duration_since(at) < LONE_WINDOW;
+        let active = self
+            .recent_conns
+            .iter()
+            .filter(|(conn, at)| conn.is_some() && lately(*at))
+            .count();
+        active == 1
+    }
+
     fn next_deadline(&self) -> Option<Instant> {
         [
             self.timers.next(),
@@ -185,6 +232,20 @@ impl Core {
         let Some(entry) = self.ops.get_mut(key) else {
             return; // cannot happen: an operation leaves the slab only after its last completion
         };
+        if let Owner::Conn(conn) = entry.owner {
+            let now = self.now;
+            match self.recent_conns.iter_mut().find(|(c, _)| *c == Some(conn)) {
+                Some(slot) => slot.1 = now,
+                None => {
+                    let oldest = if self.recent_conns[0].1 <= self.recent_conns[1].1 {
+                        0
+                    } else {
+                        1
+                    };
+                    self.recent_conns[oldest] = (Some(conn), now);
+                }
+            }
+        }
         match (&mut entry.op, entry.owner) {
             (Op::Accept(accept), _) => {
                 let multishot = accept.is_multishot();

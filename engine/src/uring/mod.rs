@@ -70,6 +70,8 @@ pub(crate) struct UringConfig {
     pub(crate) zero_copy_min_bytes: u64,
     /// How long shutdown waits for operations in flight before leaking their memory.
     pub(crate) shutdown_timeout: Duration,
+    /// How long a core polls instead of sleeping after work for a lone conversation.
+    pub(crate) busy_poll: Duration,
 }
 
 /// What every core of a driver shares.
@@ -83,6 +85,8 @@ pub(crate) struct Context {
     pub(crate) zero_copy: ZeroCopy,
     pub(crate) zero_copy_min: u64,
     pub(crate) shutdown_timeout: Duration,
+    /// How long a core polls without sleeping after work for a lone conversation.
+    pub(crate) busy_poll: Duration,
 }
 
 /// The io_uring PTR1 driver of one node.
@@ -114,6 +118,7 @@ impl UringDriver {
             zero_copy: config.zero_copy,
             zero_copy_min: config.zero_copy_min_bytes,
             shutdown_timeout: config.shutdown_timeout,
+            busy_poll: config.busy_poll,
         });
         let listener_fd = setup.listener.as_raw_fd();
         let mut driver = Self {

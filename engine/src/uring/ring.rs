@@ -141,6 +141,13 @@ impl Ring {
         }
     }
 
+    /// Whether completions are waiting to be drained.
+    pub(crate) fn has_completions(&mut self) -> bool {
+        let mut cq = self.ring.completion();
+        cq.sync();
+        !cq.is_empty()
+    }
+
     /// Takes every available completion as `(user_data, result, flags)`.
     pub(crate) fn drain(&mut self, out: &mut Vec<(u64, i32, u32)>) {
         let mut cq = self.ring.completion();

@@ -36,8 +36,8 @@ pub struct SessionConfig {
     /// Per-connection scratch for heads and small bodies (default 16 KiB).
     pub scratch_len: usize,
     /// The most receive memory exposed ahead of the bytes that arrived (default 16 MiB). The
-    /// window starts at 64 KiB and grows with the bytes the peer actually sent, so a peer is
-    /// never given memory it has not paid for with data.
+    /// window starts at 64 KiB and grows to four times the bytes the peer actually sent, so a
+    /// peer is never given memory it has not paid for with data.
     pub max_window: usize,
 }
 

@@ -509,9 +509,11 @@ impl Receiver {
     }
 
     /// Exposes the next window of final memory (charging the budget) so a read can go straight
-    /// into it.
+    /// into it. The window is four times what the frame brought so far (at least 64 KiB, at
+    /// most `max_window`): a peer is never given more memory than it paid for with data, yet a
+    /// real transfer reaches the largest window within a few reads.
     fn prepare_window(&mut self) -> Option<Received> {
-        let window = usize::try_from(self.frame_bytes)
+        let window = usize::try_from(self.frame_bytes.saturating_mul(4))
             .unwrap_or(usize::MAX)
             .clamp(self.config.min_window(), self.config.max_window.max(1));
         let Stage::Body(Some(body)) = &mut self.stage else {

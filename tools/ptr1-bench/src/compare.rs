@@ -131,8 +131,8 @@ pub(crate) fn compare(options: &Options) -> Result<()> {
         .map(|&t| Server::start(&exe, t, options.handlers))
         .collect::<Result<_>>()?;
     let mut clients = Clients {
-        engine: engine_side::client(Transport::Engine, None)?,
-        tokio: engine_side::client(Transport::Tokio, None)?,
+        engine: engine_side::client(Transport::Engine, options)?,
+        tokio: engine_side::client(Transport::Tokio, options)?,
         seed: seed::Client::new()?,
     };
     println!(
@@ -289,6 +289,7 @@ impl Options {
             transport: Transport::Engine,
             cores: None,
             handlers: Handlers::Core,
+            busy_poll: None,
             mode: Mode::OneWay,
             size: 0,
             buffers: 1,

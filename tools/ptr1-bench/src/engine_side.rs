@@ -17,10 +17,13 @@ use crate::{Handlers, Mode, Options, Transport};
 const TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A builder for a node on `transport`'s driver (the tokio one is plugged in and forced).
-fn builder(transport: Transport, bind: SocketAddr, cores: Option<usize>) -> NodeBuilder {
+fn builder(transport: Transport, bind: SocketAddr, options: &Options) -> NodeBuilder {
     let mut builder = Node::builder(bind).in_process_delivery(false);
-    if let Some(cores) = cores {
+    if let Some(cores) = options.cores {
         builder = builder.cores(cores);
+    }
+    if let Some(budget) = options.busy_poll {
+        builder = builder.busy_poll(budget);
     }
     if transport == Transport::Tokio {
         builder = builder
@@ -32,7 +35,7 @@ fn builder(transport: Transport, bind: SocketAddr, cores: Option<usize>) -> Node
 
 /// Hosts `/actors/echo` and `/actors/sink` until killed.
 pub(crate) fn serve(options: &Options) -> Result<()> {
-    let node = builder(options.transport, options.listen, options.cores).build()?;
+    let node = builder(options.transport, options.listen, options).build()?;
     register_fixture(&node, options.handlers)?;
     println!("listening on {}", node.local_addr());
     std::io::stdout().flush()?;
@@ -67,12 +70,12 @@ pub(crate) fn register_fixture(node: &Node, handlers: Handlers) -> Result<()> {
 }
 
 /// A client node for measurements (it never short-cuts to an in-process node).
-pub(crate) fn client(transport: Transport, cores: Option<usize>) -> Result<Node> {
-    Ok(builder(transport, "127.0.0.1:0".parse()?, cores).build()?)
+pub(crate) fn client(transport: Transport, options: &Options) -> Result<Node> {
+    Ok(builder(transport, "127.0.0.1:0".parse()?, options).build()?)
 }
 
 pub(crate) fn run(peer: SocketAddr, options: &Options, message: &TensorMessage) -> Result<Sample> {
-    let node = client(options.transport, options.cores)?;
+    let node = client(options.transport, options)?;
     measure(&node, peer, options, message)
 }
 

@@ -48,9 +48,9 @@ fn main() -> Result<()> {
 
 const USAGE: &str = "usage:
   ptr1-bench serve   [--listen ADDR] [--transport engine|tokio|seed|std] [--cores N]
-                     [--handlers core|threads]
+                     [--handlers core|threads] [--busy-poll-us N]
   ptr1-bench run     --connect ADDR [--transport engine|tokio|seed|std] [--mode oneway|rtt|inflight]
-                     [--size BYTES] [--buffers N] [--seconds S] [--inflight K]
+                     [--size BYTES] [--buffers N] [--seconds S] [--inflight K] [--busy-poll-us N]
   ptr1-bench compare [--quick] [--reps N] [--json FILE] [--handlers core|threads]";
 
 /// Which implementation is on each end.
@@ -125,6 +125,8 @@ pub(crate) struct Options {
     pub(crate) transport: Transport,
     pub(crate) cores: Option<usize>,
     pub(crate) handlers: Handlers,
+    /// The engine node's busy-poll budget (`NodeBuilder::busy_poll`), if set.
+    pub(crate) busy_poll: Option<Duration>,
     pub(crate) mode: Mode,
     pub(crate) size: usize,
     pub(crate) buffers: usize,
@@ -143,6 +145,7 @@ impl Options {
             transport: Transport::Engine,
             cores: None,
             handlers: Handlers::Core,
+            busy_poll: None,
             mode: Mode::OneWay,
             size: 1 << 20,
             buffers: 1,
@@ -159,6 +162,9 @@ impl Options {
                 "--connect" => o.connect = Some(value()?.parse()?),
                 "--transport" => o.transport = Transport::parse(&value()?)?,
                 "--cores" => o.cores = Some(value()?.parse()?),
+                "--busy-poll-us" => {
+                    o.busy_poll = Some(Duration::from_micros(value()?.parse()?));
+                }
                 "--handlers" => {
                     o.handlers = match value()?.as_str() {
                         "core" => Handlers::Core,
