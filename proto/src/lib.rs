@@ -30,6 +30,7 @@
 #![forbid(unsafe_code)]
 
 mod body;
+mod config;
 mod encode;
 mod error;
 mod head;

@@ -10,14 +10,8 @@ use std::time::Instant;
 use tensorwire_proto::session::{ClientSession, ServerSession};
 use tensorwire_proto::transport::{Completion, Withdraw};
 
-use crate::uring::op::OpKey;
-
-/// Identifies a connection on a core across slot reuse.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct ConnKey {
-    index: u32,
-    generation: u32,
-}
+pub(crate) use crate::uring::keys::ConnKey;
+use crate::uring::keys::OpKey;
 
 /// One TCP connection.
 pub(crate) struct Conn {

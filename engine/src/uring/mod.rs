@@ -11,6 +11,7 @@ mod commands;
 mod conn;
 mod core;
 mod io;
+mod keys;
 mod op;
 mod ring;
 mod server;

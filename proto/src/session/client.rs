@@ -6,14 +6,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::config::SessionConfig;
 use crate::encode::Encoded;
 use crate::kind::FrameKind;
 use crate::limits::Limits;
 use crate::message::TensorMessage;
 use crate::ptr1::{self, Frame};
-use crate::session::receiver::{ReadBuf, Received, Receiver, RecvError};
+use crate::session::CloseReason;
+use crate::session::read_buf::ReadBuf;
+use crate::session::receiver::{Received, Receiver, RecvError};
 use crate::session::transmit::{RateMeter, Transmit};
-use crate::session::{CloseReason, SessionConfig};
 use crate::stats;
 use crate::transport::{ActorPath, Answer, Deadline, Error, ReceiveMemory, Reply, RequestKind};
 

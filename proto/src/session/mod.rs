@@ -16,8 +16,8 @@
 //! other in memory with virtual time.
 
 mod client;
-mod config;
 mod pool;
+mod read_buf;
 mod receiver;
 mod server;
 mod transmit;
@@ -29,10 +29,10 @@ use std::fmt;
 use std::io;
 use std::time::Duration;
 
+pub use crate::config::{ConnectionPoolConfig, SessionConfig};
 pub use client::{ClientEvent, ClientRequest, ClientSession};
-pub use config::{ConnectionPoolConfig, SessionConfig};
 pub use pool::{Checkin, Checkout, ConnectionPool, Expired, WaiterId};
-pub use receiver::ReadBuf;
+pub use read_buf::ReadBuf;
 pub use server::{ServerEvent, ServerSession};
 pub use transmit::Transmit;
 

@@ -9,7 +9,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use crate::session::ConnectionPoolConfig;
+use crate::config::ConnectionPoolConfig;
 
 /// Identifies a request waiting for a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

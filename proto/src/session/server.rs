@@ -5,11 +5,13 @@ use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::config::SessionConfig;
 use crate::kind::FrameKind;
 use crate::ptr1::Frame;
-use crate::session::receiver::{ReadBuf, Received, Receiver, RecvError};
+use crate::session::read_buf::ReadBuf;
+use crate::session::receiver::{Received, Receiver, RecvError};
 use crate::session::transmit::{RateMeter, Transmit};
-use crate::session::{CloseReason, SessionConfig, encode_reply};
+use crate::session::{CloseReason, encode_reply};
 use crate::stats;
 use crate::transport::{InboundRequest, ReceiveMemory, Reply, RequestKind, format_duration};
 

@@ -5,9 +5,9 @@
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 
+use crate::config::{ConnectionPoolConfig, SessionConfig};
 use crate::limits::Limits;
 use crate::message::TensorMessage;
-use crate::session::{ConnectionPoolConfig, SessionConfig};
 use crate::transport::ReceiveMemory;
 use crate::transport::{ActorPath, Answer, Deadline, Error, InboundRequest, Reply, RequestKind};
 

@@ -20,27 +20,8 @@ pub(crate) use sendmsg_zc::Notification;
 
 use io_uring::squeue;
 
-use crate::uring::conn::ConnKey;
-
-/// Identifies an operation across slot reuse; it is the SQE's `user_data`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct OpKey {
-    index: u32,
-    generation: u32,
-}
-
-impl OpKey {
-    pub(crate) fn user_data(self) -> u64 {
-        (u64::from(self.generation) << 32) | u64::from(self.index)
-    }
-
-    pub(crate) fn from_user_data(user_data: u64) -> Self {
-        Self {
-            index: u32::try_from(user_data & 0xFFFF_FFFF).unwrap_or(u32::MAX),
-            generation: u32::try_from(user_data >> 32).unwrap_or(u32::MAX),
-        }
-    }
-}
+use crate::uring::keys::ConnKey;
+pub(crate) use crate::uring::keys::OpKey;
 
 /// Who started an operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,4 +1,5 @@
-//! Deadlines, rates and windows of PTR1 connections, and the client pool's bounds.
+//! Deadlines, rates and windows of PTR1 connections, and the client pool's bounds (shared by
+//! the sessions and the transport seams).
 
 use std::time::Duration;
 
