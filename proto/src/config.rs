@@ -22,7 +22,7 @@ pub struct SessionConfig {
     /// A frame's body, and a reply being written, must move at least this many bytes per
     /// second, measured over each [`SessionConfig::rate_window`] (default 64 KiB/s).
     pub min_rate: u64,
-    /// The interval the minimum rate is measured over (default 30 s).
+    /// The interval the minimum rate is measured over (default 30 s; at least 1 ms).
     pub rate_window: Duration,
     /// A server connection may sit idle between requests this long (default 300 s).
     pub idle_timeout: Duration,
@@ -66,13 +66,15 @@ impl SessionConfig {
         self.max_window.min(64 << 10)
     }
 
-    /// The most bytes a driver may let arrive (or write) before it reports progress: half of
-    /// what the minimum rate requires per window, so a peer that keeps the rate is always seen
-    /// to keep it. A receive that waits for more than this (`MSG_WAITALL` over a larger
-    /// region, a larger `SO_RCVLOWAT`) could make a slow but honest peer look stalled.
+    /// The most bytes a driver may let arrive (or write) before it reports progress: a quarter
+    /// of what the minimum rate requires per window, so a peer that keeps the rate is always
+    /// seen to keep it (a window may see up to one quantum less than what moved in it). A
+    /// receive that waits for more than this (`MSG_WAITALL` over a larger region, a larger
+    /// `SO_RCVLOWAT`) could make a slow but honest peer look stalled.
     pub fn progress_quantum(&self) -> usize {
-        let per_window = u128::from(self.min_rate) * self.rate_window.as_millis() / 1000;
-        usize::try_from(per_window / 2)
+        let window = self.rate_window.max(Duration::from_millis(1));
+        let per_window = u128::from(self.min_rate) * window.as_millis() / 1000;
+        usize::try_from(per_window / 4)
             .unwrap_or(usize::MAX)
             .max(4096)
     }

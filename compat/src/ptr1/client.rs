@@ -29,15 +29,30 @@ pub(crate) fn start(shared: &Arc<Shared>, outgoing: Outgoing) {
                 None => Err(mpsc::error::SendError(Command::Carry(outgoing))),
             };
             if let Err(mpsc::error::SendError(Command::Carry(outgoing))) = sent {
-                // The connection's task ended meanwhile: forget it and try again.
-                if let Some(next) = lock(&shared.pool).closed(peer, id) {
-                    connect(shared, next);
-                }
+                // The connection's task is ending: it tells the pool itself (`closed`), and
+                // the pool no longer offers it, so trying again finds another way.
                 start(shared, outgoing);
             }
         }
         Checkout::Connect(outgoing) => connect(shared, outgoing),
-        Checkout::Queued(_) => shared.pool_changed.notify_one(),
+        Checkout::Queued(id) => {
+            // Its deadline runs in the pool (the janitor); a caller that gives up takes it out
+            // at once. The hook may run right here, so it must not take the pool's lock itself.
+            if let Some(waiting) = lock(&shared.pool).waiter(id) {
+                let weak = Arc::downgrade(shared);
+                let handle = shared.handle.clone();
+                waiting.completion.on_cancel(Box::new(move || {
+                    handle.spawn(async move {
+                        let Some(shared) = weak.upgrade() else { return };
+                        let cancelled = lock(&shared.pool).cancel(id);
+                        if let Some(outgoing) = cancelled {
+                            outgoing.completion.complete(Err(Error::Cancelled));
+                        }
+                    });
+                }));
+            }
+            shared.pool_changed.notify_one();
+        }
     }
 }
 
@@ -171,8 +186,8 @@ async fn connection(
                         session.cancel();
                     }
                 }
-                // Trimmed from the pool (or the driver stopped): close.
-                None => break,
+                // Trimmed from the pool: close.
+                Some(Command::Close) | None => break,
             },
             () = io::sleep_until(deadline) => session.handle_timeout(Instant::now()),
             () = stopped(&mut shutdown) => session.shut_down(),
@@ -183,11 +198,18 @@ async fn connection(
             .completion
             .complete(Err(Error::ConnectionClosed { peer, detail: None }));
     }
-    drop(commands);
     lock(&shared.conns).remove(&id);
     let next = lock(&shared.pool).closed(peer, id);
     if let Some(next) = next {
         connect(&shared, next);
+    }
+    // Requests handed to this connection after it stopped looking go another way; closing
+    // first means a later hand-over fails at the sender, which tries again itself.
+    commands.close();
+    while let Ok(command) = commands.try_recv() {
+        if let Command::Carry(outgoing) = command {
+            start(&shared, outgoing);
+        }
     }
     shared.connections.fetch_sub(1, Ordering::Relaxed);
 }
@@ -235,7 +257,9 @@ pub(crate) async fn pool_janitor(shared: Arc<Shared>) {
                 }
                 let mut conns = lock(&shared.conns);
                 for id in expired.trimmed {
-                    conns.remove(&id); // its task sees the channel close
+                    if let Some(sender) = conns.remove(&id) {
+                        let _ = sender.send(Command::Close);
+                    }
                 }
             }
             () = shared.pool_changed.notified() => {}

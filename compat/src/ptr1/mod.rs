@@ -68,6 +68,8 @@ pub(crate) struct Outgoing {
 pub(crate) enum Command {
     Carry(Outgoing),
     Cancel(u64),
+    /// Idle too long above the pool's cap: close.
+    Close,
 }
 
 /// What every task of one driver shares.
@@ -169,7 +171,9 @@ impl Driver for TokioDriver {
     fn gauges(&self) -> DriverGauges {
         let mut gauges = DriverGauges::default();
         gauges.connections = self.shared.connections.load(Ordering::Relaxed);
-        gauges.peers = lock(&self.shared.pool).peers();
+        let pool = lock(&self.shared.pool);
+        (gauges.peers, gauges.waiting) = (pool.peers(), pool.waiting());
+        drop(pool);
         gauges.operations = self.shared.tasks.load(Ordering::Relaxed);
         gauges
     }

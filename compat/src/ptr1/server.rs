@@ -75,9 +75,11 @@ async fn serve(shared: Arc<Shared>, mut stream: TcpStream, peer: std::net::Socke
                     }
                 }
                 ServerEvent::Withdraw { seq } => {
-                    if let Some((_, withdraw)) = waiting.take_if(|(s, _)| *s == seq) {
-                        withdraw.withdraw();
-                    }
+                    // Without a handle the request already got in (its Enqueued is on its way).
+                    let withdrawn = waiting
+                        .take_if(|(s, _)| *s == seq)
+                        .is_some_and(|(_, withdraw)| withdraw.withdraw());
+                    session.handle_withdrawn(seq, withdrawn, now);
                 }
                 ServerEvent::ShutdownWrite => {
                     let _ = stream.shutdown().await;

@@ -163,16 +163,17 @@ impl Mailbox {
         self.wake_a_taker(state);
     }
 
+    /// Wakes a blocked taker and every waiting task: a task whose `recv` future was dropped
+    /// cannot take the wake-up meant for one still waiting (the woken ones that find nothing
+    /// wait again).
     fn wake_a_taker(&self, mut state: MutexGuard<'_, State>) {
-        let waker = state.async_takers.pop_front();
+        let wakers = std::mem::take(&mut state.async_takers);
         let blocked = state.blocked_takers > 0;
         drop(state);
         if blocked {
             self.not_empty.notify_one();
         }
-        if let Some(waker) = waker {
-            waker.wake();
-        }
+        wakers.into_iter().for_each(Waker::wake);
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

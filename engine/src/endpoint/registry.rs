@@ -163,9 +163,13 @@ struct Ticket {
 }
 
 impl Withdraw for Ticket {
-    fn withdraw(self: Box<Self>) {
-        if let Some(incoming) = self.mailbox.withdraw(self.ticket) {
-            incoming.disarm();
+    fn withdraw(self: Box<Self>) -> bool {
+        match self.mailbox.withdraw(self.ticket) {
+            Some(incoming) => {
+                incoming.disarm();
+                true
+            }
+            None => false,
         }
     }
 }

@@ -143,6 +143,13 @@ impl NodeBuilder {
         self
     }
 
+    /// How long a pooled connection above the idle cap may stay idle before it is closed
+    /// (default 1 s, so one burst does not close what the next would reopen).
+    pub fn idle_trim_after(mut self, after: Duration) -> Self {
+        self.pool.trim_after = after;
+        self
+    }
+
     /// Most connections to one peer per driver thread (default 32); further requests wait,
     /// in order, for one to become free (their deadline still runs).
     pub fn max_connections_per_peer(mut self, count: usize) -> Self {

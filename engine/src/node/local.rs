@@ -140,7 +140,12 @@ fn deliver<T: Send + 'static>(
         Delivery::Waiting(withdraw) => {
             // Give up the wait at the deadline (the request's own expiry fails it).
             if let Some(at) = deadline.at() {
-                schedule_timer(at, Box::new(move || withdraw.withdraw()));
+                schedule_timer(
+                    at,
+                    Box::new(move || {
+                        let _ = withdraw.withdraw();
+                    }),
+                );
             }
             false
         }

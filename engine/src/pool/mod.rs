@@ -44,6 +44,10 @@ pub struct PoolConfig {
     /// Most bytes that frames still arriving may hold (filled or exposed to reads) at once
     /// (default: half the physical memory). A frame that would go over it is refused.
     pub max_receiving_bytes: u64,
+    /// Most address space the slots of frames still arriving may reserve (default: 16 times
+    /// the physical memory). A section is mapped whole when its first byte arrives but
+    /// committed only as bytes come, so this bounds what declared-but-unsent sizes can take.
+    pub max_reserved_bytes: u64,
 }
 
 impl Default for PoolConfig {
@@ -53,6 +57,7 @@ impl Default for PoolConfig {
             max_idle_bytes: 1 << 30,
             idle_ttl: Duration::from_secs(10),
             max_receiving_bytes: half_of_physical_memory(),
+            max_reserved_bytes: half_of_physical_memory().saturating_mul(32),
         }
     }
 }
@@ -88,6 +93,8 @@ struct PoolInner {
     idle: Mutex<HashMap<usize, Vec<(Mapping, Instant)>>>,
     idle_bytes: AtomicU64,
     receiving: AtomicU64,
+    /// Bytes of slots held by frames still arriving (not frozen yet).
+    reserved: AtomicU64,
     hits: AtomicU64,
     misses: AtomicU64,
     heap: AtomicU64,
@@ -103,6 +110,7 @@ impl ReceivePool {
                 idle: Mutex::new(HashMap::new()),
                 idle_bytes: AtomicU64::new(0),
                 receiving: AtomicU64::new(0),
+                reserved: AtomicU64::new(0),
                 hits: AtomicU64::new(0),
                 misses: AtomicU64::new(0),
                 heap: AtomicU64::new(0),
@@ -129,6 +137,19 @@ impl ReceivePool {
             });
         }
         let class = class_size(len);
+        let size = len_u64(class);
+        let max = inner.config.max_reserved_bytes;
+        inner
+            .reserved
+            .fetch_update(Relaxed, Relaxed, |now| {
+                now.checked_add(size).filter(|&n| n <= max)
+            })
+            .map_err(|now| {
+                Error::Memory(format!(
+                    "cannot reserve {size} bytes of address space for a section: frames still \
+                     arriving hold {now} of at most {max} bytes"
+                ))
+            })?;
         let reused = lock(&inner.idle)
             .get_mut(&class)
             .and_then(Vec::pop)
@@ -141,9 +162,15 @@ impl ReceivePool {
             }
             None => {
                 inner.misses.fetch_add(1, Relaxed);
-                Mapping::new(class).map_err(|e| {
-                    Error::Memory(format!("cannot map {class} bytes of receive memory: {e}"))
-                })?
+                match Mapping::new(class) {
+                    Ok(mapping) => mapping,
+                    Err(e) => {
+                        inner.reserved.fetch_sub(size, Relaxed);
+                        return Err(Error::Memory(format!(
+                            "cannot map {class} bytes of receive memory: {e}"
+                        )));
+                    }
+                }
             }
         };
         Ok(PoolBuffer {
@@ -151,6 +178,7 @@ impl ReceivePool {
                 mapping: Some(mapping),
                 len,
                 pool: Arc::clone(inner),
+                reserved: true,
             },
         })
     }
@@ -279,6 +307,8 @@ enum Storage {
         /// Bytes in use; at most the mapping's length.
         len: usize,
         pool: Arc<PoolInner>,
+        /// Counted in the pool's reserved address space (until frozen or dropped).
+        reserved: bool,
     },
 }
 
@@ -325,12 +355,22 @@ impl ReceiveBuffer for PoolBuffer {
                 mut mapping,
                 len,
                 pool,
+                reserved,
             } => {
-                // Frozen means every byte was written: the whole slot counts as warm.
+                // Frozen means every byte was written: the whole slot counts as warm, and it is
+                // the receiver's memory now, no longer a frame's reservation.
                 if let Some(mapping) = &mut mapping {
                     mapping.mark_written(mapping.len());
+                    if reserved {
+                        pool.reserved.fetch_sub(len_u64(mapping.len()), Relaxed);
+                    }
                 }
-                let slot = Storage::Slot { mapping, len, pool };
+                let slot = Storage::Slot {
+                    mapping,
+                    len,
+                    pool,
+                    reserved: false,
+                };
                 Bytes::from_owner(Self { storage: slot })
             }
         }
@@ -363,8 +403,17 @@ impl RecvStorage for PoolBuffer {
 
 impl Drop for PoolBuffer {
     fn drop(&mut self) {
-        if let Storage::Slot { mapping, pool, .. } = &mut self.storage {
+        if let Storage::Slot {
+            mapping,
+            pool,
+            reserved,
+            ..
+        } = &mut self.storage
+        {
             if let Some(mapping) = mapping.take() {
+                if *reserved {
+                    pool.reserved.fetch_sub(len_u64(mapping.len()), Relaxed);
+                }
                 pool.give_back(mapping);
             }
         }
@@ -471,6 +520,22 @@ mod tests {
         assert_eq!(sut.release_unused(later), 1);
         let stats = sut.stats();
         assert_eq!((stats.idle_bytes, stats.released), (0, 1));
+    }
+
+    #[test]
+    fn address_space_for_sections_still_arriving_is_bounded() {
+        let sut = ReceivePool::new(PoolConfig {
+            min_pooled_bytes: 4096,
+            max_reserved_bytes: 8 << 20,
+            ..PoolConfig::default()
+        });
+        let first = sut.take(6 << 20).unwrap();
+        let refused = sut.take(4 << 20).unwrap_err();
+        assert!(refused.to_string().contains("address space"), "{refused}");
+        let frozen = filled(&sut, 2 << 20, 1);
+        drop(first); // a failed frame's section gives its reservation back
+        let again = sut.take(6 << 20).unwrap();
+        drop((again, frozen));
     }
 
     #[test]

@@ -4,13 +4,13 @@
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-use tensorwire_proto::session::{Checkin, Checkout, ClientEvent, ClientSession};
+use tensorwire_proto::session::{Checkin, Checkout, ClientEvent, ClientSession, WaiterId};
 use tensorwire_proto::transport::Error;
 
 use crate::sys;
 use crate::uring::commands::{Event, Outgoing};
 use crate::uring::conn::{Client, Conn, ConnKey, InFlight, Role};
-use crate::uring::core::Core;
+use crate::uring::core::{Backlog, Core};
 use crate::uring::op::{Connect, Op, Owner};
 
 impl Core {
@@ -26,7 +26,15 @@ impl Core {
         match self.pool.checkout(outgoing.peer, outgoing, deadline) {
             Checkout::Reuse(key, outgoing) => self.begin(key, outgoing),
             Checkout::Connect(outgoing) => self.connect(outgoing),
-            Checkout::Queued(_) => {} // its deadline runs in the pool
+            Checkout::Queued(id) => {
+                // Its deadline runs in the pool; a caller that gives up takes it out at once.
+                if let Some(waiting) = self.pool.waiter(id) {
+                    let core = self.handle.clone();
+                    waiting.completion.on_cancel(Box::new(move || {
+                        core.post(Event::CancelWaiting { id });
+                    }));
+                }
+            }
         }
     }
 
@@ -41,7 +49,10 @@ impl Core {
             };
             outgoing.completion.complete(Err(error));
             if let Some(next) = self.pool.not_opened(peer) {
-                self.connect(next);
+                self.backlog.push_back(Backlog {
+                    conn: None,
+                    outgoing: next,
+                });
             }
             return;
         }
@@ -54,7 +65,10 @@ impl Core {
                     .complete(Err(Error::Connect { peer, source }));
                 // Nothing was opened: a waiting request may try in its place.
                 if let Some(next) = self.pool.not_opened(peer) {
-                    self.connect(next);
+                    self.backlog.push_back(Backlog {
+                        conn: None,
+                        outgoing: next,
+                    });
                 }
                 return;
             }
@@ -99,8 +113,12 @@ impl Core {
     }
 
     /// Starts `outgoing` on connection `key` (idle, or still connecting).
-    fn begin(&mut self, key: ConnKey, outgoing: Outgoing) {
+    pub(crate) fn begin(&mut self, key: ConnKey, outgoing: Outgoing) {
         let now = self.now;
+        if outgoing.completion.is_cancelled() {
+            outgoing.completion.complete(Err(Error::Cancelled));
+            return self.release(key);
+        }
         let id = self.next_request;
         self.next_request += 1;
         let Some(Conn {
@@ -190,18 +208,37 @@ impl Core {
             return;
         };
         if client.current.is_none() && !client.pooled && client.session.is_reusable() {
-            client.pooled = true;
-            let peer = client.peer;
-            loop {
-                match self.pool.checkin(peer, key, self.now) {
-                    Checkin::Serve(key, next) if next.completion.is_cancelled() => {
-                        next.completion.complete(Err(Error::Cancelled));
-                        let _ = key; // free again: check it in once more
-                    }
-                    Checkin::Serve(key, next) => return self.begin(key, next),
-                    Checkin::Idle => return,
-                }
-            }
+            self.release(key);
+        }
+    }
+
+    /// A connection that finished its request and is in step goes back to the pool, or to the
+    /// next request waiting for its peer (started from the backlog, not from here).
+    fn release(&mut self, key: ConnKey) {
+        let Some(Conn {
+            role: Role::Client(client),
+            ..
+        }) = self.conns.get_mut(key)
+        else {
+            return;
+        };
+        if client.current.is_some() || client.pooled || !client.session.is_reusable() {
+            return;
+        }
+        client.pooled = true;
+        let peer = client.peer;
+        if let Checkin::Serve(key, next) = self.pool.checkin(peer, key, self.now) {
+            self.backlog.push_back(Backlog {
+                conn: Some(key),
+                outgoing: next,
+            });
+        }
+    }
+
+    /// A request waiting for a connection was given up by its caller.
+    pub(crate) fn on_cancel_waiting(&mut self, id: WaiterId) {
+        if let Some(outgoing) = self.pool.cancel(id) {
+            outgoing.completion.complete(Err(Error::Cancelled));
         }
     }
 

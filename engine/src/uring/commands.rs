@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
-use tensorwire_proto::session::ClientRequest;
+use tensorwire_proto::session::{ClientRequest, WaiterId};
 use tensorwire_proto::transport::{Completion, Error, Reply};
 
 use crate::sys;
@@ -35,6 +35,8 @@ pub(crate) enum Event {
     },
     /// The caller of a carried request gave up.
     Cancel { conn: ConnKey, request: u64 },
+    /// The caller of a request waiting for a connection gave up.
+    CancelWaiting { id: WaiterId },
     /// Fail everything, close every connection, stop.
     Shutdown,
 }
@@ -58,6 +60,7 @@ pub(crate) struct CoreShared {
     pub(crate) timers: AtomicUsize,
     pub(crate) operations: AtomicUsize,
     pub(crate) peers: AtomicUsize,
+    pub(crate) waiting: AtomicUsize,
 }
 
 /// The receiving ends, owned by the core.
@@ -86,6 +89,7 @@ impl CoreHandle {
             timers: AtomicUsize::new(0),
             operations: AtomicUsize::new(0),
             peers: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
         });
         let inbox = Inbox {
             requests: requests_rx,

@@ -41,7 +41,12 @@ pub(crate) struct Core {
     accept_retry_at: Option<Instant>,
     pub(crate) stopping: bool,
     pub(crate) next_request: u64,
-    completions: Vec<(u64, i32, u32)>,
+    /// Completions taken from the ring and not handled yet (kept here, so a panic in one
+    /// leaves the others for the next turn).
+    completions: std::collections::VecDeque<(u64, i32, u32)>,
+    /// Requests to start outside the handler that found them (a connection freed up, a
+    /// waiter may connect): a work list instead of recursion, however many wait.
+    pub(crate) backlog: std::collections::VecDeque<Backlog>,
     /// When the core last had something to do (for the busy-poll before sleeping).
     last_work: Instant,
     /// The last two connections that had a completion, and when: if only one had any lately,
@@ -75,7 +80,8 @@ impl Core {
             accept_retry_at: None,
             stopping: false,
             next_request: 0,
-            completions: Vec::with_capacity(256),
+            completions: std::collections::VecDeque::with_capacity(256),
+            backlog: std::collections::VecDeque::new(),
             last_work: Instant::now(),
             recent_conns: [(None, Instant::now()); 2],
             now: Instant::now(),
@@ -109,12 +115,7 @@ impl Core {
                         panic = text,
                         "a core thread panicked; closing its connections"
                     );
-                    self.close_all(|| {
-                        Error::io(
-                            "serving the request",
-                            io::Error::other("the core thread panicked"),
-                        )
-                    });
+                    self.recover();
                 }
             }
             if self.stopping {
@@ -160,15 +161,14 @@ impl Core {
         waited?;
         self.now = Instant::now();
         // Completions first: an idle peer's close is seen before a request could reuse it.
-        let mut completions = std::mem::take(&mut self.completions);
-        self.ring.drain(&mut completions);
-        if !completions.is_empty() || !self.inbox.requests.is_empty() {
+        self.ring.drain(&mut self.completions);
+        if !self.completions.is_empty() || !self.inbox.requests.is_empty() {
             self.last_work = self.now;
         }
-        for (user_data, res, flags) in completions.drain(..) {
+        while let Some((user_data, res, flags)) = self.completions.pop_front() {
             self.on_completion(OpKey::from_user_data(user_data), res, flags);
         }
-        self.completions = completions;
+        self.run_backlog();
         self.fire_timers();
         while let Ok(event) = self.inbox.events.try_recv() {
             self.on_event(event);
@@ -179,6 +179,7 @@ impl Core {
             };
             self.start_outgoing(outgoing);
         }
+        self.run_backlog();
         self.update_gauges();
         Ok(())
     }
@@ -308,13 +309,19 @@ impl Core {
             self.accept_retry_at = None;
             self.arm_accept();
         }
+        // Each expired connection once per turn: a deadline that did not move cannot spin.
+        let mut expired = Vec::new();
         while let Some(key) = self.timers.pop_expired(now) {
             if let Some(conn) = self.conns.get_mut(key) {
                 conn.timer = None;
             }
+            expired.push(key);
+        }
+        for key in expired {
             self.on_timeout(key);
         }
         self.pool_timeouts();
+        self.run_backlog();
     }
 
     pub(crate) fn on_event(&mut self, event: Event) {
@@ -322,6 +329,7 @@ impl Core {
             Event::Enqueued { conn, seq } => self.on_enqueued(conn, seq),
             Event::Answer { conn, seq, answer } => self.on_answer(conn, seq, answer),
             Event::Cancel { conn, request } => self.on_cancel(conn, request),
+            Event::CancelWaiting { id } => self.on_cancel_waiting(id),
             Event::Shutdown => self.stop_all(),
         }
     }
@@ -338,6 +346,25 @@ impl Core {
         }
     }
 
+    /// After a caught panic: every connection (whose state may be half-updated) is closed, its
+    /// request failed; the core's own operations are armed again if they were lost.
+    fn recover(&mut self) {
+        let panicked = || {
+            Error::io(
+                "serving the request",
+                io::Error::other("the driver thread panicked"),
+            )
+        };
+        self.close_all(panicked);
+        for Backlog { outgoing, .. } in std::mem::take(&mut self.backlog) {
+            outgoing.completion.complete(Err(panicked()));
+        }
+        if self.wake.is_none() {
+            self.arm_wake();
+        }
+        self.arm_accept();
+    }
+
     /// Fails every request, closes every connection and stops accepting.
     fn stop_all(&mut self) {
         if !self.stopping {
@@ -347,12 +374,16 @@ impl Core {
                 self.submit(Owner::Core, Op::Cancel(crate::uring::op::Cancel::Op(op)));
             }
         }
-        self.close_all(|| Error::Shutdown);
+        // The waiters first: closing connections would hand them new ones.
         let (waiting, idle) = self.pool.drain();
         for outgoing in waiting {
             outgoing.completion.complete(Err(Error::Shutdown));
         }
+        self.close_all(|| Error::Shutdown);
         idle.into_iter().for_each(|conn| self.close(conn));
+        for Backlog { outgoing, .. } in std::mem::take(&mut self.backlog) {
+            outgoing.completion.complete(Err(Error::Shutdown));
+        }
         while let Ok(outgoing) = self.inbox.requests.try_recv() {
             outgoing.completion.complete(Err(Error::Shutdown));
         }
@@ -372,6 +403,16 @@ impl Core {
         }
         let op = Op::Accept(Accept::new(listener, self.accept_multishot));
         self.accept = self.submit(Owner::Core, op);
+    }
+
+    /// Starts what the backlog holds, until it is empty (starting one may add more).
+    pub(crate) fn run_backlog(&mut self) {
+        while let Some(Backlog { conn, outgoing }) = self.backlog.pop_front() {
+            match conn {
+                Some(conn) => self.begin(conn, outgoing),
+                None => self.connect(outgoing),
+            }
+        }
     }
 
     /// Puts an operation in the slab and its SQE in the ring. `None` (and nothing armed) if
@@ -417,7 +458,14 @@ impl Core {
         shared.timers.store(self.timers.len(), Ordering::Relaxed);
         shared.operations.store(self.ops.live(), Ordering::Relaxed);
         shared.peers.store(self.pool.peers(), Ordering::Relaxed);
+        shared.waiting.store(self.pool.waiting(), Ordering::Relaxed);
     }
+}
+
+/// A request to start once the current handler is done: on a connection, or on a new one.
+pub(crate) struct Backlog {
+    pub(crate) conn: Option<ConnKey>,
+    pub(crate) outgoing: Outgoing,
 }
 
 impl Drop for Core {

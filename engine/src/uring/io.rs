@@ -223,7 +223,7 @@ impl Core {
         match conn.role {
             Role::Server(server) => {
                 if let Some((_, withdraw)) = server.waiting {
-                    withdraw.withdraw();
+                    let _ = withdraw.withdraw();
                 }
             }
             Role::Client(client) => {
@@ -234,7 +234,10 @@ impl Core {
                         .complete(Err(Error::ConnectionClosed { peer, detail: None }));
                 }
                 if let Some(next) = self.pool.closed(client.peer, key) {
-                    self.connect(next);
+                    self.backlog.push_back(crate::uring::core::Backlog {
+                        conn: None,
+                        outgoing: next,
+                    });
                 }
             }
         }

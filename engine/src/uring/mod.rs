@@ -191,6 +191,7 @@ impl Driver for UringDriver {
             gauges.timers += shared.timers.load(Ordering::Relaxed);
             gauges.operations += shared.operations.load(Ordering::Relaxed);
             gauges.peers += shared.peers.load(Ordering::Relaxed);
+            gauges.waiting += shared.waiting.load(Ordering::Relaxed);
         }
         gauges
     }

@@ -149,7 +149,7 @@ impl Ring {
     }
 
     /// Takes every available completion as `(user_data, result, flags)`.
-    pub(crate) fn drain(&mut self, out: &mut Vec<(u64, i32, u32)>) {
+    pub(crate) fn drain(&mut self, out: &mut std::collections::VecDeque<(u64, i32, u32)>) {
         let mut cq = self.ring.completion();
         cq.sync();
         out.extend(cq.map(|cqe: cqueue::Entry| (cqe.user_data(), cqe.result(), cqe.flags())));

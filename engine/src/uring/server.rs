@@ -91,9 +91,12 @@ impl Core {
                     self.take_self_posted();
                 }
                 ServerEvent::Withdraw { seq } => {
-                    if let Some((_, withdraw)) = server.waiting.take_if(|(s, _)| *s == seq) {
-                        withdraw.withdraw();
-                    }
+                    // Without a handle the request already got in (its Enqueued is on its way).
+                    let withdrawn = server
+                        .waiting
+                        .take_if(|(s, _)| *s == seq)
+                        .is_some_and(|(_, withdraw)| withdraw.withdraw());
+                    server.session.handle_withdrawn(seq, withdrawn, now);
                 }
                 ServerEvent::ShutdownWrite => {
                     let _ = sys::shutdown(fd.as_raw_fd(), libc::SHUT_WR);

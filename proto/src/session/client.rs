@@ -324,16 +324,26 @@ impl ClientSession {
         if self.closed {
             return;
         }
+        let config = Arc::clone(&self.config);
+        let connect_timeout = Error::Timeout {
+            what: "connect",
+            after: config.connect_timeout,
+        };
+        let connect_passed = self.connect_until.is_some_and(|at| at <= now);
         let Some(request) = &self.request else {
+            // No request waits for this connection, but a connect that takes too long is
+            // given up all the same.
+            if connect_passed {
+                self.close(CloseReason::Timeout {
+                    phase: "connect",
+                    after: config.connect_timeout,
+                });
+            }
             return;
         };
         let (kind, deadline) = (request.kind, request.deadline);
-        let config = Arc::clone(&self.config);
-        let error = if self.connect_until.is_some_and(|at| at <= now) {
-            Error::Timeout {
-                what: "connect",
-                after: config.connect_timeout,
-            }
+        let error = if connect_passed {
+            connect_timeout
         } else if deadline.has_passed(now) {
             deadline.error(kind.as_str())
         } else if self.head_until.is_some_and(|at| at <= now) {

@@ -193,6 +193,11 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
         Some(waiter.request)
     }
 
+    /// The request waiting under `id`, if it still waits.
+    pub fn waiter(&self, id: WaiterId) -> Option<&R> {
+        self.waiters.get(&id).map(|waiter| &waiter.request)
+    }
+
     /// The earliest deadline of a waiting request or an idle trim.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let waiter = self.deadlines.first().map(|&(at, _)| at);

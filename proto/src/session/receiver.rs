@@ -346,6 +346,11 @@ impl Receiver {
         self.eof || self.read_error.is_some()
     }
 
+    /// Whether reading failed (a reset): the peer is gone for good.
+    pub(crate) fn read_failed(&self) -> bool {
+        self.read_error.is_some()
+    }
+
     /// Whether nothing of a next frame has arrived (no buffered bytes, no frame started).
     pub(crate) fn is_between_frames(&self) -> bool {
         self.start == self.end && self.frame_bytes == 0 && matches!(self.stage, Stage::Head { .. })

@@ -42,7 +42,9 @@ pub enum ServerEvent {
         request: InboundRequest,
     },
     /// Request `seq` still waits for mailbox space and is given up (its deadline passed, or
-    /// the peer left): withdraw it from the mailbox.
+    /// the peer left): withdraw it from the mailbox and, unless the session is closing, say
+    /// whether that worked with [`ServerSession::handle_withdrawn`] (a request that got in
+    /// meanwhile is delivered after all).
     Withdraw {
         /// The request's number.
         seq: u64,
@@ -85,6 +87,9 @@ pub struct ServerSession {
     preface_until: Option<Instant>,
     head_until: Option<Instant>,
     idle_since: Option<Instant>,
+    /// When the peer finished sending while its request was with the handler: the answer is
+    /// still written (a half-closed peer reads it), but only for `idle_timeout` more.
+    peer_finished_at: Option<Instant>,
     receive_rate: RateMeter,
     send_rate: RateMeter,
     closed: bool,
@@ -98,6 +103,8 @@ struct Outstanding {
     path: String,
     /// Since when it waits for mailbox space (`None` once it is in the mailbox).
     waiting_since: Option<Instant>,
+    /// Its wait was given up; the driver says whether it was withdrawn in time.
+    withdrawing: bool,
 }
 
 #[derive(Debug)]
@@ -128,6 +135,7 @@ impl ServerSession {
             preface_until: now.checked_add(config.preface_timeout),
             head_until: None,
             idle_since: None,
+            peer_finished_at: None,
             receive_rate: RateMeter::new(config.min_rate, config.rate_window),
             send_rate: RateMeter::new(config.min_rate, config.rate_window),
             closed: false,
@@ -151,10 +159,14 @@ impl ServerSession {
         if self.closed {
             return;
         }
-        if self.receiver.peer_gone() && self.waiting_seq().is_some() {
-            // Nobody is left to tell whether a request still waiting for mailbox space got in.
-            self.close(CloseReason::PeerClosed);
-            return;
+        if self.receiver.peer_gone() && self.request.is_some() {
+            if self.waiting_seq().is_some() || self.receiver.read_failed() {
+                // Nobody is left to tell whether a request still waiting for mailbox space got
+                // in, or to read the answer of a connection that failed.
+                self.close(CloseReason::PeerClosed);
+                return;
+            }
+            self.peer_finished_at.get_or_insert(now);
         }
         self.drive(now);
         // Counted after the frame's start was seen, so the read that started it counts too.
@@ -183,11 +195,43 @@ impl ServerSession {
             return;
         };
         request.waiting_since = None;
+        request.withdrawing = false;
         if request.kind == RequestKind::Tell {
             let version = request.version;
             self.request = None;
             self.queue_reply(Frame::Ack { version });
         }
+        self.drive(now);
+    }
+
+    /// Whether the wait of request `seq` was withdrawn (after [`ServerEvent::Withdraw`]):
+    /// `true` tells the peer it was not delivered; `false` means it got in meanwhile, and it
+    /// goes on as if [`ServerSession::handle_enqueued`] had been called.
+    pub fn handle_withdrawn(&mut self, seq: u64, withdrawn: bool, now: Instant) {
+        let Some(request) = self
+            .request
+            .as_mut()
+            .filter(|r| r.seq == seq && r.withdrawing)
+        else {
+            return;
+        };
+        request.withdrawing = false;
+        if !withdrawn {
+            return self.handle_enqueued(seq, now);
+        }
+        let Some(request) = self.request.take() else {
+            return;
+        };
+        let text = format!(
+            "the mailbox of {} stayed full for {}; the {} was not delivered",
+            request.path,
+            format_duration(self.config.enqueue_timeout),
+            request.kind
+        );
+        self.queue_reply(Frame::Error {
+            version: request.version,
+            text,
+        });
         self.drive(now);
     }
 
@@ -197,6 +241,7 @@ impl ServerSession {
         let Some(request) = self.request.take_if(|r| r.seq == seq) else {
             return;
         };
+        self.peer_finished_at = None;
         let version = request.version;
         let frame = match (request.kind, answer) {
             (_, Err(text)) => Frame::Error { version, text },
@@ -280,6 +325,8 @@ impl ServerSession {
                 .and_then(|since| since.checked_add(config.enqueue_timeout)),
             self.idle_since
                 .and_then(|since| since.checked_add(config.idle_timeout)),
+            self.peer_finished_at
+                .and_then(|since| since.checked_add(config.idle_timeout)),
             self.draining_since
                 .and_then(|since| since.checked_add(config.drain_timeout)),
         ]
@@ -319,21 +366,18 @@ impl ServerSession {
         if passed(self.idle_since, config.idle_timeout) {
             return self.close(timeout("idle connection", config.idle_timeout));
         }
+        if passed(self.peer_finished_at, config.idle_timeout) {
+            return self.close(timeout(
+                "answer for a peer that finished sending",
+                config.idle_timeout,
+            ));
+        }
         if passed(self.waiting_since(), config.enqueue_timeout) {
-            if let Some(request) = self.request.take() {
-                self.events
-                    .push_back(ServerEvent::Withdraw { seq: request.seq });
-                let text = format!(
-                    "the mailbox of {} stayed full for {}; the {} was not delivered",
-                    request.path,
-                    format_duration(config.enqueue_timeout),
-                    request.kind
-                );
-                self.queue_reply(Frame::Error {
-                    version: request.version,
-                    text,
-                });
-                self.drive(now);
+            if let Some(request) = self.request.as_mut() {
+                request.waiting_since = None;
+                request.withdrawing = true;
+                let seq = request.seq;
+                self.events.push_back(ServerEvent::Withdraw { seq });
             }
         }
     }
@@ -433,6 +477,7 @@ impl ServerSession {
             version: message.version,
             path: path.clone(),
             waiting_since: Some(now),
+            withdrawing: false,
         });
         self.receiver.hold(true);
         let request = InboundRequest::new(kind, path, message);
@@ -475,7 +520,7 @@ impl ServerSession {
     fn waiting_seq(&self) -> Option<u64> {
         self.request
             .as_ref()
-            .filter(|r| r.waiting_since.is_some())
+            .filter(|r| r.waiting_since.is_some() || r.withdrawing)
             .map(|r| r.seq)
     }
 

@@ -89,6 +89,8 @@ pub(crate) struct RateMeter {
 
 impl RateMeter {
     pub(crate) fn new(min_rate: u64, window: Duration) -> Self {
+        // A window shorter than a millisecond would end again at every check.
+        let window = window.max(Duration::from_millis(1));
         let required = u128::from(min_rate) * window.as_millis() / 1000;
         Self {
             window,

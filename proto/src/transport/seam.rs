@@ -51,8 +51,10 @@ impl std::fmt::Debug for Delivery {
 
 /// Takes back a request that waits for mailbox space; it is dropped without being delivered.
 pub trait Withdraw: Send + 'static {
-    /// Removes the request from the wait.
-    fn withdraw(self: Box<Self>);
+    /// Removes the request from the wait: `true` if it was still waiting (and is dropped
+    /// undelivered), `false` if it got into the mailbox meanwhile ([`Responder::enqueued`] is
+    /// called or on its way).
+    fn withdraw(self: Box<Self>) -> bool;
 }
 
 /// Where the answer to one inbound request goes (implemented by each transport).
@@ -175,6 +177,8 @@ pub struct DriverGauges {
     pub operations: usize,
     /// Peers with pooled connections or waiting requests.
     pub peers: usize,
+    /// Requests waiting for a connection to their peer (at its connection cap).
+    pub waiting: usize,
 }
 
 /// Starts a PTR1 driver for a node: how the tokio fallback (or any other driver) is plugged in.

@@ -114,6 +114,35 @@ fn a_connect_timeout_is_reported_as_a_connect_timeout() {
 }
 
 #[test]
+fn a_connect_that_outlasts_its_timeout_is_given_up_even_without_a_request() {
+    let memory: Arc<dyn crate::transport::ReceiveMemory> = Arc::new(HeapMemory::new(1 << 20));
+    let start = std::time::Instant::now();
+    let mut sut =
+        ClientSession::connecting(Arc::new(SessionConfig::default()), memory, peer(), start);
+    // A request whose deadline passed before it could start leaves the connect on its own.
+    let late = ClientRequest::encode(
+        RequestKind::Ask,
+        &ActorPath::parse("echo").unwrap(),
+        message(&[1]),
+        &Limits::default(),
+        Deadline::after(start, Duration::ZERO),
+    )
+    .unwrap();
+    sut.start(late, start).unwrap();
+    assert!(matches!(sut.poll_event(), Some(ClientEvent::Done(Err(e))) if e.is_timeout()));
+    let at = sut.poll_timeout().expect("the connect deadline");
+    sut.handle_timeout(at);
+    assert!(matches!(
+        sut.poll_event(),
+        Some(ClientEvent::Close(CloseReason::Timeout {
+            phase: "connect",
+            ..
+        }))
+    ));
+    assert_eq!(sut.poll_timeout(), None, "nothing left to time out");
+}
+
+#[test]
 fn a_request_deadline_shorter_than_the_connect_timeout_is_reported_as_the_requests() {
     let memory: Arc<dyn crate::transport::ReceiveMemory> = Arc::new(HeapMemory::new(1 << 20));
     let start = std::time::Instant::now();

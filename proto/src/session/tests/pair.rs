@@ -129,6 +129,8 @@ pub(super) struct Pair {
     /// The client stops reading (its pipe fills up).
     pub(super) client_reads: bool,
     pub(super) node: NodeMode,
+    /// Whether a withdrawn request was still waiting (`false`: it got in meanwhile).
+    pub(super) withdraw_succeeds: bool,
     pub(super) admit: Box<Admission>,
     pub(super) server_read: Option<ReadBuf>,
     pub(super) client_read: Option<ReadBuf>,
@@ -166,6 +168,7 @@ impl Pair {
             pipe_capacity: usize::MAX,
             client_reads: true,
             node: NodeMode::Echo,
+            withdraw_succeeds: true,
             admit: Box::new(|_, path| {
                 if path.starts_with("/actors/") {
                     Ok(())
@@ -378,7 +381,11 @@ impl Pair {
                     self.server.admit(result, self.now);
                 }
                 ServerEvent::Request { seq, request } => self.deliver(seq, request),
-                ServerEvent::Withdraw { seq } => self.withdrawn.push(seq),
+                ServerEvent::Withdraw { seq } => {
+                    self.withdrawn.push(seq);
+                    let withdrawn = self.withdraw_succeeds;
+                    self.server.handle_withdrawn(seq, withdrawn, self.now);
+                }
                 ServerEvent::ShutdownWrite => self.to_client.finished = true,
                 ServerEvent::Close(reason) => {
                     self.server_closed = Some(reason);

@@ -101,6 +101,47 @@ fn a_request_waiting_for_mailbox_space_is_withdrawn_and_answered_at_its_deadline
 }
 
 #[test]
+fn a_request_that_got_in_just_as_its_wait_was_given_up_is_delivered_after_all() {
+    let config = SessionConfig {
+        enqueue_timeout: Duration::from_secs(3),
+        ..SessionConfig::default()
+    };
+    let mut sut = Pair::with(config);
+    sut.node = NodeMode::Full;
+    sut.withdraw_succeeds = false; // a taker admitted it a moment before the withdraw
+    sut.start(RequestKind::Tell, message(&[10]), Duration::from_secs(30));
+    sut.drive();
+    sut.advance(Duration::from_secs(3));
+    assert_eq!(sut.withdrawn, vec![0]);
+    assert_eq!(
+        sut.done.pop().unwrap().unwrap(),
+        Answer::Ack,
+        "never told 'not delivered' for a request that was delivered"
+    );
+}
+
+#[test]
+fn a_peer_that_finished_sending_gets_its_answer_until_the_idle_deadline() {
+    let config = SessionConfig {
+        idle_timeout: Duration::from_secs(60),
+        ..SessionConfig::default()
+    };
+    let mut sut = Pair::with(config);
+    sut.node = NodeMode::Hold;
+    sut.raw_to_server(&ask_frame("/actors/echo", message(&[4])));
+    sut.to_server.finished = true;
+    sut.drive();
+    sut.advance(Duration::from_secs(59));
+    assert!(sut.server_closed.is_none(), "still waiting for the handler");
+    sut.advance(Duration::from_secs(1));
+    assert!(
+        matches!(sut.server_closed, Some(CloseReason::Timeout { phase, .. }) if phase.contains("finished sending")),
+        "{:?}",
+        sut.server_closed
+    );
+}
+
+#[test]
 fn a_client_leaving_while_its_request_waits_for_space_withdraws_it() {
     let mut sut = Pair::new();
     sut.node = NodeMode::Full;
