@@ -110,6 +110,7 @@ pub(crate) fn tcp_socket(addr: &SocketAddr) -> io::Result<OwnedFd> {
     } else {
         libc::AF_INET6
     };
+    // SAFETY: socket() takes no pointers.
     let fd = syscall!(socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0))?;
     // SAFETY: socket() just returned this descriptor and nothing else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -124,6 +125,8 @@ fn socket_address(fd: RawFd, peer: bool) -> io::Result<SocketAddr> {
     let mut raw = RawAddr::new(SocketAddr::from(([0, 0, 0, 0], 0)));
     raw.len = socklen(size_of::<libc::sockaddr_storage>());
     let (storage, len) = ((&raw mut raw.storage).cast(), &raw mut raw.len);
+    // SAFETY: `storage` and `len` point into `raw`, a live local; `len` holds the storage's
+    // full size, so the kernel writes at most that much.
     if peer {
         syscall!(getpeername(fd, storage, len))?;
     } else {
@@ -144,6 +147,7 @@ pub(crate) fn poll_one(fd: RawFd, events: i16, timeout: std::time::Duration) -> 
     // Round up so a sub-millisecond remainder still waits instead of spinning.
     let ms = if ms == 0 && !timeout.is_zero() { 1 } else { ms };
     loop {
+        // SAFETY: one live `pollfd`, and a count of one.
         match syscall!(poll(&raw mut pollfd, 1, ms)) {
             Ok(0) => return Ok(0),
             Ok(_) => return Ok(pollfd.revents),
@@ -166,6 +170,7 @@ pub(crate) fn set_receive_low_water(fd: RawFd, bytes: usize) -> io::Result<()> {
 }
 
 fn set_int_option(fd: RawFd, level: i32, name: i32, value: i32) -> io::Result<()> {
+    // SAFETY: `value` is a live `i32` and the length passed is its size.
     syscall!(setsockopt(
         fd,
         level,
@@ -178,6 +183,7 @@ fn set_int_option(fd: RawFd, level: i32, name: i32, value: i32) -> io::Result<()
 
 /// `shutdown(fd, how)`; wakes any operation still waiting on the socket.
 pub(crate) fn shutdown(fd: RawFd, how: i32) -> io::Result<()> {
+    // SAFETY: shutdown() takes no pointers.
     syscall!(shutdown(fd, how))?;
     Ok(())
 }
@@ -185,6 +191,7 @@ pub(crate) fn shutdown(fd: RawFd, how: i32) -> io::Result<()> {
 /// A close-on-exec eventfd used to wake a core thread. It is blocking on purpose: io_uring
 /// answers a READ on a non-blocking file with `EAGAIN` instead of waiting.
 pub(crate) fn eventfd_blocking() -> io::Result<OwnedFd> {
+    // SAFETY: eventfd() takes no pointers.
     let fd = syscall!(eventfd(0, libc::EFD_CLOEXEC))?;
     // SAFETY: eventfd() just returned this descriptor and nothing else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -195,6 +202,7 @@ pub(crate) fn eventfd_signal(fd: RawFd) {
     let one: u64 = 1;
     // A failed write means the counter is saturated (the reader is already woken) or the fd is
     // closing; both are fine to ignore.
+    // SAFETY: writes the 8 bytes of `one`, a live local.
     let _ = syscall!(write(fd, (&raw const one).cast(), size_of::<u64>()));
 }
 

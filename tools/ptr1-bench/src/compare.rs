@@ -173,6 +173,7 @@ pub(crate) fn compare(options: &Options) -> Result<()> {
         Ok(gb_per_s) => print_iperf(&cases, &results, *gb_per_s),
         Err(e) => println!("\niperf3: {e:#}"),
     }
+    print_memcpy(&cases, &results, quick);
     let rss = if quick {
         Ok(Vec::new())
     } else {
@@ -394,6 +395,25 @@ fn print_iperf(cases: &[Case], results: &[Vec<Vec<Measurement>>], iperf: f64) {
                     tokio / iperf
                 );
             }
+        }
+    }
+}
+
+/// Single-thread memcpy at each large one-way size, and how close the transports come to it.
+fn print_memcpy(cases: &[Case], results: &[Vec<Vec<Measurement>>], quick: bool) {
+    println!("\nsingle-thread memcpy (the bound for messages larger than the caches):");
+    let budget = Duration::from_millis(if quick { 100 } else { 500 });
+    for (case, per_transport) in cases.iter().zip(results) {
+        if case.mode == Mode::OneWay && case.size >= 1 << 20 && case.buffers == 1 {
+            let gb_per_s = crate::memcpy::bandwidth(case.size, budget);
+            let engine = pick(&per_transport[0], |m| m.gb_per_s);
+            let tokio = pick(&per_transport[1], |m| m.gb_per_s);
+            println!(
+                "  {}: memcpy {gb_per_s:.2} GB/s; engine ÷ memcpy = {:.2}×, tokio ÷ memcpy = {:.2}×",
+                human(case.size),
+                engine / gb_per_s,
+                tokio / gb_per_s
+            );
         }
     }
 }

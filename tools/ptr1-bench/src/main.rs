@@ -20,6 +20,7 @@ mod blocking;
 mod compare;
 mod engine_side;
 mod measure;
+mod memcpy;
 mod seed;
 
 use std::net::SocketAddr;
