@@ -8,14 +8,26 @@
 //!
 //! Plug it into a node with `NodeBuilder::fallback(Arc::new(TokioFallback::default()))`.
 //!
+//! [`Http2`] starts the HTTP/2 + TLS transport of PTM1 bodies ([`Http2Transport`]): hyper
+//! (HTTP/2 only) and rustls (ring, TLS 1.3, ALPN `h2`, optional client certificates). Bodies
+//! are streamed chunk by chunk and decoded as they arrive into the node's receive memory. It
+//! serves the connections a PTR1 listener hands over (TLS ClientHello, h2c preface) or its own
+//! listener, and carries the sends the router gives it (TLS on, or
+//! `PULSING_TENSOR_TRANSPORT=http2`). Plug it in with `NodeBuilder::transport(Arc::new(Http2::new(config)))`.
+//!
 //! # What this crate does not do
 //!
 //! It never depends on the engine or on io_uring and contains no `unsafe` code. It does not
-//! decide what a connection means (the sessions do), does not retry or replay requests, and
-//! does not read the environment.
+//! decide what a PTR1 connection means (the sessions do), does not retry or replay requests,
+//! and reads the environment only in the explicit `from_env` constructors
+//! ([`Http2Config::from_env`], [`TlsConfig::from_env`]). It serves only tensor messages over
+//! HTTP/2 (no HTTP/1, no other message types).
 #![forbid(unsafe_code)]
 
+mod http2;
 mod ptr1;
 mod runtime;
+mod sync;
 
+pub use http2::{Http2, Http2Config, Http2Transport, TlsConfig, TlsConfigBuilder};
 pub use ptr1::{TokioDriver, TokioFallback};

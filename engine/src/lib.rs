@@ -38,6 +38,7 @@ pub use node::{Node, NodeBuilder, NodeStats};
 pub use pending::Pending;
 pub use pool::{PoolBuffer, PoolConfig, PoolStats, ReceivePool};
 pub use tensorwire_proto::TensorMessage;
+pub use tensorwire_proto::route::Preference;
 pub use tensorwire_proto::session::SessionConfig;
 pub use tensorwire_proto::transport::{Error, Reply, RequestKind};
 pub use uring::ZeroCopy;

@@ -60,7 +60,12 @@ impl Limits {
         self.max_buffers
     }
 
-    pub(crate) fn check(&self, field: LimitField, value: u64) -> Result<(), LimitExceeded> {
+    /// Checks `value` against the limit on `field`.
+    ///
+    /// # Errors
+    ///
+    /// [`LimitExceeded`] naming the field, the value and the limit.
+    pub fn check(&self, field: LimitField, value: u64) -> Result<(), LimitExceeded> {
         let limit = match field {
             LimitField::PathBytes => Self::MAX_PATH_BYTES,
             LimitField::MetadataBytes => self.max_metadata_bytes,

@@ -23,6 +23,10 @@ use crate::limits::Limits;
 use crate::message::TensorMessage;
 use crate::reader::{FrameReader, split_contiguous};
 
+mod receiver;
+
+pub use receiver::{BodyReceiver, Pushed};
+
 /// Length of the fixed PTM1 header.
 pub const FIXED_HEADER_LEN: usize = 20;
 

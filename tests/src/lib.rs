@@ -11,6 +11,9 @@ use tensorwire_engine::{Node, NodeBuilder, Reply, TensorMessage};
 use tensorwire_proto::Limits;
 use tensorwire_proto::ptr1::{self, Frame};
 
+pub mod http2;
+pub mod pki;
+
 /// Which PTR1 driver runs a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Driver {

@@ -6,7 +6,7 @@ mod server;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tensorwire_proto::Limits;
@@ -19,6 +19,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{Notify, mpsc, watch};
 
 use crate::runtime;
+pub(crate) use crate::sync::{lock, stopped};
 
 /// How long shutdown waits for the driver's tasks to finish.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
@@ -228,20 +229,4 @@ impl Drop for TaskGuard {
     fn drop(&mut self) {
         self.0.tasks.fetch_sub(1, Ordering::AcqRel);
     }
-}
-
-/// Resolves once the driver is shutting down.
-pub(crate) async fn stopped(shutdown: &mut watch::Receiver<bool>) {
-    loop {
-        if *shutdown.borrow_and_update() {
-            return;
-        }
-        if shutdown.changed().await.is_err() {
-            return;
-        }
-    }
-}
-
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -8,7 +8,9 @@ use std::time::Duration;
 use tensorwire_proto::Limits;
 use tensorwire_proto::route::Preference;
 use tensorwire_proto::session::{ConnectionPoolConfig, SessionConfig};
-use tensorwire_proto::transport::{Driver, DriverFactory, DriverSetup, Error, HandOff};
+use tensorwire_proto::transport::{
+    Driver, DriverFactory, DriverSetup, Error, HandOff, Transport, TransportFactory, TransportSetup,
+};
 
 use crate::blocking::BlockingPool;
 use crate::endpoint::Registry;
@@ -33,6 +35,8 @@ pub struct NodeBuilder {
     receive_pool: PoolConfig,
     handoff: Option<Arc<dyn HandOff>>,
     fallback: Option<Arc<dyn DriverFactory>>,
+    transport: Option<Arc<dyn TransportFactory>>,
+    preference: Option<Preference>,
     force_fallback: bool,
     require_tls: bool,
     in_process_delivery: bool,
@@ -69,6 +73,8 @@ impl NodeBuilder {
             limits: None,
             receive_pool: PoolConfig::default(),
             handoff: None,
+            transport: None,
+            preference: None,
             fallback: None,
             force_fallback: false,
             require_tls: false,
@@ -207,7 +213,24 @@ impl NodeBuilder {
         self
     }
 
-    /// Where connections that do not start with `PTR1` go (default: they are closed).
+    /// Plugs in a transport beside PTR1 — the HTTP/2 + TLS transport of `tensorwire-compat`
+    /// (`Arc::new(tensorwire_compat::Http2::new(config))`): it serves the connections that do
+    /// not start with `PTR1` (TLS, h2c) on the node's port, and carries the sends the router
+    /// gives it (every remote send when it encrypts, or under `PULSING_TENSOR_TRANSPORT=http2`).
+    /// A transport that requires TLS makes the node refuse plaintext PTR1.
+    pub fn transport(mut self, factory: Arc<dyn TransportFactory>) -> Self {
+        self.transport = Some(factory);
+        self
+    }
+
+    /// The transport preference (default: `PULSING_TENSOR_TRANSPORT`, else auto).
+    pub fn preference(mut self, preference: Preference) -> Self {
+        self.preference = Some(preference);
+        self
+    }
+
+    /// Where connections that do not start with `PTR1` go (default: they are closed, or
+    /// served by the [`NodeBuilder::transport`]).
     pub fn handoff(mut self, handoff: Arc<dyn HandOff>) -> Self {
         self.handoff = Some(handoff);
         self
@@ -251,7 +274,10 @@ impl NodeBuilder {
             Some(limits) => limits,
             None => Limits::from_env()?,
         };
-        let preference = Preference::from_env()?;
+        let preference = match self.preference {
+            Some(preference) => preference,
+            None => Preference::from_env()?,
+        };
         let listener = TcpListener::bind(self.bind).map_err(|e| Error::io("bind", e))?;
         let local_addr = listener
             .local_addr()
@@ -261,6 +287,20 @@ impl NodeBuilder {
         let session = Arc::new(session);
         let registry = Arc::new(Registry::new(self.mailbox_capacity));
         let pool = ReceivePool::new(self.receive_pool);
+        let transport: Option<Arc<dyn Transport>> = match &self.transport {
+            Some(factory) => Some(factory.start(TransportSetup::new(
+                registry.clone(),
+                Arc::new(pool.clone()),
+                Arc::clone(&session),
+            ))?),
+            None => None,
+        };
+        let handoff = self
+            .handoff
+            .clone()
+            .or_else(|| transport.as_ref().and_then(|t| t.handoff()));
+        let require_tls =
+            self.require_tls || transport.as_ref().is_some_and(|t| t.requires_encryption());
         let setup = |listener| {
             let mut setup = DriverSetup::new(
                 listener,
@@ -268,11 +308,11 @@ impl NodeBuilder {
                 Arc::new(pool.clone()),
                 Arc::clone(&session),
             );
-            setup.handoff = self.handoff.clone();
+            setup.handoff = handoff.clone();
             setup.pool = self.pool;
             setup.limits = limits;
             setup.threads = self.cores;
-            setup.require_tls = self.require_tls;
+            setup.require_tls = require_tls;
             setup
         };
         let reason = if self.force_fallback {
@@ -321,7 +361,9 @@ impl NodeBuilder {
             limits,
             preference,
             in_process_delivery: self.in_process_delivery,
-            require_tls: self.require_tls,
+            require_tls,
+            encrypts: transport.as_ref().is_some_and(|t| t.encrypts()),
+            transport,
             handler_threads: Mutex::new(Vec::new()),
             shut_down: AtomicBool::new(false),
         });

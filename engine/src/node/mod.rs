@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use tensorwire_proto::route::{self, Capabilities, Locality, Preference, Route};
 use tensorwire_proto::transport::{
-    ActorPath, Answer, Deadline, Driver, DriverGauges, Error, OutboundRequest, Reply, RequestKind,
+    ActorPath, Answer, Completion, Deadline, Driver, DriverGauges, Error, OutboundRequest, Reply,
+    RequestKind, Transport,
 };
 use tensorwire_proto::{Limits, TensorMessage};
 
@@ -44,6 +45,10 @@ pub(crate) struct NodeInner {
     preference: Preference,
     in_process_delivery: bool,
     require_tls: bool,
+    /// Remote sends are encrypted: the transport beside PTR1 has TLS.
+    encrypts: bool,
+    /// The transport beside PTR1 (HTTP/2 + TLS), if one is plugged in.
+    transport: Option<Arc<dyn Transport>>,
     handler_threads: Mutex<Vec<JoinHandle<()>>>,
     shut_down: AtomicBool,
 }
@@ -69,6 +74,10 @@ pub struct NodeStats {
     pub gauges: DriverGauges,
     /// The receive pool's counters.
     pub pool: PoolStats,
+    /// The transport beside PTR1 (`"http2"`, `"http2+tls"`), if one is plugged in.
+    pub transport: Option<&'static str>,
+    /// Its open connections.
+    pub transport_connections: usize,
 }
 
 impl Node {
@@ -94,6 +103,8 @@ impl Node {
             fallback_reason: stats::fallback_reason(),
             gauges: self.inner.driver.gauges(),
             pool: self.inner.pool.stats(),
+            transport: self.inner.transport.as_ref().map(|t| t.name()),
+            transport_connections: self.inner.transport.as_ref().map_or(0, |t| t.connections()),
         }
     }
 
@@ -170,10 +181,11 @@ impl Node {
         };
         match self.route(peer) {
             Ok(Target::Local(target)) => local::ask(&target, &path, message, deadline),
-            Ok(Target::Driver) => {
+            Ok(target) => {
                 let (completer, pending) = pair();
                 let completion = Box::new(AskCompletion(completer));
-                let request = OutboundRequest::new(
+                self.send_remote(
+                    target,
                     peer,
                     path,
                     RequestKind::Ask,
@@ -181,7 +193,6 @@ impl Node {
                     deadline,
                     completion,
                 );
-                self.inner.driver.send(request);
                 pending
             }
             Err(e) => Pending::ready(Err(e)),
@@ -204,10 +215,11 @@ impl Node {
         };
         match self.route(peer) {
             Ok(Target::Local(target)) => local::tell(&target, &path, message, deadline),
-            Ok(Target::Driver) => {
+            Ok(target) => {
                 let (completer, pending) = pair();
                 let completion = Box::new(TellCompletion(completer));
-                let request = OutboundRequest::new(
+                self.send_remote(
+                    target,
                     peer,
                     path,
                     RequestKind::Tell,
@@ -215,7 +227,6 @@ impl Node {
                     deadline,
                     completion,
                 );
-                self.inner.driver.send(request);
                 pending
             }
             Err(e) => Pending::ready(Err(e)),
@@ -240,6 +251,7 @@ impl Node {
         let path = self.check(path)?;
         match self.route(peer)? {
             Target::Local(target) => local::ask(&target, &path, message, deadline).wait(),
+            Target::Transport => self.ask(peer, path.as_str(), message, timeout).wait(),
             Target::Driver => {
                 let answer = self.inner.blocking.exchange(
                     peer,
@@ -273,6 +285,7 @@ impl Node {
         let path = self.check(path)?;
         match self.route(peer)? {
             Target::Local(target) => local::tell(&target, &path, message, deadline).wait(),
+            Target::Transport => self.tell(peer, path.as_str(), message, timeout).wait(),
             Target::Driver => self
                 .inner
                 .blocking
@@ -285,6 +298,25 @@ impl Node {
     /// and joins the threads. Idempotent.
     pub fn shutdown(&self) {
         self.inner.shutdown();
+    }
+
+    /// Hands a remote send to the PTR1 driver or the transport beside it.
+    #[allow(clippy::too_many_arguments)]
+    fn send_remote(
+        &self,
+        target: Target,
+        peer: SocketAddr,
+        path: ActorPath,
+        kind: RequestKind,
+        message: TensorMessage,
+        deadline: Deadline,
+        completion: Box<dyn Completion>,
+    ) {
+        let request = OutboundRequest::new(peer, path, kind, message, deadline, completion);
+        match (target, &self.inner.transport) {
+            (Target::Transport, Some(transport)) => transport.send(request),
+            _ => self.inner.driver.send(request),
+        }
     }
 
     fn check(&self, path: &str) -> Result<ActorPath, Error> {
@@ -310,24 +342,21 @@ impl Node {
             raw: true,
             shared_memory: false,
         };
-        match route::select(
-            self.inner.preference,
-            locality,
-            caps,
-            self.inner.require_tls,
-        ) {
+        let tls = self.inner.encrypts || self.inner.require_tls;
+        match route::select(self.inner.preference, locality, caps, tls) {
             Route::LocalMailbox => local
                 .map(Target::Local)
                 .ok_or(Error::ConnectionClosed { peer, detail: None }),
-            Route::RawTcp => Ok(Target::Driver),
+            Route::RawTcp | Route::SharedMemory => Ok(Target::Driver),
+            Route::Http2 if self.inner.transport.is_some() => Ok(Target::Transport),
             Route::Http2 => Err(Error::DriverUnavailable {
                 driver: "http2",
                 reason: "this send must go over HTTP/2 (TLS is required, or \
                          PULSING_TENSOR_TRANSPORT asks for it)"
                     .into(),
-                hint: "plug in tensorwire-compat's HTTP/2 transport",
+                hint: "plug in tensorwire-compat's HTTP/2 transport with \
+                       NodeBuilder::transport(Arc::new(tensorwire_compat::Http2::new(config)))",
             }),
-            Route::SharedMemory => Ok(Target::Driver),
         }
     }
 }
@@ -335,6 +364,7 @@ impl Node {
 enum Target {
     Local(Arc<NodeInner>),
     Driver,
+    Transport,
 }
 
 impl NodeInner {
@@ -353,6 +383,9 @@ impl NodeInner {
         local::unregister(self.local_addr);
         stats::unregister_node(self.local_addr);
         self.driver.shutdown();
+        if let Some(transport) = &self.transport {
+            transport.shutdown();
+        }
         self.blocking.close();
         self.registry.close_all();
         let handlers = std::mem::take(&mut *lock(&self.handler_threads));

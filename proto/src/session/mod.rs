@@ -34,7 +34,7 @@ pub use client::{ClientEvent, ClientRequest, ClientSession};
 pub use pool::{Checkin, Checkout, ConnectionPool, Expired, WaiterId};
 pub use read_buf::ReadBuf;
 pub use server::{ServerEvent, ServerSession};
-pub use transmit::Transmit;
+pub use transmit::{RateMeter, Transmit};
 
 use crate::encode::Encoded;
 use crate::error::WireError;

@@ -79,7 +79,7 @@ impl Transmit {
 
 /// Checks that a transfer keeps a minimum rate: in every window at least `required` bytes.
 #[derive(Debug)]
-pub(crate) struct RateMeter {
+pub struct RateMeter {
     window: Duration,
     required: u64,
     /// Start of the current window; `None` while no transfer is measured.
@@ -88,7 +88,8 @@ pub(crate) struct RateMeter {
 }
 
 impl RateMeter {
-    pub(crate) fn new(min_rate: u64, window: Duration) -> Self {
+    /// A meter requiring `min_rate` bytes per second over every `window` (at least 1 ms).
+    pub fn new(min_rate: u64, window: Duration) -> Self {
         // A window shorter than a millisecond would end again at every check.
         let window = window.max(Duration::from_millis(1));
         let required = u128::from(min_rate) * window.as_millis() / 1000;
@@ -101,29 +102,31 @@ impl RateMeter {
     }
 
     /// Starts measuring (if not measuring already).
-    pub(crate) fn start(&mut self, now: Instant) {
+    pub fn start(&mut self, now: Instant) {
         if self.since.is_none() {
             self.since = Some(now);
             self.bytes = 0;
         }
     }
 
-    pub(crate) fn stop(&mut self) {
+    /// Stops measuring (the transfer ended).
+    pub fn stop(&mut self) {
         self.since = None;
     }
 
-    pub(crate) fn progress(&mut self, bytes: usize) {
+    /// Counts bytes that moved.
+    pub fn progress(&mut self, bytes: usize) {
         self.bytes = self.bytes.saturating_add(len_u64(bytes));
     }
 
     /// When the current window ends.
-    pub(crate) fn deadline(&self) -> Option<Instant> {
+    pub fn deadline(&self) -> Option<Instant> {
         self.since.and_then(|since| since.checked_add(self.window))
     }
 
     /// At or after the deadline: `false` if the window moved too few bytes; otherwise a new
     /// window starts.
-    pub(crate) fn check(&mut self, now: Instant) -> bool {
+    pub fn check(&mut self, now: Instant) -> bool {
         match self.deadline() {
             Some(deadline) if deadline <= now => {
                 if self.bytes < self.required {

@@ -85,6 +85,15 @@ pub enum Error {
         /// The OS error.
         source: io::Error,
     },
+    /// The TLS handshake with the peer failed: its certificate is not trusted or not valid
+    /// for the name, it did not agree on `h2`, or it refused ours.
+    #[error("TLS with {peer} failed: {reason}")]
+    Tls {
+        /// The peer.
+        peer: SocketAddr,
+        /// What rustls (or the ALPN check) reported.
+        reason: String,
+    },
     /// A deadline passed. For a request, it may or may not have been delivered.
     #[error("{what} timed out after {}", format_duration(*after))]
     Timeout {
@@ -149,9 +158,18 @@ impl Error {
         matches!(self, Self::Timeout { .. })
     }
 
-    /// Whether connecting failed or the connection broke before the reply arrived.
+    /// Whether connecting failed (TLS included) or the connection broke before the reply
+    /// arrived.
     pub fn is_connection(&self) -> bool {
-        matches!(self, Self::Connect { .. } | Self::ConnectionClosed { .. })
+        matches!(
+            self,
+            Self::Connect { .. } | Self::ConnectionClosed { .. } | Self::Tls { .. }
+        )
+    }
+
+    /// Whether the TLS handshake failed.
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Self::Tls { .. })
     }
 
     /// Whether the remote side reported the error (its handler failed, it refused the request).

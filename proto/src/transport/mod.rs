@@ -10,18 +10,21 @@
 //!   [`Completion`];
 //! - received payload goes into the node's [`ReceiveMemory`];
 //! - a PTR1 [`Driver`] (io_uring or the tokio fallback) is started by a [`DriverFactory`] on
-//!   the node's listener; connections that are not PTR1 go to a [`HandOff`].
+//!   the node's listener; connections that are not PTR1 go to a [`HandOff`];
+//! - other transports (HTTP/2 + TLS) are started by a [`TransportFactory`] beside it.
 //!
 //! Everything fails with the one [`Error`] type.
 
 mod error;
 mod memory;
+mod plugin;
 mod request;
 mod seam;
 
 pub use error::Error;
 pub(crate) use error::format_duration;
 pub use memory::{HeapMemory, ReceiveMemory, RecvBuffer, RecvStorage};
+pub use plugin::{Transport, TransportFactory, TransportSetup};
 pub use request::{ActorPath, Answer, Deadline, InboundRequest, Reply, RequestKind};
 pub use seam::{
     Completion, Delivery, Driver, DriverFactory, DriverGauges, DriverSetup, HandOff, Inbound,

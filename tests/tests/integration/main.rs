@@ -5,3 +5,4 @@ mod conformance;
 mod defects;
 mod engine;
 mod fallback;
+mod http2;

@@ -1,0 +1,236 @@
+//! Taking over a connection: classify its first bytes (a TLS ClientHello or the h2c preface),
+//! run the TLS handshake under a deadline, and serve HTTP/2 on it with a first-request
+//! deadline of our own (hyper has none). Connections come from the PTR1 listener's hand-off
+//! (with the bytes it already read) or from a standalone listener.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::http2::service::{self, Peer};
+use crate::http2::tls::{ALPN_H2, identity};
+use crate::http2::{Guard, Shared};
+
+/// What a connection's first bytes say it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A TLS record (handshake, `0x16`).
+    Tls,
+    /// The HTTP/2 client preface (`PRI `).
+    H2c,
+    /// Anything else.
+    Other,
+}
+
+/// Classifies at least the first byte (two are needed to tell `PRI ` from `PTR1`).
+pub(crate) fn classify(prefix: &[u8]) -> Kind {
+    match prefix {
+        [0x16, ..] => Kind::Tls,
+        [b'P', b'R', ..] => Kind::H2c,
+        _ => Kind::Other,
+    }
+}
+
+/// Serves a handed-off connection whose first bytes (`prefix`) were already read.
+pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, prefix: Vec<u8>) {
+    let _guard = Guard::connection(&shared);
+    let Ok(addr) = stream.peer_addr() else { return };
+    let _ = stream.set_nodelay(true);
+    let io = Prefixed::new(prefix, stream);
+    match classify(&io.prefix) {
+        Kind::Tls => serve_tls(&shared, addr, io).await,
+        Kind::H2c if shared.config.require_tls => {
+            tracing::debug!(%addr, "h2c refused: this node requires TLS");
+        }
+        Kind::H2c => {
+            serve_http2(
+                &shared,
+                Peer {
+                    addr,
+                    identity: None,
+                },
+                io,
+            )
+            .await
+        }
+        Kind::Other => tracing::debug!(%addr, "neither TLS nor HTTP/2: closed"),
+    }
+}
+
+/// A standalone listener (without the engine's PTR1 listener): reads the first bytes of each
+/// connection under the preface deadline, then serves it as a hand-off would be.
+pub(crate) async fn listen(shared: Arc<Shared>, listener: TcpListener) {
+    let mut shutdown = shared.shutdown.subscribe();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((mut stream, _)) => {
+                    let shared = Arc::clone(&shared);
+                    tokio::spawn(async move {
+                        let mut prefix = [0u8; 4];
+                        let deadline = shared.config.preface_timeout;
+                        let read = tokio::time::timeout(deadline, stream.read(&mut prefix)).await;
+                        if let Ok(Ok(n)) = read && n > 0 {
+                            serve(shared, stream, prefix[..n].to_vec()).await;
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "HTTP/2 accept failed; retrying in 100 ms");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            },
+            () = crate::sync::stopped(&mut shutdown) => return,
+        }
+    }
+}
+
+async fn serve_tls(shared: &Arc<Shared>, addr: SocketAddr, io: Prefixed) {
+    let Some(acceptor) = shared.acceptor.clone() else {
+        tracing::debug!(%addr, "TLS refused: this node has no TLS certificate");
+        return;
+    };
+    let handshake =
+        tokio::time::timeout(shared.config.handshake_timeout, acceptor.accept(io)).await;
+    let stream = match handshake {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => return tracing::debug!(%addr, error = %e, "TLS handshake failed"),
+        Err(_) => return tracing::debug!(%addr, "TLS handshake timed out"),
+    };
+    let (_, connection) = stream.get_ref();
+    if connection.alpn_protocol() != Some(ALPN_H2) {
+        // A client that offered no ALPN at all gets here: rustls refuses only a wrong offer.
+        return tracing::debug!(%addr, "TLS client did not agree on h2: closed");
+    }
+    let identity = identity(connection.peer_certificates());
+    serve_http2(shared, Peer { addr, identity }, stream).await;
+}
+
+/// Serves HTTP/2 on `io` until it closes, the first-request deadline passes without a
+/// request, or the node shuts down (GOAWAY; requests in flight may finish).
+async fn serve_http2<I>(shared: &Arc<Shared>, peer: Peer, io: I)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let config = &shared.config;
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .initial_stream_window_size(config.stream_window)
+        .initial_connection_window_size(config.connection_window)
+        .max_frame_size(config.max_frame_size)
+        .max_concurrent_streams(config.max_concurrent_streams)
+        .max_header_list_size(config.max_header_list_size)
+        .max_send_buf_size(usize::try_from(config.max_frame_size).unwrap_or(1 << 20) * 2)
+        .keep_alive_interval(config.keep_alive_interval)
+        .keep_alive_timeout(config.keep_alive_timeout);
+    let seen = Arc::new(AtomicBool::new(false));
+    let service = {
+        let (shared, seen) = (Arc::clone(shared), Arc::clone(&seen));
+        service_fn(move |request| {
+            seen.store(true, Ordering::Relaxed);
+            service::serve(Arc::clone(&shared), peer.clone(), request)
+        })
+    };
+    let connection = builder.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(connection);
+    let mut shutdown = shared.shutdown.subscribe();
+    let first_request = tokio::time::sleep(config.first_request_timeout);
+    tokio::pin!(first_request);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "HTTP/2 connection ended");
+                }
+                return;
+            }
+            () = &mut first_request, if !closing => {
+                if !seen.load(Ordering::Relaxed) {
+                    tracing::debug!("no request within the first-request deadline: closing");
+                    connection.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+                // Requests seen: the deadline is done; keep-alive watches the rest.
+                first_request.as_mut().reset(tokio::time::Instant::now() + std::time::Duration::from_secs(86_400 * 365));
+            }
+            () = crate::sync::stopped(&mut shutdown), if !closing => {
+                connection.as_mut().graceful_shutdown();
+                closing = true;
+            }
+        }
+    }
+}
+
+/// A stream whose first bytes were already read: they are read again first.
+pub(crate) struct Prefixed {
+    prefix: Vec<u8>,
+    at: usize,
+    stream: TcpStream,
+}
+
+impl Prefixed {
+    fn new(prefix: Vec<u8>, stream: TcpStream) -> Self {
+        Self {
+            prefix,
+            at: 0,
+            stream,
+        }
+    }
+}
+
+impl AsyncRead for Prefixed {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if this.at < this.prefix.len() {
+            let n = (this.prefix.len() - this.at).min(buf.remaining());
+            buf.put_slice(&this.prefix[this.at..this.at + n]);
+            this.at += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Prefixed {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,332 @@
+//! The HTTP/2 client: one connection per peer (streams multiplex), opened once however many
+//! requests want it at the same time, opened again after it fails; each request under its
+//! caller's deadline, cancelled (`RST_STREAM`) when its caller gives up, never replayed once
+//! it may have been seen.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::{HeaderValue, Request, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use rustls_pki_types::ServerName;
+use tensorwire_proto::transport::{
+    ActorPath, Answer, Completion, Error, OutboundRequest, Reply, RequestKind,
+};
+use tensorwire_proto::{Encoded, Format, Malformed, WireError, stats};
+use tokio::net::TcpStream;
+use tokio::sync::{Mutex as AsyncMutex, oneshot};
+
+use crate::http2::recv::{self, MinRate, RecvError};
+use crate::http2::send_body::ChunkBody;
+use crate::http2::tls::ALPN_H2;
+use crate::http2::wire;
+use crate::http2::{Guard, Shared};
+
+/// Connections by peer.
+#[derive(Default)]
+pub(crate) struct Peers {
+    slots: std::sync::Mutex<HashMap<SocketAddr, Slot>>,
+}
+
+/// A peer's connection, if open; locked while one is being opened.
+type Slot = Arc<AsyncMutex<Option<SendRequest<ChunkBody>>>>;
+
+/// Starts `request` on the runtime; its outcome goes to its completion.
+pub(crate) fn send(shared: &Arc<Shared>, request: OutboundRequest) {
+    let OutboundRequest {
+        peer,
+        path,
+        kind,
+        message,
+        deadline,
+        completion,
+        ..
+    } = request;
+    if completion.is_cancelled() {
+        return completion.complete(Err(Error::Cancelled));
+    }
+    if shared.is_shut_down() {
+        return completion.complete(Err(Error::Shutdown));
+    }
+    let encoded = match tensorwire_proto::ptm1::encode(&message, &shared.limits) {
+        Ok(encoded) => encoded,
+        Err(e) => return completion.complete(Err(Error::Encode(e))),
+    };
+    let (cancel, cancelled) = oneshot::channel::<()>();
+    completion.on_cancel(Box::new(move || {
+        let _ = cancel.send(());
+    }));
+    let shared = Arc::clone(shared);
+    shared.handle.clone().spawn(async move {
+        let what = kind.as_str();
+        let exchange = exchange(&shared, peer, &path, kind, encoded);
+        let at = deadline.at().map(tokio::time::Instant::from_std);
+        let outcome = tokio::select! {
+            outcome = async {
+                match at {
+                    Some(at) => tokio::time::timeout_at(at, exchange)
+                        .await
+                        .unwrap_or_else(|_| Err(deadline.error(what))),
+                    None => exchange.await,
+                }
+            } => outcome,
+            // Dropping the exchange resets its stream (RST_STREAM CANCEL).
+            Ok(()) = cancelled => Err(Error::Cancelled),
+        };
+        complete(completion, outcome);
+    });
+}
+
+fn complete(completion: Box<dyn Completion>, outcome: Result<Answer, Error>) {
+    completion.complete(outcome);
+}
+
+/// One request and its answer.
+async fn exchange(
+    shared: &Arc<Shared>,
+    peer: SocketAddr,
+    path: &ActorPath,
+    kind: RequestKind,
+    encoded: Encoded,
+) -> Result<Answer, Error> {
+    let body_len = encoded.wire_len();
+    let mut sender = connection(shared, peer).await?;
+    let scheme = if shared.config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let uri = format!("{scheme}://{peer}{}", path.as_str());
+    let request = Request::post(uri)
+        .header(wire::MESSAGE_MODE, wire::mode_value(kind))
+        .header(
+            wire::MESSAGE_TYPE,
+            HeaderValue::from_static(wire::TENSOR_MESSAGE_TYPE),
+        )
+        .header(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static(wire::OCTET_STREAM),
+        )
+        .body(ChunkBody::encoded(encoded))
+        .map_err(|e| Error::Misuse(format!("cannot build the HTTP/2 request: {e}")))?;
+    sender.ready().await.map_err(|e| closed(peer, &e))?;
+    stats::global().record_http2_fallback(body_len);
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| closed(peer, &e))?;
+    answer(shared, peer, kind, response).await
+}
+
+/// Maps the response onto what a PTR1 peer would have answered.
+async fn answer(
+    shared: &Shared,
+    peer: SocketAddr,
+    kind: RequestKind,
+    response: http::Response<Incoming>,
+) -> Result<Answer, Error> {
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response.into_body();
+    match (status, kind) {
+        (StatusCode::ACCEPTED, RequestKind::Tell) => Ok(Answer::Ack),
+        (StatusCode::OK, RequestKind::Ask) => {
+            let response_type = headers
+                .get(wire::RESPONSE_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("single");
+            if response_type.eq_ignore_ascii_case("tensor") {
+                let declared = wire::content_length(&headers).ok().flatten();
+                let rate = MinRate {
+                    bytes_per_second: shared.session.min_rate,
+                    window: shared.session.rate_window,
+                };
+                let message = recv::receive(body, declared, &*shared.memory, &shared.limits, rate)
+                    .await
+                    .map_err(|e| received(peer, e, shared))?;
+                Ok(Answer::Reply(Reply::Tensor(message)))
+            } else {
+                let msg_type = headers
+                    .get(wire::MESSAGE_TYPE)
+                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                    .unwrap_or_default();
+                let data = collect(peer, body, shared).await?;
+                Ok(Answer::Reply(Reply::Single { msg_type, data }))
+            }
+        }
+        (status, _) if status.is_success() => Err(Error::UnexpectedReply {
+            peer,
+            request: kind.as_str(),
+            reply: "success status",
+        }),
+        (status, _) => {
+            let text = collect(peer, body, shared).await.unwrap_or_default();
+            let text = String::from_utf8_lossy(&text);
+            let text = if text.is_empty() {
+                status.to_string()
+            } else {
+                format!("{status}: {text}")
+            };
+            Err(Error::Remote {
+                peer: Some(peer),
+                text,
+            })
+        }
+    }
+}
+
+/// A small body (a single reply, an error text), bounded by the metadata limit.
+async fn collect(peer: SocketAddr, body: Incoming, shared: &Shared) -> Result<bytes::Bytes, Error> {
+    let limit = usize::try_from(shared.limits.max_metadata_bytes()).unwrap_or(usize::MAX);
+    Limited::new(body, limit)
+        .collect()
+        .await
+        .map(http_body_util::Collected::to_bytes)
+        .map_err(|e| Error::ConnectionClosed {
+            peer,
+            detail: Some(std::io::Error::other(e.to_string())),
+        })
+}
+
+fn received(peer: SocketAddr, error: RecvError, shared: &Shared) -> Error {
+    match error {
+        RecvError::Wire(source) => Error::Protocol { peer, source },
+        RecvError::Length {
+            declared,
+            described,
+        } => Error::Protocol {
+            peer,
+            source: WireError::Malformed(Malformed::Truncated {
+                format: Format::Ptm1,
+                expected: described,
+                received: declared,
+            }),
+        },
+        RecvError::Memory(text) => Error::Memory(text),
+        RecvError::Stalled(_) => Error::Timeout {
+            what: "receiving the reply at the minimum rate",
+            after: shared.session.rate_window,
+        },
+        RecvError::Broken(text) => Error::ConnectionClosed {
+            peer,
+            detail: Some(std::io::Error::other(text)),
+        },
+    }
+}
+
+fn closed(peer: SocketAddr, error: &hyper::Error) -> Error {
+    Error::ConnectionClosed {
+        peer,
+        detail: Some(std::io::Error::other(error.to_string())),
+    }
+}
+
+/// The peer's connection: the open one, or a new one (only one is opened at a time per peer;
+/// requests that want it meanwhile wait for it).
+async fn connection(
+    shared: &Arc<Shared>,
+    peer: SocketAddr,
+) -> Result<SendRequest<ChunkBody>, Error> {
+    let slot = {
+        let mut slots = crate::sync::lock(&shared.peers.slots);
+        Arc::clone(slots.entry(peer).or_default())
+    };
+    let mut slot = slot.lock().await;
+    if let Some(sender) = slot.as_ref().filter(|s| !s.is_closed()) {
+        return Ok(sender.clone());
+    }
+    *slot = None;
+    let sender = connect(shared, peer).await?;
+    *slot = Some(sender.clone());
+    Ok(sender)
+}
+
+async fn connect(shared: &Arc<Shared>, peer: SocketAddr) -> Result<SendRequest<ChunkBody>, Error> {
+    let timeout = shared.session.connect_timeout;
+    let tcp = tokio::time::timeout(timeout, TcpStream::connect(peer))
+        .await
+        .map_err(|_| Error::Timeout {
+            what: "connect",
+            after: timeout,
+        })?
+        .map_err(|source| Error::Connect { peer, source })?;
+    let _ = tcp.set_nodelay(true);
+    match &shared.config.tls {
+        None => handshake(shared, peer, tcp).await,
+        Some(tls) => {
+            let name = match &tls.server_name {
+                Some(name) => ServerName::try_from(name.clone())
+                    .map_err(|e| Error::Misuse(format!("invalid TLS server name {name:?}: {e}")))?,
+                None => ServerName::IpAddress(peer.ip().into()),
+            };
+            let connector = tokio_rustls::TlsConnector::from(Arc::clone(&tls.client));
+            let stream = tokio::time::timeout(
+                shared.config.handshake_timeout,
+                connector.connect(name, tcp),
+            )
+            .await
+            .map_err(|_| Error::Timeout {
+                what: "TLS handshake",
+                after: shared.config.handshake_timeout,
+            })?
+            .map_err(|e| Error::Tls {
+                peer,
+                reason: e.to_string(),
+            })?;
+            if stream.get_ref().1.alpn_protocol() != Some(ALPN_H2) {
+                return Err(Error::Tls {
+                    peer,
+                    reason: "the server did not agree on h2".into(),
+                });
+            }
+            handshake(shared, peer, stream).await
+        }
+    }
+}
+
+async fn handshake<I>(
+    shared: &Arc<Shared>,
+    peer: SocketAddr,
+    io: I,
+) -> Result<SendRequest<ChunkBody>, Error>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let config = &shared.config;
+    let mut builder = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .initial_stream_window_size(config.stream_window)
+        .initial_connection_window_size(config.connection_window)
+        .max_frame_size(config.max_frame_size)
+        .max_header_list_size(config.max_header_list_size)
+        .max_send_buf_size(usize::try_from(config.max_frame_size).unwrap_or(1 << 20) * 2)
+        .keep_alive_interval(config.keep_alive_interval)
+        .keep_alive_timeout(config.keep_alive_timeout);
+    let (sender, connection) =
+        builder
+            .handshake(TokioIo::new(io))
+            .await
+            .map_err(|e| Error::ConnectionClosed {
+                peer,
+                detail: Some(std::io::Error::other(format!("HTTP/2 handshake: {e}"))),
+            })?;
+    let guard = Guard::connection(shared);
+    let mut shutdown = shared.shutdown.subscribe();
+    tokio::spawn(async move {
+        let _guard = guard;
+        tokio::select! {
+            result = connection => {
+                if let Err(e) = result {
+                    tracing::debug!(%peer, error = %e, "HTTP/2 client connection ended");
+                }
+            }
+            () = crate::sync::stopped(&mut shutdown) => {}
+        }
+    });
+    Ok(sender)
+}
