@@ -3,18 +3,16 @@
 //! deadline of our own (hyper has none). Connections come from the PTR1 listener's hand-off
 //! (with the bytes it already read) or from a standalone listener.
 
-use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll};
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::http2::prefixed::Prefixed;
 use crate::http2::service::{self, Peer};
 use crate::http2::tls::{ALPN_H2, identity};
 use crate::http2::{Guard, Shared};
@@ -93,7 +91,7 @@ pub(crate) async fn listen(shared: Arc<Shared>, listener: TcpListener) {
     }
 }
 
-async fn serve_tls(shared: &Arc<Shared>, addr: SocketAddr, io: Prefixed) {
+async fn serve_tls(shared: &Arc<Shared>, addr: SocketAddr, io: Prefixed<TcpStream>) {
     let Some(acceptor) = shared.acceptor.clone() else {
         tracing::debug!(%addr, "TLS refused: this node has no TLS certificate");
         return;
@@ -143,9 +141,12 @@ where
     let connection = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(connection);
     let mut shutdown = shared.shutdown.subscribe();
-    let first_request = tokio::time::sleep(config.first_request_timeout);
-    tokio::pin!(first_request);
-    let mut closing = false;
+    // Until the first request: its deadline (then the connection is dropped: nothing is in
+    // flight). After GOAWAY at shutdown: how long requests in flight may take to finish (h2
+    // also waits for the peer to answer a PING, which a silent peer never does).
+    let deadline = tokio::time::sleep(config.first_request_timeout);
+    tokio::pin!(deadline);
+    let mut phase = Phase::FirstRequest;
     loop {
         tokio::select! {
             result = connection.as_mut() => {
@@ -154,83 +155,36 @@ where
                 }
                 return;
             }
-            () = &mut first_request, if !closing => {
-                if !seen.load(Ordering::Relaxed) {
-                    tracing::debug!("no request within the first-request deadline: closing");
-                    connection.as_mut().graceful_shutdown();
-                    closing = true;
+            () = &mut deadline, if phase != Phase::Serving => {
+                if phase == Phase::Closing {
+                    return tracing::debug!("HTTP/2 connection did not finish after GOAWAY: dropped");
                 }
-                // Requests seen: the deadline is done; keep-alive watches the rest.
-                first_request.as_mut().reset(tokio::time::Instant::now() + std::time::Duration::from_secs(86_400 * 365));
+                if seen.load(Ordering::Relaxed) {
+                    phase = Phase::Serving; // keep-alive watches the rest
+                } else {
+                    // Nothing in flight to finish: close at once.
+                    return tracing::debug!("no request within the first-request deadline: closed");
+                }
             }
-            () = crate::sync::stopped(&mut shutdown), if !closing => {
+            () = crate::sync::stopped(&mut shutdown), if phase != Phase::Closing => {
                 connection.as_mut().graceful_shutdown();
-                closing = true;
+                deadline.as_mut().reset(tokio::time::Instant::now() + DRAIN_AT_SHUTDOWN);
+                phase = Phase::Closing;
             }
         }
     }
 }
 
-/// A stream whose first bytes were already read: they are read again first.
-pub(crate) struct Prefixed {
-    prefix: Vec<u8>,
-    at: usize,
-    stream: TcpStream,
+/// Where a connection is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// No request yet: the first-request deadline runs.
+    FirstRequest,
+    /// Requests arrived; keep-alive pings detect a dead peer.
+    Serving,
+    /// GOAWAY sent; requests in flight may finish until the drain deadline.
+    Closing,
 }
 
-impl Prefixed {
-    fn new(prefix: Vec<u8>, stream: TcpStream) -> Self {
-        Self {
-            prefix,
-            at: 0,
-            stream,
-        }
-    }
-}
-
-impl AsyncRead for Prefixed {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        if this.at < this.prefix.len() {
-            let n = (this.prefix.len() - this.at).min(buf.remaining());
-            buf.put_slice(&this.prefix[this.at..this.at + n]);
-            this.at += n;
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.stream).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Prefixed {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
-    }
-}
+/// How long requests in flight may take to finish once the node shuts down.
+const DRAIN_AT_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(5);

@@ -17,9 +17,11 @@ use tensorwire_proto::transport::{
     ActorPath, Answer, Completion, Error, OutboundRequest, Reply, RequestKind,
 };
 use tensorwire_proto::{Encoded, Format, Malformed, WireError, stats};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::{Mutex as AsyncMutex, oneshot};
 
+use crate::http2::prefixed::Prefixed;
 use crate::http2::recv::{self, MinRate, RecvError};
 use crate::http2::send_body::ChunkBody;
 use crate::http2::tls::ALPN_H2;
@@ -94,32 +96,55 @@ async fn exchange(
     encoded: Encoded,
 ) -> Result<Answer, Error> {
     let body_len = encoded.wire_len();
-    let mut sender = connection(shared, peer).await?;
+    let (head, parts) = encoded.into_parts();
     let scheme = if shared.config.tls.is_some() {
         "https"
     } else {
         "http"
     };
     let uri = format!("{scheme}://{peer}{}", path.as_str());
-    let request = Request::post(uri)
-        .header(wire::MESSAGE_MODE, wire::mode_value(kind))
-        .header(
-            wire::MESSAGE_TYPE,
-            HeaderValue::from_static(wire::TENSOR_MESSAGE_TYPE),
-        )
-        .header(
-            http::header::CONTENT_TYPE,
-            HeaderValue::from_static(wire::OCTET_STREAM),
-        )
-        .body(ChunkBody::encoded(encoded))
-        .map_err(|e| Error::Misuse(format!("cannot build the HTTP/2 request: {e}")))?;
-    sender.ready().await.map_err(|e| closed(peer, &e))?;
-    stats::global().record_http2_fallback(body_len);
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| closed(peer, &e))?;
-    answer(shared, peer, kind, response).await
+    let mut refused = 0;
+    loop {
+        let mut sender = connection(shared, peer).await?;
+        // The chunks are shared (`Bytes`): building the body again copies no payload.
+        let body =
+            ChunkBody::from_chunks(std::iter::once(head.clone()).chain(parts.iter().cloned()));
+        let request = Request::post(&uri)
+            .header(wire::MESSAGE_MODE, wire::mode_value(kind))
+            .header(
+                wire::MESSAGE_TYPE,
+                HeaderValue::from_static(wire::TENSOR_MESSAGE_TYPE),
+            )
+            .header(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static(wire::OCTET_STREAM),
+            )
+            .body(body)
+            .map_err(|e| Error::Misuse(format!("cannot build the HTTP/2 request: {e}")))?;
+        sender.ready().await.map_err(|e| closed(peer, &e))?;
+        stats::global().record_http2_fallback(body_len);
+        match sender.send_request(request).await {
+            Ok(response) => return answer(shared, peer, kind, response).await,
+            // REFUSED_STREAM: the server did not process it (say, more streams than its limit
+            // before its SETTINGS arrived), so sending it again cannot deliver it twice.
+            Err(e) if is_refused(&e) && refused < MAX_REFUSED => refused += 1,
+            Err(e) => return Err(closed(peer, &e)),
+        }
+    }
+}
+
+/// How often a request refused before processing is sent again.
+const MAX_REFUSED: u32 = 8;
+
+fn is_refused(error: &hyper::Error) -> bool {
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        if let Some(h2) = cause.downcast_ref::<h2::Error>() {
+            return h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// Maps the response onto what a PTR1 peer would have answered.
@@ -218,10 +243,33 @@ fn received(peer: SocketAddr, error: RecvError, shared: &Shared) -> Error {
     }
 }
 
+/// A failed exchange: [`Error::Tls`] if TLS ended it (with TLS 1.3 a server that refuses our
+/// certificate says so only after the handshake, as an alert on the first read), else a
+/// closed connection with every cause in the text.
 fn closed(peer: SocketAddr, error: &hyper::Error) -> Error {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        let io = cause.downcast_ref::<std::io::Error>().or_else(|| {
+            cause
+                .downcast_ref::<h2::Error>()
+                .and_then(h2::Error::get_io)
+        });
+        let tls = io
+            .and_then(std::io::Error::get_ref)
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+        if let Some(tls) = tls {
+            return Error::Tls {
+                peer,
+                reason: tls.to_string(),
+            };
+        }
+        text = format!("{text}: {cause}");
+        source = cause.source();
+    }
     Error::ConnectionClosed {
         peer,
-        detail: Some(std::io::Error::other(error.to_string())),
+        detail: Some(std::io::Error::other(text)),
     }
 }
 
@@ -283,8 +331,51 @@ async fn connect(shared: &Arc<Shared>, peer: SocketAddr) -> Result<SendRequest<C
                     reason: "the server did not agree on h2".into(),
                 });
             }
+            let stream = verdict(shared, peer, stream).await?;
             handshake(shared, peer, stream).await
         }
+    }
+}
+
+/// Waits for the server's first bytes (its HTTP/2 SETTINGS, sent as soon as it accepted us).
+/// With TLS 1.3 a server that refuses our certificate says so only now, with an alert:
+/// reading first turns that into a clear [`Error::Tls`] instead of a broken request.
+async fn verdict<S>(shared: &Shared, peer: SocketAddr, mut stream: S) -> Result<Prefixed<S>, Error>
+where
+    S: tokio::io::AsyncRead + Unpin,
+{
+    let mut first = vec![0u8; 64];
+    let timeout = shared.config.handshake_timeout;
+    let read = tokio::time::timeout(timeout, stream.read(&mut first))
+        .await
+        .map_err(|_| Error::Timeout {
+            what: "the server's first HTTP/2 frame",
+            after: timeout,
+        })?;
+    match read {
+        Ok(0) => Err(Error::Tls {
+            peer,
+            reason: "the server closed the connection after the handshake".into(),
+        }),
+        Ok(n) => {
+            first.truncate(n);
+            Ok(Prefixed::new(first, stream))
+        }
+        Err(e) => Err(
+            match e
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            {
+                Some(tls) => Error::Tls {
+                    peer,
+                    reason: tls.to_string(),
+                },
+                None => Error::Tls {
+                    peer,
+                    reason: e.to_string(),
+                },
+            },
+        ),
     }
 }
 

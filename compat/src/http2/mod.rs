@@ -10,6 +10,7 @@
 mod accept;
 mod client;
 mod config;
+mod prefixed;
 mod recv;
 mod send_body;
 mod service;

@@ -25,6 +25,13 @@ impl ChunkBody {
         Self::from_chunks(std::iter::once(head).chain(parts))
     }
 
+    /// These chunks, in order (empty ones skipped).
+    pub(crate) fn from_chunks(chunks: impl Iterator<Item = Bytes>) -> Self {
+        let chunks: VecDeque<Bytes> = chunks.filter(|chunk| !chunk.is_empty()).collect();
+        let remaining = chunks.iter().map(|chunk| len_u64(chunk.len())).sum();
+        Self { chunks, remaining }
+    }
+
     /// One chunk (a single reply's data, an error text).
     pub(crate) fn one(data: impl Into<Bytes>) -> Self {
         Self::from_chunks(std::iter::once(data.into()))
@@ -33,12 +40,6 @@ impl ChunkBody {
     /// Nothing.
     pub(crate) fn empty() -> Self {
         Self::default()
-    }
-
-    fn from_chunks(chunks: impl Iterator<Item = Bytes>) -> Self {
-        let chunks: VecDeque<Bytes> = chunks.filter(|chunk| !chunk.is_empty()).collect();
-        let remaining = chunks.iter().map(|chunk| len_u64(chunk.len())).sum();
-        Self { chunks, remaining }
     }
 }
 
