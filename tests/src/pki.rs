@@ -65,7 +65,11 @@ impl Ca {
 
     fn leaf(&self, names: &[&str], usage: ExtendedKeyUsagePurpose, expired: bool) -> Identity {
         let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
-        let mut params = CertificateParams::new(names).expect("leaf params");
+        let mut params = CertificateParams::new(names.clone()).expect("leaf params");
+        // A leaf named like its issuer looks self-signed to OpenSSL (curl).
+        params
+            .distinguished_name
+            .push(DnType::CommonName, names[0].as_str());
         params.extended_key_usages = vec![usage];
         params.use_authority_key_identifier_extension = true;
         if expired {

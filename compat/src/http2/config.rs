@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use tensorwire_proto::transport::Error;
+
 use crate::http2::tls::TlsConfig;
 
 /// Settings of the HTTP/2 transport (server and client alike).
@@ -77,19 +79,59 @@ impl Http2Config {
     }
 
     /// The defaults, with TLS from the environment if `TENSORWIRE_TLS_CERT` is set (see
-    /// [`TlsConfig::from_env`]); then TLS is required unless `TENSORWIRE_TLS_REQUIRE=0`.
+    /// [`TlsConfig::from_env`]; then TLS is required unless `TENSORWIRE_TLS_REQUIRE=0`), and
+    /// the tuning from `TENSORWIRE_HTTP2_MAX_FRAME_SIZE`, `TENSORWIRE_HTTP2_STREAM_WINDOW` and
+    /// `TENSORWIRE_HTTP2_CONNECTION_WINDOW` (bytes) if set.
     ///
     /// # Errors
     ///
-    /// As [`TlsConfig::from_env`].
-    pub fn from_env() -> Result<Self, tensorwire_proto::transport::Error> {
-        match TlsConfig::from_env()? {
+    /// As [`TlsConfig::from_env`]; [`Error::Misuse`] for a tuning value that is not a number
+    /// in range.
+    pub fn from_env() -> Result<Self, Error> {
+        let mut config = match TlsConfig::from_env()? {
             Some(tls) => {
                 let require =
                     std::env::var("TENSORWIRE_TLS_REQUIRE").map_or(true, |v| v.trim() != "0");
-                Ok(Self::tls(tls, require))
+                Self::tls(tls, require)
             }
-            None => Ok(Self::default()),
+            None => Self::default(),
+        };
+        config.tune_from_env()?;
+        Ok(config)
+    }
+
+    /// Applies the `TENSORWIRE_HTTP2_*` tuning variables that are set.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] naming the variable whose value is not a number in range.
+    pub fn tune_from_env(&mut self) -> Result<(), Error> {
+        if let Some(size) = variable("TENSORWIRE_HTTP2_MAX_FRAME_SIZE", 16 << 10, (16 << 20) - 1)? {
+            self.max_frame_size = size;
         }
+        if let Some(window) = variable("TENSORWIRE_HTTP2_STREAM_WINDOW", 64 << 10, (1 << 31) - 1)? {
+            self.stream_window = window;
+        }
+        if let Some(window) = variable(
+            "TENSORWIRE_HTTP2_CONNECTION_WINDOW",
+            64 << 10,
+            (1 << 31) - 1,
+        )? {
+            self.connection_window = window;
+        }
+        Ok(())
+    }
+}
+
+/// A `u32` variable within `min..=max`, if set.
+fn variable(name: &str, min: u32, max: u32) -> Result<Option<u32>, Error> {
+    let Ok(text) = std::env::var(name) else {
+        return Ok(None);
+    };
+    match text.trim().parse::<u32>() {
+        Ok(value) if (min..=max).contains(&value) => Ok(Some(value)),
+        _ => Err(Error::Misuse(format!(
+            "{name}={text:?}: expected a number of bytes from {min} to {max}"
+        ))),
     }
 }

@@ -25,13 +25,23 @@ const TRANSPORTS: [Transport; 4] = [
 ];
 
 /// A fixture server in a child process; killed on drop.
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
 }
 
 impl Server {
     fn start(exe: &Path, transport: Transport, handlers: Handlers) -> Result<Self> {
+        Self::start_with(exe, transport, handlers, &[])
+    }
+
+    /// A server with extra `serve` arguments.
+    pub(crate) fn start_with(
+        exe: &Path,
+        transport: Transport,
+        handlers: Handlers,
+        extra: &[&str],
+    ) -> Result<Self> {
         let mut child = Command::new(exe)
             .args([
                 "serve",
@@ -42,6 +52,7 @@ impl Server {
                 "--handlers",
                 handlers.name(),
             ])
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -57,7 +68,7 @@ impl Server {
         Ok(Self { child, addr })
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 }
@@ -77,11 +88,11 @@ struct Case {
 }
 
 #[derive(Clone, Copy, Default)]
-struct Measurement {
-    gb_per_s: f64,
-    ops_per_s: f64,
-    latency_p50_us: f64,
-    cpu_s_per_gb: f64,
+pub(crate) struct Measurement {
+    pub(crate) gb_per_s: f64,
+    pub(crate) ops_per_s: f64,
+    pub(crate) latency_p50_us: f64,
+    pub(crate) cpu_s_per_gb: f64,
 }
 
 struct Clients {
@@ -183,6 +194,10 @@ pub(crate) fn compare(options: &Options) -> Result<()> {
         Ok(rss) => print_rss(rss),
         Err(e) => println!("\npeak RSS measurement failed: {e:#}"),
     }
+    let http2 = crate::compare_http2::compare(&exe, options, reps, seconds);
+    if let Err(e) = &http2 {
+        println!("\nHTTP/2 measurement failed: {e:#}");
+    }
     if let Some(path) = &options.json {
         let rss = rss.unwrap_or_default();
         let json = to_json(&cases, &results, iperf.ok(), &rss);
@@ -199,16 +214,25 @@ fn measure_one(
     options: &Options,
     message: &tensorwire_proto::TensorMessage,
 ) -> Result<Measurement> {
+    measured(server, || match transport {
+        Transport::Engine => engine_side::measure(&clients.engine, server.addr, options, message),
+        Transport::Tokio => engine_side::measure(&clients.tokio, server.addr, options, message),
+        Transport::Seed => clients.seed.measure(server.addr, options, message),
+        Transport::Std => blocking::run(server.addr, options, message),
+        Transport::H2c | Transport::Tls => anyhow::bail!("HTTP/2 is measured in its own table"),
+    })
+}
+
+/// Runs `sample` against `server`; its figures with the CPU both processes spent.
+pub(crate) fn measured(
+    server: &Server,
+    sample: impl FnOnce() -> Result<Sample>,
+) -> Result<Measurement> {
     let (client_cpu, server_cpu) = (
         measure::cpu_time(None)?,
         measure::cpu_time(Some(server.pid()))?,
     );
-    let sample: Sample = match transport {
-        Transport::Engine => engine_side::measure(&clients.engine, server.addr, options, message)?,
-        Transport::Tokio => engine_side::measure(&clients.tokio, server.addr, options, message)?,
-        Transport::Seed => clients.seed.measure(server.addr, options, message)?,
-        Transport::Std => blocking::run(server.addr, options, message)?,
-    };
+    let sample = sample()?;
     let cpu = (measure::cpu_time(None)? - client_cpu)
         + (measure::cpu_time(Some(server.pid()))? - server_cpu);
     let gb = sample.payload_bytes as f64 / 1e9;
@@ -283,7 +307,7 @@ fn peak_rss_for_one_gib(exe: &Path, clients: &mut Clients) -> Result<Vec<(Transp
 }
 
 impl Options {
-    fn for_compare() -> Self {
+    pub(crate) fn for_compare() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             connect: None,
@@ -299,11 +323,17 @@ impl Options {
             quick: false,
             reps: 1,
             json: None,
+            cert: None,
+            key: None,
+            client_ca: None,
+            ca: None,
+            tls_self_signed: None,
+            require_tls: false,
         }
     }
 }
 
-fn median(values: &[f64]) -> f64 {
+pub(crate) fn median(values: &[f64]) -> f64 {
     let mut sorted: Vec<f64> = values.iter().copied().filter(|v| !v.is_nan()).collect();
     if sorted.is_empty() {
         return f64::NAN;
@@ -312,7 +342,7 @@ fn median(values: &[f64]) -> f64 {
     sorted[sorted.len() / 2]
 }
 
-fn pick(results: &[Measurement], f: impl Fn(&Measurement) -> f64) -> f64 {
+pub(crate) fn pick(results: &[Measurement], f: impl Fn(&Measurement) -> f64) -> f64 {
     median(&results.iter().map(f).collect::<Vec<_>>())
 }
 
@@ -466,7 +496,7 @@ fn to_json(
     serde_json::json!({ "cases": rows, "iperf3_gb_per_s": iperf, "peak_rss_1gib_bytes": rss })
 }
 
-fn human(bytes: usize) -> String {
+pub(crate) fn human(bytes: usize) -> String {
     match bytes {
         b if b >= 1 << 20 => format!("{} MiB", b >> 20),
         b if b >= 1 << 10 => format!("{} KiB", b >> 10),

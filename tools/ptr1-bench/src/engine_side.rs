@@ -9,7 +9,8 @@ use anyhow::{Result, anyhow};
 use bytes::Bytes;
 use std::sync::Arc;
 
-use tensorwire_engine::{Node, NodeBuilder, Reply, Request, TensorMessage};
+use tensorwire_compat::{Http2, Http2Config};
+use tensorwire_engine::{Node, NodeBuilder, Preference, Reply, Request, TensorMessage};
 
 use crate::measure::{Sample, check_sink_ack, sequential};
 use crate::{Handlers, Mode, Options, Transport};
@@ -17,7 +18,7 @@ use crate::{Handlers, Mode, Options, Transport};
 const TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A builder for a node on `transport`'s driver (the tokio one is plugged in and forced).
-fn builder(transport: Transport, bind: SocketAddr, options: &Options) -> NodeBuilder {
+fn builder(transport: Transport, bind: SocketAddr, options: &Options) -> Result<NodeBuilder> {
     let mut builder = Node::builder(bind).in_process_delivery(false);
     if let Some(cores) = options.cores {
         builder = builder.cores(cores);
@@ -25,17 +26,42 @@ fn builder(transport: Transport, bind: SocketAddr, options: &Options) -> NodeBui
     if let Some(budget) = options.busy_poll {
         builder = builder.busy_poll(budget);
     }
-    if transport == Transport::Tokio {
-        builder = builder
-            .force_fallback(true)
-            .fallback(Arc::new(tensorwire_compat::TokioFallback::default()));
+    match transport {
+        Transport::Tokio => {
+            builder = builder
+                .force_fallback(true)
+                .fallback(Arc::new(tensorwire_compat::TokioFallback::default()));
+        }
+        Transport::H2c => {
+            builder = builder
+                .preference(Preference::Http2)
+                .transport(Arc::new(Http2::new(tuned(Http2Config::h2c())?)));
+        }
+        Transport::Tls => {
+            let config = tuned(Http2Config::tls(crate::tls::client(options)?, false))?;
+            builder = builder.transport(Arc::new(Http2::new(config)));
+        }
+        Transport::Engine | Transport::Seed | Transport::Std => {}
     }
-    builder
+    Ok(builder)
+}
+
+/// `config` with the `TENSORWIRE_HTTP2_*` tuning variables applied.
+fn tuned(mut config: Http2Config) -> Result<Http2Config> {
+    config.tune_from_env()?;
+    Ok(config)
 }
 
 /// Hosts `/actors/echo` and `/actors/sink` until killed.
 pub(crate) fn serve(options: &Options) -> Result<()> {
-    let node = builder(options.transport, options.listen, options).build()?;
+    // PTR1, h2c and (with a certificate) TLS on one port.
+    let config = tuned(match crate::tls::server(options)? {
+        Some(tls) => Http2Config::tls(tls, options.require_tls),
+        None => Http2Config::h2c(),
+    })?;
+    let node = builder(options.transport, options.listen, options)?
+        .transport(Arc::new(Http2::new(config)))
+        .build()?;
     register_fixture(&node, options.handlers)?;
     println!("listening on {}", node.local_addr());
     std::io::stdout().flush()?;
@@ -71,7 +97,7 @@ pub(crate) fn register_fixture(node: &Node, handlers: Handlers) -> Result<()> {
 
 /// A client node for measurements (it never short-cuts to an in-process node).
 pub(crate) fn client(transport: Transport, options: &Options) -> Result<Node> {
-    Ok(builder(transport, "127.0.0.1:0".parse()?, options).build()?)
+    Ok(builder(transport, "127.0.0.1:0".parse()?, options)?.build()?)
 }
 
 pub(crate) fn run(peer: SocketAddr, options: &Options, message: &TensorMessage) -> Result<Sample> {

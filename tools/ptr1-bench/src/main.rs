@@ -18,10 +18,12 @@
 
 mod blocking;
 mod compare;
+mod compare_http2;
 mod engine_side;
 mod measure;
 mod memcpy;
 mod seed;
+mod tls;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -50,7 +52,9 @@ fn main() -> Result<()> {
 const USAGE: &str = "usage:
   ptr1-bench serve   [--listen ADDR] [--transport engine|tokio|seed|std] [--cores N]
                      [--handlers core|threads] [--busy-poll-us N]
-  ptr1-bench run     --connect ADDR [--transport engine|tokio|seed|std] [--mode oneway|rtt|inflight]
+                     [--cert FILE --key FILE [--client-ca FILE] | --tls-self-signed DIR] [--require-tls]
+  ptr1-bench run     --connect ADDR [--transport engine|tokio|seed|std|h2c|tls] [--ca FILE]
+                     [--cert FILE --key FILE] [--mode oneway|rtt|inflight]
                      [--size BYTES] [--buffers N] [--seconds S] [--inflight K] [--busy-poll-us N]
   ptr1-bench compare [--quick] [--reps N] [--json FILE] [--handlers core|threads]";
 
@@ -67,6 +71,11 @@ pub(crate) enum Transport {
     Seed,
     /// Blocking `std::net`, one thread per connection.
     Std,
+    /// tensorwire's node sending PTM1 over clear-text HTTP/2 (the engine fixture serves it on
+    /// the same port).
+    H2c,
+    /// tensorwire's node sending PTM1 over HTTP/2 + TLS (`--ca FILE`).
+    Tls,
 }
 
 impl Transport {
@@ -76,7 +85,9 @@ impl Transport {
             "tokio" => Self::Tokio,
             "seed" => Self::Seed,
             "std" => Self::Std,
-            _ => bail!("unknown transport {text:?} (engine, tokio, seed or std)"),
+            "h2c" => Self::H2c,
+            "tls" => Self::Tls,
+            _ => bail!("unknown transport {text:?} (engine, tokio, seed, std, h2c or tls)"),
         })
     }
 
@@ -86,6 +97,8 @@ impl Transport {
             Self::Tokio => "tokio",
             Self::Seed => "seed",
             Self::Std => "std",
+            Self::H2c => "h2c",
+            Self::Tls => "tls",
         }
     }
 }
@@ -136,6 +149,17 @@ pub(crate) struct Options {
     pub(crate) quick: bool,
     pub(crate) reps: usize,
     pub(crate) json: Option<String>,
+    /// TLS: this end's certificate chain and key (PEM files).
+    pub(crate) cert: Option<String>,
+    pub(crate) key: Option<String>,
+    /// Server: require client certificates from this CA.
+    pub(crate) client_ca: Option<String>,
+    /// Client: the CA the server's certificate must chain to.
+    pub(crate) ca: Option<String>,
+    /// Server: generate a CA and certificate, writing the CA to this directory's `ca.pem`.
+    pub(crate) tls_self_signed: Option<String>,
+    /// Server: refuse plaintext (PTR1 and h2c).
+    pub(crate) require_tls: bool,
 }
 
 impl Options {
@@ -155,6 +179,12 @@ impl Options {
             quick: false,
             reps: 3,
             json: None,
+            cert: None,
+            key: None,
+            client_ca: None,
+            ca: None,
+            tls_self_signed: None,
+            require_tls: false,
         };
         while let Some(flag) = args.next() {
             let mut value = || args.next().with_context(|| format!("{flag} needs a value"));
@@ -188,6 +218,12 @@ impl Options {
                 "--quick" => o.quick = true,
                 "--reps" => o.reps = value()?.parse::<usize>()?.max(1),
                 "--json" => o.json = Some(value()?),
+                "--cert" => o.cert = Some(value()?),
+                "--key" => o.key = Some(value()?),
+                "--client-ca" => o.client_ca = Some(value()?),
+                "--ca" => o.ca = Some(value()?),
+                "--tls-self-signed" => o.tls_self_signed = Some(value()?),
+                "--require-tls" => o.require_tls = true,
                 "--help" | "-h" => {
                     println!("{USAGE}");
                     std::process::exit(0);
@@ -202,6 +238,9 @@ impl Options {
 fn serve(options: &Options) -> Result<()> {
     match options.transport {
         Transport::Engine | Transport::Tokio => engine_side::serve(options),
+        Transport::H2c | Transport::Tls => {
+            bail!("serve --transport engine (or tokio) serves PTR1, h2c and TLS on one port")
+        }
         Transport::Seed => seed::serve(options.listen),
         Transport::Std => blocking::serve(options.listen),
     }
@@ -212,7 +251,9 @@ pub(crate) fn run(options: &Options) -> Result<serde_json::Value> {
     let peer = options.connect.context("run needs --connect ADDR")?;
     let message = measure::message(options.size, options.buffers);
     let result = match options.transport {
-        Transport::Engine | Transport::Tokio => engine_side::run(peer, options, &message)?,
+        Transport::Engine | Transport::Tokio | Transport::H2c | Transport::Tls => {
+            engine_side::run(peer, options, &message)?
+        }
         Transport::Seed => seed::run(peer, options, &message)?,
         Transport::Std => blocking::run(peer, options, &message)?,
     };

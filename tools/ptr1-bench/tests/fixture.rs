@@ -8,7 +8,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tensorwire_engine::{Node, Reply, TensorMessage};
+use std::sync::Arc;
+
+use tensorwire_compat::{Http2, Http2Config, TlsConfig};
+use tensorwire_engine::{Node, Preference, Reply, TensorMessage};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ptr1-bench");
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -70,7 +73,10 @@ fn check_fixture(transport: &str) {
 
 fn check_fixture_with(transport: &str, extra: &[&str]) {
     let server = Server::start(transport, extra);
-    let client = client();
+    check_answers(transport, &server, &client());
+}
+
+fn check_answers(transport: &str, server: &Server, client: &Node) {
     let sent = message();
     let echo = client
         .ask(server.1, "/actors/echo", sent.clone(), TIMEOUT)
@@ -122,6 +128,32 @@ fn tokio_fallback_fixture_speaks_the_same_wire_format() {
 #[test]
 fn engine_fixture_with_handler_threads_answers_the_same() {
     check_fixture_with("engine", &["--handlers", "threads"]);
+}
+
+#[test]
+fn engine_fixture_answers_the_same_over_h2c_and_tls_on_its_one_port() {
+    let dir = std::env::temp_dir().join(format!("ptr1-bench-fixture-{}", std::process::id()));
+    let dir_text = dir.display().to_string();
+    let server = Server::start("engine", &["--tls-self-signed", &dir_text]);
+    let h2c = Node::builder("127.0.0.1:0".parse().unwrap())
+        .in_process_delivery(false)
+        .preference(Preference::Http2)
+        .transport(Arc::new(Http2::new(Http2Config::h2c())))
+        .build()
+        .unwrap();
+    check_answers("engine over h2c", &server, &h2c);
+    let ca = std::fs::read(dir.join("ca.pem")).expect("the fixture wrote its CA");
+    let tls = TlsConfig::builder().trust_pem(ca).build().unwrap();
+    let tls = Node::builder("127.0.0.1:0".parse().unwrap())
+        .in_process_delivery(false)
+        .transport(Arc::new(Http2::new(Http2Config::tls(tls, false))))
+        .build()
+        .unwrap();
+    check_answers("engine over TLS", &server, &tls);
+    // And PTR1 on the same port.
+    check_answers("engine over PTR1", &server, &client());
+    assert_eq!(h2c.stats().transport_connections, 1);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
