@@ -124,6 +124,7 @@ where
         .timer(TokioTimer::new())
         .initial_stream_window_size(config.stream_window)
         .initial_connection_window_size(config.connection_window)
+        .adaptive_window(config.adaptive_window)
         .max_frame_size(config.max_frame_size)
         .max_concurrent_streams(config.max_concurrent_streams)
         .max_header_list_size(config.max_header_list_size)

@@ -393,6 +393,7 @@ where
         .timer(TokioTimer::new())
         .initial_stream_window_size(config.stream_window)
         .initial_connection_window_size(config.connection_window)
+        .adaptive_window(config.adaptive_window)
         .max_frame_size(config.max_frame_size)
         .max_header_list_size(config.max_header_list_size)
         .max_send_buf_size(usize::try_from(config.max_frame_size).unwrap_or(1 << 20) * 2)

@@ -25,6 +25,9 @@ pub struct Http2Config {
     pub stream_window: u32,
     /// Bytes a peer may send on one connection before our WINDOW_UPDATE (default 32 MiB).
     pub connection_window: u32,
+    /// Size the windows by measuring the bandwidth-delay product (hyper's BDP pings) instead
+    /// of the fixed windows above (default off: fixed windows bound what a peer may park).
+    pub adaptive_window: bool,
     /// The largest DATA frame we accept (default 1 MiB; HTTP/2 allows 16 KiB to 16 MiB − 1).
     pub max_frame_size: u32,
     /// Concurrent streams a client may open on one connection (default 64).
@@ -51,6 +54,7 @@ impl Default for Http2Config {
             require_tls: false,
             stream_window: 16 << 20,
             connection_window: 32 << 20,
+            adaptive_window: false,
             max_frame_size: 1 << 20,
             max_concurrent_streams: 64,
             max_header_list_size: 16 << 10,
