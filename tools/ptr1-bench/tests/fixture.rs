@@ -157,6 +157,42 @@ fn engine_fixture_answers_the_same_over_h2c_and_tls_on_its_one_port() {
 }
 
 #[test]
+fn a_1_gib_message_over_http2_peaks_the_receiver_below_1_2_gib() {
+    let server = Server::start("engine", &[]);
+    let client = Node::builder("127.0.0.1:0".parse().unwrap())
+        .in_process_delivery(false)
+        .preference(Preference::Http2)
+        .transport(Arc::new(Http2::new(Http2Config::h2c())))
+        .build()
+        .unwrap();
+    let message = TensorMessage::new(1, Bytes::new(), vec![Bytes::from(vec![7u8; 1 << 30])]);
+    let reply = client
+        .ask(server.1, "/actors/sink", message, TIMEOUT)
+        .wait()
+        .unwrap();
+    assert_eq!(
+        reply,
+        Reply::Single {
+            msg_type: "ack".into(),
+            data: Bytes::from((1u64 << 30).to_string()),
+        }
+    );
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.0.id())).unwrap();
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kib| kib.parse().ok())
+        .expect("VmHWM in /proc/PID/status");
+    let peak = peak_kib << 10;
+    assert!(
+        peak <= (12u64 << 30) / 10,
+        "the receiver peaked at {:.2} GiB for a 1 GiB body",
+        peak as f64 / f64::from(1u32 << 30)
+    );
+}
+
+#[test]
 fn run_prints_a_json_measurement() {
     let server = Server::start("engine", &[]);
     let output = Command::new(BIN)

@@ -270,3 +270,58 @@ fn the_tokio_fallback_node_speaks_http2_too() {
         );
     }
 }
+
+#[test]
+fn one_port_serves_ptr1_h2c_and_tls_clients_at_the_same_time() {
+    let _serial = serial();
+    let pki = Pki::new();
+    let mut config = tensorwire_compat::Http2Config::tls(pki.server_tls(false), false);
+    config.require_tls = false;
+    let server = Driver::Uring
+        .builder()
+        .transport(std::sync::Arc::new(tensorwire_compat::Http2::new(config)))
+        .build()
+        .unwrap();
+    server
+        .serve_on_core("echo", |r| Ok(Reply::Tensor(r.message)))
+        .unwrap();
+    let clients = vec![
+        (
+            "ptr1",
+            Driver::Uring
+                .builder()
+                .in_process_delivery(false)
+                .build()
+                .unwrap(),
+        ),
+        ("h2c", Wire::H2c.builder(Driver::Uring).build().unwrap()),
+        (
+            "tls",
+            Wire::Tls(pki.client_tls(None))
+                .builder(Driver::Uring)
+                .build()
+                .unwrap(),
+        ),
+    ];
+    let addr = server.local_addr();
+    std::thread::scope(|scope| {
+        for (name, client) in &clients {
+            scope.spawn(move || {
+                for i in 0..50 {
+                    let message = patterned(i, 3, 2000);
+                    let reply = client.ask(addr, "echo", message.clone(), TIMEOUT).wait();
+                    assert_eq!(
+                        tensor(reply.unwrap_or_else(|e| panic!("{name}: {e}"))),
+                        message,
+                        "{name}"
+                    );
+                }
+            });
+        }
+    });
+    assert_eq!(
+        server.stats().transport_connections,
+        2,
+        "one h2c and one TLS connection"
+    );
+}
