@@ -29,6 +29,7 @@ mod endpoint;
 mod node;
 mod pending;
 mod pool;
+pub mod shm;
 pub mod stats;
 mod sys;
 mod uring;

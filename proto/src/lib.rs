@@ -43,6 +43,7 @@ pub mod ptr1;
 mod reader;
 pub mod route;
 pub mod session;
+pub mod shm;
 pub mod stats;
 pub mod transport;
 

@@ -74,6 +74,11 @@ pub struct TransportStats {
     http2_fallback_frames: AtomicU64,
     http2_fallback_bytes: AtomicU64,
     raw_connections_accepted: AtomicU64,
+    shm_messages_sent: AtomicU64,
+    shm_bytes_sent: AtomicU64,
+    shm_bytes_copied: AtomicU64,
+    shm_zero_copy_buffers: AtomicU64,
+    shm_fd_failures: AtomicU64,
     active_copy_model: AtomicU8,
 }
 
@@ -88,6 +93,11 @@ impl TransportStats {
             http2_fallback_frames: AtomicU64::new(0),
             http2_fallback_bytes: AtomicU64::new(0),
             raw_connections_accepted: AtomicU64::new(0),
+            shm_messages_sent: AtomicU64::new(0),
+            shm_bytes_sent: AtomicU64::new(0),
+            shm_bytes_copied: AtomicU64::new(0),
+            shm_zero_copy_buffers: AtomicU64::new(0),
+            shm_fd_failures: AtomicU64::new(0),
             active_copy_model: AtomicU8::new(0),
         }
     }
@@ -119,6 +129,24 @@ impl TransportStats {
         self.raw_connections_accepted.fetch_add(1, Relaxed);
     }
 
+    /// A message of `payload_bytes` went over shared memory, `copied_bytes` of them copied
+    /// into a slot and `zero_copy_buffers` buffers sent where they were (loaned slots); sets
+    /// the copy model to `shared_memory`.
+    pub fn record_shm_sent(&self, payload_bytes: u64, copied_bytes: u64, zero_copy_buffers: u64) {
+        self.shm_messages_sent.fetch_add(1, Relaxed);
+        self.shm_bytes_sent.fetch_add(payload_bytes, Relaxed);
+        self.shm_bytes_copied.fetch_add(copied_bytes, Relaxed);
+        self.shm_zero_copy_buffers
+            .fetch_add(zero_copy_buffers, Relaxed);
+        self.set_active_copy_model(CopyModel::SharedMemory);
+    }
+
+    /// Descriptors passed with a shared-memory message were lost (the receiver was at its
+    /// descriptor limit) or refused (missing seals, wrong size).
+    pub fn record_shm_fd_failure(&self) {
+        self.shm_fd_failures.fetch_add(1, Relaxed);
+    }
+
     /// Records the path used last.
     pub fn set_active_copy_model(&self, model: CopyModel) {
         self.active_copy_model.store(model.to_u8(), Relaxed);
@@ -134,6 +162,11 @@ impl TransportStats {
             http2_fallback_frames: self.http2_fallback_frames.load(Relaxed),
             http2_fallback_bytes: self.http2_fallback_bytes.load(Relaxed),
             raw_connections_accepted: self.raw_connections_accepted.load(Relaxed),
+            shm_messages_sent: self.shm_messages_sent.load(Relaxed),
+            shm_bytes_sent: self.shm_bytes_sent.load(Relaxed),
+            shm_bytes_copied: self.shm_bytes_copied.load(Relaxed),
+            shm_zero_copy_buffers: self.shm_zero_copy_buffers.load(Relaxed),
+            shm_fd_failures: self.shm_fd_failures.load(Relaxed),
             active_copy_model: CopyModel::from_u8(self.active_copy_model.load(Relaxed)),
         }
     }
@@ -162,6 +195,16 @@ pub struct Snapshot {
     pub http2_fallback_bytes: u64,
     /// Connections a server accepted as PTR1.
     pub raw_connections_accepted: u64,
+    /// Messages sent over shared memory.
+    pub shm_messages_sent: u64,
+    /// Payload bytes in them.
+    pub shm_bytes_sent: u64,
+    /// Of those, bytes copied into a slot (the rest travelled in loaned slots).
+    pub shm_bytes_copied: u64,
+    /// Buffers sent where they were, without a copy.
+    pub shm_zero_copy_buffers: u64,
+    /// Passed descriptors lost or refused.
+    pub shm_fd_failures: u64,
     /// The path used last.
     pub active_copy_model: CopyModel,
 }
@@ -169,7 +212,7 @@ pub struct Snapshot {
 impl Snapshot {
     /// The numeric counters under their report keys, in a fixed order
     /// (`active_copy_model` is separate: it is text).
-    pub fn counters(&self) -> [(&'static str, u64); 7] {
+    pub fn counters(&self) -> [(&'static str, u64); 12] {
         [
             ("raw_frames_sent", self.raw_frames_sent),
             ("raw_frames_received", self.raw_frames_received),
@@ -178,6 +221,11 @@ impl Snapshot {
             ("http2_fallback_frames", self.http2_fallback_frames),
             ("http2_fallback_bytes", self.http2_fallback_bytes),
             ("raw_connections_accepted", self.raw_connections_accepted),
+            ("shm_messages_sent", self.shm_messages_sent),
+            ("shm_bytes_sent", self.shm_bytes_sent),
+            ("shm_bytes_copied", self.shm_bytes_copied),
+            ("shm_zero_copy_buffers", self.shm_zero_copy_buffers),
+            ("shm_fd_failures", self.shm_fd_failures),
         ]
     }
 }
@@ -213,6 +261,11 @@ mod tests {
                 ("http2_fallback_frames", 1),
                 ("http2_fallback_bytes", 64),
                 ("raw_connections_accepted", 1),
+                ("shm_messages_sent", 0),
+                ("shm_bytes_sent", 0),
+                ("shm_bytes_copied", 0),
+                ("shm_zero_copy_buffers", 0),
+                ("shm_fd_failures", 0),
             ]
         );
         assert_eq!(

@@ -32,9 +32,12 @@ impl Driver {
         }
     }
 
-    /// A builder for a loopback node on this driver, with two driver threads.
+    /// A builder for a loopback node on this driver, with two driver threads (shared memory
+    /// off: these nodes test PTR1).
     pub fn builder(self) -> NodeBuilder {
-        let builder = Node::builder(any_local_address()).cores(2);
+        let builder = Node::builder(any_local_address())
+            .cores(2)
+            .shared_memory(false);
         match self {
             Self::Uring => {
                 require_io_uring();

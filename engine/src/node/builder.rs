@@ -16,6 +16,8 @@ use crate::blocking::BlockingPool;
 use crate::endpoint::Registry;
 use crate::node::{Node, NodeInner, local};
 use crate::pool::{PoolConfig, ReceivePool};
+use crate::shm::transport::{ShmConfig, ShmTransport};
+use crate::shm::{ShmBackend, ShmManager};
 use crate::uring::{UringConfig, UringDriver, ZeroCopy};
 use crate::{stats, uring};
 
@@ -37,6 +39,10 @@ pub struct NodeBuilder {
     fallback: Option<Arc<dyn DriverFactory>>,
     transport: Option<Arc<dyn TransportFactory>>,
     preference: Option<Preference>,
+    shared_memory: bool,
+    shm_backend: ShmBackend,
+    shm_quota: Option<u64>,
+    shm_max_hold: Duration,
     force_fallback: bool,
     require_tls: bool,
     in_process_delivery: bool,
@@ -75,6 +81,10 @@ impl NodeBuilder {
             handoff: None,
             transport: None,
             preference: None,
+            shared_memory: true,
+            shm_backend: ShmBackend::Memfd,
+            shm_quota: None,
+            shm_max_hold: Duration::from_secs(60),
             fallback: None,
             force_fallback: false,
             require_tls: false,
@@ -223,6 +233,34 @@ impl NodeBuilder {
         self
     }
 
+    /// Serve and use the same-host shared-memory path (default on): peers on this host that
+    /// speak it get messages as memfds over a Unix socket instead of TCP, under the `auto` and
+    /// `shm` preferences. Off, the node neither listens for nor tries it.
+    pub fn shared_memory(mut self, enabled: bool) -> Self {
+        self.shared_memory = enabled;
+        self
+    }
+
+    /// The backend of [`Node::shm`]'s manager (default memfd).
+    pub fn shm_backend(mut self, backend: ShmBackend) -> Self {
+        self.shm_backend = backend;
+        self
+    }
+
+    /// Bytes of shared memory (regions, loans and slots lent to peers) at most; default a
+    /// quarter of the physical memory. A memfd is not bounded by `/dev/shm`: this is the bound.
+    pub fn shm_quota(mut self, bytes: u64) -> Self {
+        self.shm_quota = Some(bytes);
+        self
+    }
+
+    /// How long a peer may keep a message's shared memory mapped before it is revoked
+    /// (default 60 s): a pooled slot is then zeroed and retired, never reused under it.
+    pub fn shm_max_hold(mut self, hold: Duration) -> Self {
+        self.shm_max_hold = hold;
+        self
+    }
+
     /// The transport preference (default: `PULSING_TENSOR_TRANSPORT`, else auto).
     pub fn preference(mut self, preference: Preference) -> Self {
         self.preference = Some(preference);
@@ -352,6 +390,28 @@ impl NodeBuilder {
             self.pool.idle_per_peer,
             self.busy_poll,
         );
+        let shm_quota = self
+            .shm_quota
+            .unwrap_or_else(|| crate::pool::physical_memory() / 4);
+        let shm_manager = ShmManager::new(self.shm_backend, shm_quota);
+        let shm = if self.shared_memory {
+            let config = ShmConfig {
+                quota: shm_quota,
+                max_idle: usize::try_from(shm_quota / 4)
+                    .unwrap_or(usize::MAX)
+                    .min(1 << 30),
+                max_hold: self.shm_max_hold,
+            };
+            match ShmTransport::start(local_addr, registry.clone(), Arc::clone(&session), config) {
+                Ok(shm) => Some(shm),
+                Err(e) => {
+                    tracing::warn!(error = %e, "shared memory unavailable for this node; same-host peers use TCP");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let inner = Arc::new(NodeInner {
             local_addr,
             driver,
@@ -364,6 +424,8 @@ impl NodeBuilder {
             require_tls,
             encrypts: transport.as_ref().is_some_and(|t| t.encrypts()),
             transport,
+            shm,
+            shm_manager,
             handler_threads: Mutex::new(Vec::new()),
             shut_down: AtomicBool::new(false),
         });

@@ -24,6 +24,8 @@ use crate::blocking::BlockingPool;
 use crate::endpoint::{Endpoint, Registry, Request, Served, spawn_handler_threads};
 use crate::pending::{AskCompletion, Pending, TellCompletion, pair};
 use crate::pool::{PoolStats, ReceivePool};
+use crate::shm::ShmManager;
+use crate::shm::transport::ShmTransport;
 use crate::stats;
 
 /// A running tensorwire node: it serves its endpoints on one port and sends to other nodes.
@@ -49,6 +51,9 @@ pub(crate) struct NodeInner {
     encrypts: bool,
     /// The transport beside PTR1 (HTTP/2 + TLS), if one is plugged in.
     transport: Option<Arc<dyn Transport>>,
+    /// The same-host shared-memory path, unless off or unavailable.
+    shm: Option<ShmTransport>,
+    shm_manager: ShmManager,
     handler_threads: Mutex<Vec<JoinHandle<()>>>,
     shut_down: AtomicBool,
 }
@@ -78,6 +83,10 @@ pub struct NodeStats {
     pub transport: Option<&'static str>,
     /// Its open connections.
     pub transport_connections: usize,
+    /// Shared-memory connections open (either direction).
+    pub shm_connections: usize,
+    /// Leases of this node's shared memory held by peers now.
+    pub shm_leases: usize,
 }
 
 impl Node {
@@ -105,7 +114,14 @@ impl Node {
             pool: self.inner.pool.stats(),
             transport: self.inner.transport.as_ref().map(|t| t.name()),
             transport_connections: self.inner.transport.as_ref().map_or(0, |t| t.connections()),
+            shm_connections: self.inner.shm.as_ref().map_or(0, |s| s.gauges().0),
+            shm_leases: self.inner.shm.as_ref().map_or(0, |s| s.gauges().1),
         }
+    }
+
+    /// The node's shared-memory manager: regions, names, leases and loaned slots.
+    pub fn shm(&self) -> &ShmManager {
+        &self.inner.shm_manager
     }
 
     /// Registers an endpoint (a name such as `echo`, or an actor path such as
@@ -251,7 +267,9 @@ impl Node {
         let path = self.check(path)?;
         match self.route(peer)? {
             Target::Local(target) => local::ask(&target, &path, message, deadline).wait(),
-            Target::Transport => self.ask(peer, path.as_str(), message, timeout).wait(),
+            Target::Transport | Target::Shm => {
+                self.ask(peer, path.as_str(), message, timeout).wait()
+            }
             Target::Driver => {
                 let answer = self.inner.blocking.exchange(
                     peer,
@@ -285,7 +303,9 @@ impl Node {
         let path = self.check(path)?;
         match self.route(peer)? {
             Target::Local(target) => local::tell(&target, &path, message, deadline).wait(),
-            Target::Transport => self.tell(peer, path.as_str(), message, timeout).wait(),
+            Target::Transport | Target::Shm => {
+                self.tell(peer, path.as_str(), message, timeout).wait()
+            }
             Target::Driver => self
                 .inner
                 .blocking
@@ -313,8 +333,9 @@ impl Node {
         completion: Box<dyn Completion>,
     ) {
         let request = OutboundRequest::new(peer, path, kind, message, deadline, completion);
-        match (target, &self.inner.transport) {
-            (Target::Transport, Some(transport)) => transport.send(request),
+        match (target, &self.inner.transport, &self.inner.shm) {
+            (Target::Transport, Some(transport), _) => transport.send(request),
+            (Target::Shm, _, Some(shm)) => shm.send(request),
             _ => self.inner.driver.send(request),
         }
     }
@@ -333,21 +354,36 @@ impl Node {
         } else {
             None
         };
+        // Same host only once the peer proved it on the shared-memory socket.
+        let wants_shm = matches!(
+            self.inner.preference,
+            Preference::Auto | Preference::SharedMemory
+        );
+        let shm_ok = local.is_none()
+            && wants_shm
+            && self
+                .inner
+                .shm
+                .as_ref()
+                .is_some_and(|shm| shm.reachable(peer));
         let locality = if local.is_some() {
             Locality::SameProcess
+        } else if shm_ok {
+            Locality::SameHost
         } else {
             Locality::Remote
         };
         let caps = Capabilities {
             raw: true,
-            shared_memory: false,
+            shared_memory: shm_ok,
         };
         let tls = self.inner.encrypts || self.inner.require_tls;
         match route::select(self.inner.preference, locality, caps, tls) {
             Route::LocalMailbox => local
                 .map(Target::Local)
                 .ok_or(Error::ConnectionClosed { peer, detail: None }),
-            Route::RawTcp | Route::SharedMemory => Ok(Target::Driver),
+            Route::RawTcp => Ok(Target::Driver),
+            Route::SharedMemory => Ok(Target::Shm),
             Route::Http2 if self.inner.transport.is_some() => Ok(Target::Transport),
             Route::Http2 => Err(Error::DriverUnavailable {
                 driver: "http2",
@@ -365,6 +401,7 @@ enum Target {
     Local(Arc<NodeInner>),
     Driver,
     Transport,
+    Shm,
 }
 
 impl NodeInner {
@@ -386,6 +423,10 @@ impl NodeInner {
         if let Some(transport) = &self.transport {
             transport.shutdown();
         }
+        if let Some(shm) = &self.shm {
+            shm.shutdown();
+        }
+        self.shm_manager.clear();
         self.blocking.close();
         self.registry.close_all();
         let handlers = std::mem::take(&mut *lock(&self.handler_threads));

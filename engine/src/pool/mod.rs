@@ -279,6 +279,11 @@ impl PoolInner {
 
 /// Half of the physical memory (the default receive budget), or 4 GiB if unknown.
 fn half_of_physical_memory() -> u64 {
+    physical_memory() / 2
+}
+
+/// The physical memory, or 8 GiB if unknown.
+pub(crate) fn physical_memory() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let (pages, page) = unsafe {
         (
@@ -287,8 +292,8 @@ fn half_of_physical_memory() -> u64 {
         )
     };
     match (u64::try_from(pages), u64::try_from(page)) {
-        (Ok(pages), Ok(page)) if pages > 0 && page > 0 => pages.saturating_mul(page) / 2,
-        _ => 4 << 30,
+        (Ok(pages), Ok(page)) if pages > 0 && page > 0 => pages.saturating_mul(page),
+        _ => 8 << 30,
     }
 }
 

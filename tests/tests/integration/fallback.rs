@@ -86,6 +86,7 @@ fn seccomp_child() {
     let client = Node::builder(any_local_address())
         .fallback(fallback())
         .in_process_delivery(false)
+        .shared_memory(false)
         .build()
         .unwrap();
     assert_eq!(

@@ -6,3 +6,4 @@ mod defects;
 mod engine;
 mod fallback;
 mod http2;
+mod shm;

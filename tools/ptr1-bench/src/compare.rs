@@ -219,7 +219,9 @@ fn measure_one(
         Transport::Tokio => engine_side::measure(&clients.tokio, server.addr, options, message),
         Transport::Seed => clients.seed.measure(server.addr, options, message),
         Transport::Std => blocking::run(server.addr, options, message),
-        Transport::H2c | Transport::Tls => anyhow::bail!("HTTP/2 is measured in its own table"),
+        Transport::H2c | Transport::Tls | Transport::Shm => {
+            anyhow::bail!("HTTP/2 and shared memory are measured in their own table")
+        }
     })
 }
 

@@ -18,8 +18,16 @@ use crate::{Handlers, Mode, Options, Transport};
 const TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A builder for a node on `transport`'s driver (the tokio one is plugged in and forced).
-fn builder(transport: Transport, bind: SocketAddr, options: &Options) -> Result<NodeBuilder> {
-    let mut builder = Node::builder(bind).in_process_delivery(false);
+fn builder(
+    transport: Transport,
+    bind: SocketAddr,
+    options: &Options,
+    serving: bool,
+) -> Result<NodeBuilder> {
+    // Each transport measures its own path: shared memory only where asked for.
+    let mut builder = Node::builder(bind)
+        .in_process_delivery(false)
+        .shared_memory(serving || transport == Transport::Shm);
     if let Some(cores) = options.cores {
         builder = builder.cores(cores);
     }
@@ -41,6 +49,7 @@ fn builder(transport: Transport, bind: SocketAddr, options: &Options) -> Result<
             let config = tuned(Http2Config::tls(crate::tls::client(options)?, false))?;
             builder = builder.transport(Arc::new(Http2::new(config)));
         }
+        Transport::Shm => builder = builder.preference(Preference::SharedMemory),
         Transport::Engine | Transport::Seed | Transport::Std => {}
     }
     Ok(builder)
@@ -59,7 +68,7 @@ pub(crate) fn serve(options: &Options) -> Result<()> {
         Some(tls) => Http2Config::tls(tls, options.require_tls),
         None => Http2Config::h2c(),
     })?;
-    let node = builder(options.transport, options.listen, options)?
+    let node = builder(options.transport, options.listen, options, true)?
         .transport(Arc::new(Http2::new(config)))
         .build()?;
     register_fixture(&node, options.handlers)?;
@@ -97,7 +106,7 @@ pub(crate) fn register_fixture(node: &Node, handlers: Handlers) -> Result<()> {
 
 /// A client node for measurements (it never short-cuts to an in-process node).
 pub(crate) fn client(transport: Transport, options: &Options) -> Result<Node> {
-    Ok(builder(transport, "127.0.0.1:0".parse()?, options)?.build()?)
+    Ok(builder(transport, "127.0.0.1:0".parse()?, options, false)?.build()?)
 }
 
 pub(crate) fn run(peer: SocketAddr, options: &Options, message: &TensorMessage) -> Result<Sample> {

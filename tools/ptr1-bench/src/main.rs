@@ -53,7 +53,7 @@ const USAGE: &str = "usage:
   ptr1-bench serve   [--listen ADDR] [--transport engine|tokio|seed|std] [--cores N]
                      [--handlers core|threads] [--busy-poll-us N]
                      [--cert FILE --key FILE [--client-ca FILE] | --tls-self-signed DIR] [--require-tls]
-  ptr1-bench run     --connect ADDR [--transport engine|tokio|seed|std|h2c|tls] [--ca FILE]
+  ptr1-bench run     --connect ADDR [--transport engine|tokio|seed|std|h2c|tls|shm] [--ca FILE]
                      [--cert FILE --key FILE] [--mode oneway|rtt|inflight]
                      [--size BYTES] [--buffers N] [--seconds S] [--inflight K] [--busy-poll-us N]
   ptr1-bench compare [--quick] [--reps N] [--json FILE] [--handlers core|threads]";
@@ -76,6 +76,9 @@ pub(crate) enum Transport {
     H2c,
     /// tensorwire's node sending PTM1 over HTTP/2 + TLS (`--ca FILE`).
     Tls,
+    /// tensorwire's node sending over same-host shared memory (memfds over a Unix socket; the
+    /// engine fixture serves it).
+    Shm,
 }
 
 impl Transport {
@@ -87,7 +90,8 @@ impl Transport {
             "std" => Self::Std,
             "h2c" => Self::H2c,
             "tls" => Self::Tls,
-            _ => bail!("unknown transport {text:?} (engine, tokio, seed, std, h2c or tls)"),
+            "shm" => Self::Shm,
+            _ => bail!("unknown transport {text:?} (engine, tokio, seed, std, h2c, tls or shm)"),
         })
     }
 
@@ -99,6 +103,7 @@ impl Transport {
             Self::Std => "std",
             Self::H2c => "h2c",
             Self::Tls => "tls",
+            Self::Shm => "shm",
         }
     }
 }
@@ -238,8 +243,8 @@ impl Options {
 fn serve(options: &Options) -> Result<()> {
     match options.transport {
         Transport::Engine | Transport::Tokio => engine_side::serve(options),
-        Transport::H2c | Transport::Tls => {
-            bail!("serve --transport engine (or tokio) serves PTR1, h2c and TLS on one port")
+        Transport::H2c | Transport::Tls | Transport::Shm => {
+            bail!("serve --transport engine (or tokio) serves PTR1, h2c, TLS and shared memory")
         }
         Transport::Seed => seed::serve(options.listen),
         Transport::Std => blocking::serve(options.listen),
@@ -251,7 +256,7 @@ pub(crate) fn run(options: &Options) -> Result<serde_json::Value> {
     let peer = options.connect.context("run needs --connect ADDR")?;
     let message = measure::message(options.size, options.buffers);
     let result = match options.transport {
-        Transport::Engine | Transport::Tokio | Transport::H2c | Transport::Tls => {
+        Transport::Engine | Transport::Tokio | Transport::H2c | Transport::Tls | Transport::Shm => {
             engine_side::run(peer, options, &message)?
         }
         Transport::Seed => seed::run(peer, options, &message)?,

@@ -50,6 +50,7 @@ impl Drop for Server {
 fn client() -> Node {
     Node::builder("127.0.0.1:0".parse().unwrap())
         .in_process_delivery(false)
+        .shared_memory(false)
         .build()
         .expect("client node")
 }

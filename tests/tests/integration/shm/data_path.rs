@@ -1,0 +1,253 @@
+//! The same-host data path between two nodes of this process (sockets and memfds are real; only
+//! the process is shared): round trips, zero-copy loans, leases given back, limits.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tensorwire_engine::{Node, NodeBuilder, Preference, Reply, TensorMessage};
+use tensorwire_proto::stats;
+use tensorwire_tests::*;
+
+/// A node with shared memory on; sends prefer it.
+fn shm_builder() -> NodeBuilder {
+    Node::builder(any_local_address())
+        .in_process_delivery(false)
+        .shared_memory(true)
+        .preference(Preference::SharedMemory)
+}
+
+fn echo_server() -> Node {
+    let node = shm_builder().build().unwrap();
+    node.serve("echo", 2, |r| Ok(Reply::Tensor(r.message)))
+        .unwrap();
+    node.serve_on_core("echo-core", |r| Ok(Reply::Tensor(r.message)))
+        .unwrap();
+    node
+}
+
+/// Waits until `f` holds (up to 5 s).
+fn eventually(mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !f() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
+}
+
+#[test]
+fn asks_of_every_shape_round_trip_over_shared_memory() {
+    let _serial = serial();
+    let (server, client) = (echo_server(), shm_builder().build().unwrap());
+    let before = stats::global().snapshot().shm_messages_sent;
+    for path in ["echo", "echo-core"] {
+        for (count, len) in [(0, 0), (1, 4096), (16, 65_536), (1024, 1000), (3, 0)] {
+            let message = patterned(u32::try_from(count).unwrap(), count, len);
+            let reply = client
+                .ask(server.local_addr(), path, message.clone(), TIMEOUT)
+                .wait()
+                .unwrap();
+            assert_eq!(
+                tensor(reply),
+                message,
+                "{count} buffers of {len} bytes to {path}"
+            );
+        }
+    }
+    let after = stats::global().snapshot();
+    assert!(
+        after.shm_messages_sent >= before + 20,
+        "requests and replies went over shared memory"
+    );
+    assert_eq!(after.active_copy_model.as_str(), "shared_memory");
+    assert_eq!(
+        client.stats().shm_connections,
+        1,
+        "one connection to the peer"
+    );
+}
+
+#[test]
+fn a_256_mib_message_arrives_intact_and_its_memory_goes_back() {
+    let _serial = serial();
+    let (server, client) = (echo_server(), shm_builder().build().unwrap());
+    let message = patterned(3, 4, 64 << 20);
+    let reply = tensor(
+        client
+            .ask(server.local_addr(), "echo", message.clone(), TIMEOUT)
+            .wait()
+            .unwrap(),
+    );
+    assert_eq!(checksum(&reply), checksum(&message));
+    assert_eq!(reply, message);
+    // The reply's views hold the server's slot; the request's slot came back already.
+    assert!(
+        eventually(|| client.stats().shm_leases == 0),
+        "the client's slot was released"
+    );
+    assert_eq!(
+        server.stats().shm_leases,
+        1,
+        "the server's reply slot is held by our views"
+    );
+    drop(reply);
+    assert!(
+        eventually(|| server.stats().shm_leases == 0),
+        "dropping the reply gave its slot back"
+    );
+}
+
+#[test]
+fn a_tell_is_acknowledged_and_its_buffers_are_read_only_views() {
+    let _serial = serial();
+    let server = shm_builder().build().unwrap();
+    let inbox = server.endpoint("inbox").unwrap();
+    let client = shm_builder().build().unwrap();
+    client
+        .tell(
+            server.local_addr(),
+            "inbox",
+            patterned(7, 2, 10_000),
+            TIMEOUT,
+        )
+        .wait()
+        .unwrap();
+    let incoming = inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap();
+    assert_eq!(incoming.request().message, patterned(7, 2, 10_000));
+    assert_eq!(
+        client.stats().shm_leases,
+        1,
+        "the receiver still holds the message"
+    );
+    drop(incoming);
+    assert!(eventually(|| client.stats().shm_leases == 0));
+}
+
+#[test]
+fn buffers_in_loaned_slots_travel_without_a_copy() {
+    let _serial = serial();
+    let (server, client) = (echo_server(), shm_builder().build().unwrap());
+    let mut loan = client.shm().loan(1 << 20).unwrap();
+    loan.as_mut_slice()
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, b)| *b = i.to_le_bytes()[0]);
+    let buffer = loan.freeze().unwrap();
+    let before = stats::global().snapshot();
+    let message = TensorMessage::new(
+        1,
+        Bytes::from_static(b"{}"),
+        vec![buffer.clone(), buffer.slice(10..20)],
+    );
+    let reply = tensor(
+        client
+            .ask(server.local_addr(), "echo", message.clone(), TIMEOUT)
+            .wait()
+            .unwrap(),
+    );
+    assert_eq!(reply, message);
+    let after = stats::global().snapshot();
+    assert!(
+        after.shm_zero_copy_buffers >= before.shm_zero_copy_buffers + 2,
+        "both buffers went as they were"
+    );
+}
+
+#[test]
+fn handler_errors_and_unknown_endpoints_come_back_as_remote_errors() {
+    let _serial = serial();
+    let server = shm_builder().build().unwrap();
+    server
+        .serve("fails", 1, |_| Err("no such tensor".into()))
+        .unwrap();
+    let client = shm_builder().build().unwrap();
+    let err = client
+        .ask(server.local_addr(), "fails", patterned(1, 1, 8), TIMEOUT)
+        .wait()
+        .unwrap_err();
+    assert_eq!(err.remote_text(), Some("no such tensor"), "{err}");
+    let err = client
+        .ask(server.local_addr(), "nobody", patterned(1, 1, 8), TIMEOUT)
+        .wait()
+        .unwrap_err();
+    assert!(err.is_remote(), "{err}");
+    assert!(
+        eventually(|| client.stats().shm_leases == 0),
+        "refused requests gave their memory back"
+    );
+}
+
+#[test]
+fn an_ask_fails_at_its_deadline() {
+    let _serial = serial();
+    let server = shm_builder().build().unwrap();
+    server
+        .serve("slow", 1, |r| {
+            std::thread::sleep(Duration::from_secs(2));
+            Ok(Reply::Tensor(r.message))
+        })
+        .unwrap();
+    let client = shm_builder().build().unwrap();
+    let err = client
+        .ask(
+            server.local_addr(),
+            "slow",
+            patterned(1, 1, 1),
+            Duration::from_millis(200),
+        )
+        .wait()
+        .unwrap_err();
+    assert_eq!(err.to_string(), "ask timed out after 200ms");
+}
+
+#[test]
+fn auto_picks_shared_memory_only_for_a_peer_that_proved_it_is_on_this_host() {
+    let _serial = serial();
+    let server = echo_server();
+    let client = Node::builder(any_local_address())
+        .in_process_delivery(false)
+        .preference(Preference::Auto)
+        .build()
+        .unwrap();
+    let before = stats::global().snapshot();
+    let message = patterned(1, 1, 100);
+    assert_eq!(
+        tensor(
+            client
+                .ask(server.local_addr(), "echo", message.clone(), TIMEOUT)
+                .wait()
+                .unwrap()
+        ),
+        message
+    );
+    let after = stats::global().snapshot();
+    assert!(
+        after.shm_messages_sent > before.shm_messages_sent,
+        "same host: shared memory"
+    );
+    // A node without shared memory is reached over PTR1.
+    let plain = Node::builder(any_local_address())
+        .shared_memory(false)
+        .build()
+        .unwrap();
+    plain
+        .serve_on_core("echo", |r| Ok(Reply::Tensor(r.message)))
+        .unwrap();
+    let before = stats::global().snapshot();
+    assert_eq!(
+        tensor(
+            client
+                .ask(plain.local_addr(), "echo", message.clone(), TIMEOUT)
+                .wait()
+                .unwrap()
+        ),
+        message
+    );
+    let after = stats::global().snapshot();
+    assert!(
+        after.raw_frames_sent > before.raw_frames_sent,
+        "no shared memory there: PTR1"
+    );
+}

@@ -1,0 +1,4 @@
+//! Shared memory: the node's manager (regions, names, leases, loans) and the same-host data
+//! path (memfds over a Unix socket), in one process and across processes.
+
+mod data_path;
