@@ -251,3 +251,39 @@ fn auto_picks_shared_memory_only_for_a_peer_that_proved_it_is_on_this_host() {
         "no shared memory there: PTR1"
     );
 }
+
+#[test]
+fn memory_held_past_the_hold_limit_is_revoked_and_reads_zeros_never_another_message() {
+    let _serial = serial();
+    let server = shm_builder().build().unwrap();
+    let inbox = server.endpoint("inbox").unwrap();
+    let client = shm_builder()
+        .shm_max_hold(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let message = TensorMessage::new(1, Bytes::new(), vec![Bytes::from(vec![0xAB; 1 << 20])]);
+    client
+        .tell(server.local_addr(), "inbox", message, TIMEOUT)
+        .wait()
+        .unwrap();
+    let held = inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap();
+    assert!(held.request().message.buffers[0].iter().all(|&b| b == 0xAB));
+    // The holder keeps it past the limit: the owner takes it back.
+    assert!(
+        eventually(|| client.stats().shm_leases == 0),
+        "the lease was revoked"
+    );
+    assert!(
+        held.request().message.buffers[0].iter().all(|&b| b == 0),
+        "a revoked slot reads zeros"
+    );
+    // The next message uses a fresh slot: the old views never show its bytes.
+    let next = TensorMessage::new(2, Bytes::new(), vec![Bytes::from(vec![0xCD; 1 << 20])]);
+    client
+        .tell(server.local_addr(), "inbox", next.clone(), TIMEOUT)
+        .wait()
+        .unwrap();
+    let second = inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap();
+    assert_eq!(second.request().message, next);
+    assert!(held.request().message.buffers[0].iter().all(|&b| b == 0));
+}

@@ -1,4 +1,6 @@
 //! Shared memory: the node's manager (regions, names, leases, loans) and the same-host data
 //! path (memfds over a Unix socket), in one process and across processes.
 
+mod cross_process;
 mod data_path;
+mod manager;
