@@ -11,6 +11,7 @@
 //! Release (4) leases:[u64]
 //! BodyRef := 0 Packed  fd:u8 lease:u64 len:u64           a PTM1 body at offset 0 of that fd
 //!          | 1 Direct  version:u32 metadata:bytes segments:[fd:u8 lease:u64 offset:u64 len:u64]
+//!          | 2 Inline  body:bytes                          a small PTM1 body in the datagram
 //! WireReply := 0 Tensor BodyRef | 1 Single msg_type:str data:bytes | 2 Ack | 3 Error text:str
 //! ```
 //!
@@ -84,6 +85,9 @@ pub enum BodyRef {
         /// The body's length.
         len: u64,
     },
+    /// A small PTM1 body carried in the datagram itself (below a few pages, mapping memory
+    /// costs more than copying it through the socket).
+    Inline(Bytes),
     /// Buffers that stayed where they were (loaned slots): no copy.
     Direct {
         /// The message's version.
@@ -253,6 +257,7 @@ impl BodyRef {
     /// The descriptor indexes it refers to.
     pub fn fds(&self) -> Vec<u8> {
         match self {
+            Self::Inline(_) => Vec::new(),
             Self::Packed { fd, .. } => vec![*fd],
             Self::Direct { segments, .. } => segments.iter().map(|s| s.fd).collect(),
         }
@@ -261,6 +266,7 @@ impl BodyRef {
     /// The leases it holds.
     pub fn leases(&self) -> Vec<u64> {
         match self {
+            Self::Inline(_) => Vec::new(),
             Self::Packed { lease, .. } => vec![*lease],
             Self::Direct { segments, .. } => segments.iter().map(|s| s.lease).collect(),
         }
@@ -296,6 +302,10 @@ impl Writer {
                 self.u8(*fd);
                 self.u64(*lease);
                 self.u64(*len);
+            }
+            BodyRef::Inline(body) => {
+                self.u8(2);
+                self.bytes(body);
             }
             BodyRef::Direct {
                 version,
@@ -386,6 +396,7 @@ impl<'a> Reader<'a> {
                     segments,
                 })
             }
+            2 => Ok(BodyRef::Inline(Bytes::copy_from_slice(self.bytes()?))),
             _ => Err(DecodeError("unknown body kind")),
         }
     }

@@ -44,6 +44,12 @@ fn samples() -> Vec<Control> {
                 ],
             },
         },
+        Control::Request {
+            id: 10,
+            kind: RequestKind::Ask,
+            path: "/actors/small".into(),
+            body: BodyRef::Inline(Bytes::from_static(b"PTM1-a-small-body")),
+        },
         Control::Reply {
             id: 7,
             reply: WireReply::Tensor(BodyRef::Packed {

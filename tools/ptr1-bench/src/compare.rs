@@ -198,6 +198,9 @@ pub(crate) fn compare(options: &Options) -> Result<()> {
     if let Err(e) = &http2 {
         println!("\nHTTP/2 measurement failed: {e:#}");
     }
+    if let Err(e) = crate::compare_shm::compare(&exe, options, reps, seconds) {
+        println!("\nshared-memory measurement failed: {e:#}");
+    }
     if let Some(path) = &options.json {
         let rss = rss.unwrap_or_default();
         let json = to_json(&cases, &results, iperf.ok(), &rss);

@@ -19,6 +19,7 @@
 mod blocking;
 mod compare;
 mod compare_http2;
+mod compare_shm;
 mod engine_side;
 mod measure;
 mod memcpy;

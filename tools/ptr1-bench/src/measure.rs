@@ -129,6 +129,21 @@ pub(crate) fn cpu_time(pid: Option<u32>) -> Result<Duration> {
 }
 
 /// Peak resident memory (VmHWM) of a process, in bytes.
+/// Resident memory of process `pid` now (`VmRSS`).
+pub(crate) fn rss(pid: u32) -> Result<u64> {
+    status_kib(pid, "VmRSS:").map(|kib| kib * 1024)
+}
+
+fn status_kib(pid: u32, key: &str) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    Ok(status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0))
+}
+
 pub(crate) fn peak_rss(pid: u32) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let line = status

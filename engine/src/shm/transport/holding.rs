@@ -110,6 +110,9 @@ fn map_all(
         ));
     }
     match body {
+        BodyRef::Inline(bytes) => {
+            tensorwire_proto::ptm1::decode(bytes.clone(), limits).map_err(|e| e.to_string())
+        }
         BodyRef::Packed { fd, lease, len } => {
             let fd = fds
                 .get_mut(usize::from(*fd))

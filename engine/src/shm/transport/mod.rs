@@ -14,6 +14,7 @@
 mod conn;
 mod holding;
 mod lending;
+mod packing;
 mod service;
 
 use std::collections::HashMap;

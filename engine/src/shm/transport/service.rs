@@ -8,22 +8,19 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use tensorwire_proto::shm::{BodyRef, Control, MAX_DATAGRAM, MAX_FDS, Segment, WireReply, decode};
+use tensorwire_proto::shm::{Control, MAX_DATAGRAM, MAX_FDS, WireReply, decode};
 use tensorwire_proto::stats;
 use tensorwire_proto::transport::{
     Answer, Completion, Delivery, Error, InboundRequest, OutboundRequest, Reply, RequestKind,
     Responder,
 };
-use tensorwire_proto::{TensorMessage, len_u64};
+use tensorwire_proto::TensorMessage;
 
-use crate::shm::loaned;
 use crate::shm::transport::conn::{Conn, same_host};
 use crate::shm::transport::holding::unpack;
-use crate::shm::transport::lending::Lent;
+use crate::shm::transport::packing::pack;
 use crate::shm::transport::{Shared, complete_waiting, lock};
 
-/// Metadata travels inline (in the datagram) up to this; larger goes into a slot.
-const INLINE_METADATA: usize = 16 << 10;
 /// A single reply's data travels inline up to this.
 const INLINE_SINGLE: usize = MAX_DATAGRAM - 4096;
 
@@ -106,79 +103,6 @@ pub(crate) fn send(shared: &Arc<Shared>, conn: &Arc<Conn>, request: OutboundRequ
         return;
     }
     stats::global().record_shm_sent(message.total_bytes(), packed.copied, packed.zero_copy);
-}
-
-/// A message laid out in shared memory, ready to send.
-struct Packed {
-    body: BodyRef,
-    /// Descriptors to send (they stay open while the lending keeps their regions).
-    fds: Vec<RawFd>,
-    leases: Vec<u64>,
-    copied: u64,
-    zero_copy: u64,
-}
-
-/// Lays `message` out for `conn`: its buffers where they are if all of them are in sealed
-/// loaned regions, else the whole message copied once into a pooled slot (as a PTM1 body).
-fn pack(shared: &Shared, conn: &Conn, message: &TensorMessage) -> Result<Packed, Error> {
-    let hold_until = Instant::now() + shared.config.max_hold;
-    let direct: Option<Vec<_>> = (!message.buffers.is_empty()
-        && message.buffers.len() <= MAX_FDS
-        && message.metadata.len() <= INLINE_METADATA)
-        .then(|| message.buffers.iter().map(|b| loaned::lookup(b)).collect())
-        .flatten();
-    if let Some(regions) = direct {
-        let mut segments = Vec::with_capacity(regions.len());
-        let mut fds = Vec::with_capacity(regions.len());
-        let mut leases = Vec::with_capacity(regions.len());
-        for (i, ((region, offset), buffer)) in regions.into_iter().zip(&message.buffers).enumerate()
-        {
-            fds.push(region.as_fd().as_raw_fd());
-            let lease = shared
-                .lending
-                .lend(conn.id, Lent::Sealed { _region: region }, hold_until);
-            leases.push(lease);
-            segments.push(Segment {
-                fd: u8::try_from(i).unwrap_or(u8::MAX),
-                lease,
-                offset,
-                len: len_u64(buffer.len()),
-            });
-        }
-        let zero_copy = len_u64(segments.len());
-        return Ok(Packed {
-            body: BodyRef::Direct {
-                version: message.version,
-                metadata: message.metadata.clone(),
-                segments,
-            },
-            fds,
-            leases,
-            copied: 0,
-            zero_copy,
-        });
-    }
-    let encoded = tensorwire_proto::ptm1::encode(message, &shared.limits).map_err(Error::Encode)?;
-    let len = usize::try_from(encoded.wire_len())
-        .map_err(|_| Error::Misuse("message too large".into()))?;
-    let slot = shared
-        .lending
-        .slot(len)
-        .map_err(|e| Error::Memory(e.to_string()))?;
-    let written = slot.fill(encoded.slices());
-    let fd = slot.read_only_fd().as_raw_fd();
-    let lease = shared.lending.lend(conn.id, Lent::Pooled(slot), hold_until);
-    Ok(Packed {
-        body: BodyRef::Packed {
-            fd: 0,
-            lease,
-            len: len_u64(written),
-        },
-        fds: vec![fd],
-        leases: vec![lease],
-        copied: message.total_bytes(),
-        zero_copy: 0,
-    })
 }
 
 fn next_id() -> u64 {

@@ -109,13 +109,13 @@ fn a_tell_is_acknowledged_and_its_buffers_are_read_only_views() {
         .tell(
             server.local_addr(),
             "inbox",
-            patterned(7, 2, 10_000),
+            patterned(7, 2, 100_000),
             TIMEOUT,
         )
         .wait()
         .unwrap();
     let incoming = inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap();
-    assert_eq!(incoming.request().message, patterned(7, 2, 10_000));
+    assert_eq!(incoming.request().message, patterned(7, 2, 100_000));
     assert_eq!(
         client.stats().shm_leases,
         1,
@@ -123,6 +123,24 @@ fn a_tell_is_acknowledged_and_its_buffers_are_read_only_views() {
     );
     drop(incoming);
     assert!(eventually(|| client.stats().shm_leases == 0));
+}
+
+#[test]
+fn a_small_message_travels_in_the_datagram_and_holds_no_memory() {
+    let _serial = serial();
+    let server = shm_builder().build().unwrap();
+    let inbox = server.endpoint("inbox").unwrap();
+    let client = shm_builder().build().unwrap();
+    let before = stats::global().snapshot();
+    client
+        .tell(server.local_addr(), "inbox", patterned(3, 3, 4096), TIMEOUT)
+        .wait()
+        .unwrap();
+    let incoming = inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap();
+    assert_eq!(incoming.request().message, patterned(3, 3, 4096));
+    assert_eq!(client.stats().shm_leases, 0, "no slot was lent for it");
+    let after = stats::global().snapshot();
+    assert!(after.shm_messages_sent > before.shm_messages_sent, "it went over shared memory");
 }
 
 #[test]
