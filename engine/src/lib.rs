@@ -35,11 +35,11 @@ mod sys;
 mod uring;
 
 pub use endpoint::{Endpoint, Incoming, Recv, Replier, Request};
-pub use node::{Node, NodeBuilder, NodeStats};
+pub use node::{Node, NodeBuilder, NodeStats, RouteChoice};
 pub use pending::Pending;
 pub use pool::{PoolBuffer, PoolConfig, PoolStats, ReceivePool};
 pub use tensorwire_proto::TensorMessage;
-pub use tensorwire_proto::route::Preference;
+pub use tensorwire_proto::route::{Preference, Route};
 pub use tensorwire_proto::session::SessionConfig;
 pub use tensorwire_proto::transport::{Error, Reply, RequestKind};
 pub use uring::ZeroCopy;

@@ -4,6 +4,7 @@
 
 mod builder;
 mod local;
+mod routing;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,7 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use tensorwire_proto::route::{self, Capabilities, Locality, Preference, Route};
+use tensorwire_proto::route::Preference;
 use tensorwire_proto::transport::{
     ActorPath, Answer, Completion, Deadline, Driver, DriverGauges, Error, OutboundRequest, Reply,
     RequestKind, Transport,
@@ -19,6 +20,7 @@ use tensorwire_proto::transport::{
 use tensorwire_proto::{Limits, TensorMessage};
 
 pub use builder::NodeBuilder;
+pub use routing::RouteChoice;
 
 use crate::blocking::BlockingPool;
 use crate::endpoint::{Endpoint, Registry, Request, Served, spawn_handler_threads};
@@ -190,12 +192,25 @@ impl Node {
         message: TensorMessage,
         timeout: Duration,
     ) -> Pending<Reply> {
+        self.ask_via(peer, path, message, timeout, None)
+    }
+
+    /// [`Node::ask`] over the path `force` names instead of the node's preference (see
+    /// [`Node::route_to`]); `None` is [`Node::ask`].
+    pub fn ask_via(
+        &self,
+        peer: SocketAddr,
+        path: &str,
+        message: TensorMessage,
+        timeout: Duration,
+        force: Option<Preference>,
+    ) -> Pending<Reply> {
         let deadline = Deadline::after(Instant::now(), timeout);
         let path = match self.check(path) {
             Ok(path) => path,
             Err(e) => return Pending::ready(Err(e)),
         };
-        match self.route(peer) {
+        match self.route(peer, force) {
             Ok(Target::Local(target)) => local::ask(&target, &path, message, deadline),
             Ok(target) => {
                 let (completer, pending) = pair();
@@ -224,12 +239,24 @@ impl Node {
         message: TensorMessage,
         timeout: Duration,
     ) -> Pending<()> {
+        self.tell_via(peer, path, message, timeout, None)
+    }
+
+    /// [`Node::tell`] over the path `force` names; `None` is [`Node::tell`].
+    pub fn tell_via(
+        &self,
+        peer: SocketAddr,
+        path: &str,
+        message: TensorMessage,
+        timeout: Duration,
+        force: Option<Preference>,
+    ) -> Pending<()> {
         let deadline = Deadline::after(Instant::now(), timeout);
         let path = match self.check(path) {
             Ok(path) => path,
             Err(e) => return Pending::ready(Err(e)),
         };
-        match self.route(peer) {
+        match self.route(peer, force) {
             Ok(Target::Local(target)) => local::tell(&target, &path, message, deadline),
             Ok(target) => {
                 let (completer, pending) = pair();
@@ -265,7 +292,7 @@ impl Node {
     ) -> Result<Reply, Error> {
         let deadline = Deadline::after(Instant::now(), timeout);
         let path = self.check(path)?;
-        match self.route(peer)? {
+        match self.route(peer, None)? {
             Target::Local(target) => local::ask(&target, &path, message, deadline).wait(),
             Target::Transport | Target::Shm => {
                 self.ask(peer, path.as_str(), message, timeout).wait()
@@ -301,7 +328,7 @@ impl Node {
     ) -> Result<(), Error> {
         let deadline = Deadline::after(Instant::now(), timeout);
         let path = self.check(path)?;
-        match self.route(peer)? {
+        match self.route(peer, None)? {
             Target::Local(target) => local::tell(&target, &path, message, deadline).wait(),
             Target::Transport | Target::Shm => {
                 self.tell(peer, path.as_str(), message, timeout).wait()
@@ -346,57 +373,9 @@ impl Node {
         }
         ActorPath::parse(path)
     }
-
-    /// Where a send to `peer` goes: the pure route function of proto, applied per send.
-    fn route(&self, peer: SocketAddr) -> Result<Target, Error> {
-        let local = if self.inner.in_process_delivery {
-            local::lookup(peer)
-        } else {
-            None
-        };
-        // Same host only once the peer proved it on the shared-memory socket.
-        let wants_shm = matches!(
-            self.inner.preference,
-            Preference::Auto | Preference::SharedMemory
-        );
-        let shm_ok = local.is_none()
-            && wants_shm
-            && self
-                .inner
-                .shm
-                .as_ref()
-                .is_some_and(|shm| shm.reachable(peer));
-        let locality = if local.is_some() {
-            Locality::SameProcess
-        } else if shm_ok {
-            Locality::SameHost
-        } else {
-            Locality::Remote
-        };
-        let caps = Capabilities {
-            raw: true,
-            shared_memory: shm_ok,
-        };
-        let tls = self.inner.encrypts || self.inner.require_tls;
-        match route::select(self.inner.preference, locality, caps, tls) {
-            Route::LocalMailbox => local
-                .map(Target::Local)
-                .ok_or(Error::ConnectionClosed { peer, detail: None }),
-            Route::RawTcp => Ok(Target::Driver),
-            Route::SharedMemory => Ok(Target::Shm),
-            Route::Http2 if self.inner.transport.is_some() => Ok(Target::Transport),
-            Route::Http2 => Err(Error::DriverUnavailable {
-                driver: "http2",
-                reason: "this send must go over HTTP/2 (TLS is required, or \
-                         PULSING_TENSOR_TRANSPORT asks for it)"
-                    .into(),
-                hint: "plug in tensorwire-compat's HTTP/2 transport with \
-                       NodeBuilder::transport(Arc::new(tensorwire_compat::Http2::new(config)))",
-            }),
-        }
-    }
 }
 
+/// Where one send goes (see `routing.rs`).
 enum Target {
     Local(Arc<NodeInner>),
     Driver,

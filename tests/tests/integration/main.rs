@@ -6,4 +6,5 @@ mod defects;
 mod engine;
 mod fallback;
 mod http2;
+mod routing;
 mod shm;

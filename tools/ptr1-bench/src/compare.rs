@@ -106,6 +106,16 @@ pub(crate) fn compare(options: &Options) -> Result<()> {
     let quick = options.quick;
     let reps = if quick { 1 } else { options.reps };
     let seconds = if quick { 0.25 } else { 1.0 };
+    let part = |name: &str| options.only.as_deref().is_none_or(|only| only == name);
+    if !part("ptr1") {
+        if part("http2") {
+            crate::compare_http2::compare(&exe, options, reps, seconds)?;
+        }
+        if part("shm") {
+            crate::compare_shm::compare(&exe, options, reps, seconds)?;
+        }
+        return Ok(());
+    }
     let mut cases = Vec::new();
     let sizes: &[usize] = if quick {
         &[4 << 10, 1 << 20, 64 << 20]
@@ -194,12 +204,15 @@ pub(crate) fn compare(options: &Options) -> Result<()> {
         Ok(rss) => print_rss(rss),
         Err(e) => println!("\npeak RSS measurement failed: {e:#}"),
     }
-    let http2 = crate::compare_http2::compare(&exe, options, reps, seconds);
-    if let Err(e) = &http2 {
-        println!("\nHTTP/2 measurement failed: {e:#}");
+    if part("http2") {
+        if let Err(e) = crate::compare_http2::compare(&exe, options, reps, seconds) {
+            println!("\nHTTP/2 measurement failed: {e:#}");
+        }
     }
-    if let Err(e) = crate::compare_shm::compare(&exe, options, reps, seconds) {
-        println!("\nshared-memory measurement failed: {e:#}");
+    if part("shm") {
+        if let Err(e) = crate::compare_shm::compare(&exe, options, reps, seconds) {
+            println!("\nshared-memory measurement failed: {e:#}");
+        }
     }
     if let Some(path) = &options.json {
         let rss = rss.unwrap_or_default();
@@ -328,6 +341,7 @@ impl Options {
             quick: false,
             reps: 1,
             json: None,
+            only: None,
             cert: None,
             key: None,
             client_ca: None,

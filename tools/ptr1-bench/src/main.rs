@@ -5,7 +5,7 @@
 //!                    [--handlers core|threads]
 //! ptr1-bench run     --connect ADDR [--transport engine|tokio|seed|std] [--mode oneway|rtt|inflight]
 //!                    [--size BYTES] [--buffers N] [--seconds S] [--inflight K]
-//! ptr1-bench compare [--quick] [--reps N] [--json FILE] [--handlers core|threads]
+//! ptr1-bench compare [--quick] [--reps N] [--json FILE] [--handlers core|threads] [--only ptr1|http2|shm]
 //! ```
 //!
 //! `serve` hosts two endpoints on one port: `/actors/echo` (ask → the same TensorMessage back)
@@ -57,7 +57,7 @@ const USAGE: &str = "usage:
   ptr1-bench run     --connect ADDR [--transport engine|tokio|seed|std|h2c|tls|shm] [--ca FILE]
                      [--cert FILE --key FILE] [--mode oneway|rtt|inflight]
                      [--size BYTES] [--buffers N] [--seconds S] [--inflight K] [--busy-poll-us N]
-  ptr1-bench compare [--quick] [--reps N] [--json FILE] [--handlers core|threads]";
+  ptr1-bench compare [--quick] [--reps N] [--json FILE] [--handlers core|threads] [--only ptr1|http2|shm]";
 
 /// Which implementation is on each end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,6 +155,8 @@ pub(crate) struct Options {
     pub(crate) quick: bool,
     pub(crate) reps: usize,
     pub(crate) json: Option<String>,
+    /// compare: only this part (`ptr1`, `http2` or `shm`); all of them when unset.
+    pub(crate) only: Option<String>,
     /// TLS: this end's certificate chain and key (PEM files).
     pub(crate) cert: Option<String>,
     pub(crate) key: Option<String>,
@@ -185,6 +187,7 @@ impl Options {
             quick: false,
             reps: 3,
             json: None,
+            only: None,
             cert: None,
             key: None,
             client_ca: None,
@@ -224,6 +227,13 @@ impl Options {
                 "--quick" => o.quick = true,
                 "--reps" => o.reps = value()?.parse::<usize>()?.max(1),
                 "--json" => o.json = Some(value()?),
+                "--only" => {
+                    let part = value()?;
+                    if !["ptr1", "http2", "shm"].contains(&part.as_str()) {
+                        bail!("unknown part {part:?} (ptr1, http2 or shm)");
+                    }
+                    o.only = Some(part);
+                }
                 "--cert" => o.cert = Some(value()?),
                 "--key" => o.key = Some(value()?),
                 "--client-ca" => o.client_ca = Some(value()?),

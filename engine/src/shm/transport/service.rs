@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use tensorwire_proto::TensorMessage;
 use tensorwire_proto::shm::{Control, MAX_DATAGRAM, MAX_FDS, WireReply, decode};
 use tensorwire_proto::stats;
 use tensorwire_proto::transport::{
     Answer, Completion, Delivery, Error, InboundRequest, OutboundRequest, Reply, RequestKind,
     Responder,
 };
-use tensorwire_proto::TensorMessage;
 
 use crate::shm::transport::conn::{Conn, same_host};
 use crate::shm::transport::holding::unpack;

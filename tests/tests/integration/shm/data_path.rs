@@ -140,7 +140,10 @@ fn a_small_message_travels_in_the_datagram_and_holds_no_memory() {
     assert_eq!(incoming.request().message, patterned(3, 3, 4096));
     assert_eq!(client.stats().shm_leases, 0, "no slot was lent for it");
     let after = stats::global().snapshot();
-    assert!(after.shm_messages_sent > before.shm_messages_sent, "it went over shared memory");
+    assert!(
+        after.shm_messages_sent > before.shm_messages_sent,
+        "it went over shared memory"
+    );
 }
 
 #[test]

@@ -1,0 +1,190 @@
+//! Buffers across the Python seam: Python exports held without copying on the way out
+//! ([`Export`]), engine memory exposed to Python on the way in ([`Buffer`]).
+//!
+//! An export's release needs the interpreter; an engine thread never waits for it. The last
+//! `Bytes` clone of a Python buffer may drop on any thread: the export then goes to a queue
+//! that Python-attached code drains (every call into this module, and the completion pump).
+
+use std::ffi::{c_int, c_void};
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use pyo3::buffer::PyUntypedBuffer;
+use pyo3::exceptions::{PyBufferError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use pyo3::{Bound, ffi};
+
+/// Exports whose last Rust reference dropped, waiting for an attached thread to release them.
+static RELEASES: Mutex<Vec<PyUntypedBuffer>> = Mutex::new(Vec::new());
+
+/// Releases the exports the engine is done with. Call with the interpreter attached.
+pub(crate) fn drain_releases(_py: Python<'_>) {
+    let drained = std::mem::take(&mut *RELEASES.lock().unwrap_or_else(|e| e.into_inner()));
+    // Dropping a `PyUntypedBuffer` here (attached) calls `PyBuffer_Release` directly.
+    drop(drained);
+}
+
+/// A Python buffer export owned by a `Bytes`: the memory stays valid (and unreleased) as long
+/// as any clone of that `Bytes` lives.
+struct Export {
+    buffer: Option<PyUntypedBuffer>,
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the export pins the exporter's memory until released; the pointer is only read
+// through `as_ref`, and `PyUntypedBuffer` itself is `Send + Sync`.
+unsafe impl Send for Export {}
+
+impl AsRef<[u8]> for Export {
+    fn as_ref(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `ptr..ptr+len` is the C-contiguous memory of a live export (checked in
+        // `export`); the exporter keeps it valid until `PyBuffer_Release`, which happens only
+        // after this owner drops. Python may still write to it: the documented contract is
+        // "do not mutate a buffer until the send completes", as torch `isend`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Export {
+    fn drop(&mut self) {
+        if let Some(buffer) = self.buffer.take() {
+            RELEASES
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(buffer);
+        }
+    }
+}
+
+/// Takes `obj`'s buffer without copying. `index` names it in the error.
+pub(crate) fn export(obj: &Bound<'_, PyAny>, index: usize) -> PyResult<Bytes> {
+    if let Ok(buffer) = obj.cast::<Buffer>() {
+        // One of ours (a received buffer sent on): share the memory, no export needed.
+        return Ok(buffer.get().bytes.clone());
+    }
+    let buffer = PyUntypedBuffer::get(obj).map_err(|e| {
+        PyValueError::new_err(format!(
+            "buffer {index} ({}) does not support the buffer protocol: {e}",
+            type_name(obj)
+        ))
+    })?;
+    if !buffer.is_c_contiguous() {
+        return Err(PyValueError::new_err(format!(
+            "buffer {index} ({}) is not C-contiguous (shape {:?}, strides {:?}); pass a \
+             contiguous copy (numpy.ascontiguousarray) or use tensors.pack(..., contiguous=True)",
+            type_name(obj),
+            buffer.shape(),
+            buffer.strides()
+        )));
+    }
+    let (ptr, len) = (
+        buffer.buf_ptr().cast::<u8>().cast_const(),
+        buffer.len_bytes(),
+    );
+    Ok(Bytes::from_owner(Export {
+        buffer: Some(buffer),
+        ptr,
+        len,
+    }))
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map_or_else(|_| "?".to_owned(), |n| n.to_string())
+}
+
+/// Engine memory received from a peer, as a Python buffer: `memoryview`, `numpy.frombuffer`
+/// and `torch.frombuffer` views keep it alive, and the memory goes back (to the receive pool,
+/// or the shared-memory lease to its owner) when the last view dies.
+///
+/// Writable when the memory is this process's own receive memory (PTR1, HTTP/2); read-only
+/// when it aliases a sender in this process or is a sealed shared-memory mapping.
+#[pyclass(frozen, weakref, module = "tensorwire._native", name = "Buffer")]
+pub(crate) struct Buffer {
+    pub(crate) bytes: Bytes,
+    writable: bool,
+}
+
+impl Buffer {
+    pub(crate) fn new(bytes: Bytes, writable: bool) -> Self {
+        Self { bytes, writable }
+    }
+}
+
+#[pymethods]
+impl Buffer {
+    /// # Safety
+    ///
+    /// Called by CPython with a `view` to fill.
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        let me = slf.get();
+        if flags & ffi::PyBUF_WRITABLE != 0 && !me.writable {
+            return Err(PyBufferError::new_err(
+                "this received buffer is read-only: it aliases the sender's memory (same \
+                 process) or a sealed shared-memory region; copy it to write",
+            ));
+        }
+        let len = ffi::Py_ssize_t::try_from(me.bytes.len())
+            .map_err(|_| PyBufferError::new_err("buffer too large"))?;
+        // SAFETY: `view` is CPython's to fill; the pointer and length describe `me.bytes`, which
+        // lives as long as `slf`, and `PyBuffer_FillInfo` stores a strong reference to `slf`
+        // in `view.obj`, so every view keeps the memory alive. Writes are allowed only for
+        // receive memory nobody else reads (see the type's docs).
+        let res = unsafe {
+            ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                me.bytes.as_ptr().cast_mut().cast::<c_void>(),
+                len,
+                c_int::from(!me.writable),
+                flags,
+            )
+        };
+        if res == -1 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    /// # Safety
+    ///
+    /// Called by CPython when a view is released; nothing to free.
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+
+    fn __len__(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// A copy of the bytes.
+    fn __bytes__<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.bytes)
+    }
+
+    /// Whether views may write to it.
+    #[getter]
+    fn writable(&self) -> bool {
+        self.writable
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<tensorwire.Buffer {} bytes, {}>",
+            self.bytes.len(),
+            if self.writable {
+                "writable"
+            } else {
+                "read-only"
+            }
+        )
+    }
+}

@@ -1,0 +1,90 @@
+//! Replies between Python values and the engine's `Reply`.
+//!
+//! A handler (or `Request.reply`) answers with a `TensorMessage` (tensor reply), `bytes`
+//! (single reply of type `bytes`), `None` (single reply of type `ack`), a `(msg_type, bytes)`
+//! pair, or — when the endpoint was served with `pickle=True` — any picklable object (single
+//! reply of type `pickle`).
+
+use bytes::Bytes;
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyTuple};
+use tensorwire_engine::Reply;
+
+use crate::message::PyTensorMessage;
+
+/// The single-reply type of `None`.
+pub(crate) const ACK: &str = "ack";
+/// The single-reply type of `bytes`.
+pub(crate) const BYTES: &str = "bytes";
+/// The single-reply type of a pickled object.
+pub(crate) const PICKLE: &str = "pickle";
+
+/// A Python answer as an engine reply.
+pub(crate) fn reply_from_py(value: &Bound<'_, PyAny>, pickle: bool) -> PyResult<Reply> {
+    if value.is_none() {
+        return Ok(single(ACK, Bytes::new()));
+    }
+    if let Ok(message) = value.cast::<PyTensorMessage>() {
+        return Ok(Reply::Tensor(message.get().inner.clone()));
+    }
+    if let Ok(bytes) = value.cast::<PyBytes>() {
+        return Ok(single(BYTES, Bytes::copy_from_slice(bytes.as_bytes())));
+    }
+    if let Ok(pair) = value.cast::<PyTuple>()
+        && pair.len() == 2
+        && let (Ok(kind), Ok(data)) = (
+            pair.get_item(0)?.extract::<String>(),
+            pair.get_item(1)?.cast_into::<PyBytes>(),
+        )
+    {
+        return Ok(single(&kind, Bytes::copy_from_slice(data.as_bytes())));
+    }
+    if pickle {
+        let data = value
+            .py()
+            .import("pickle")?
+            .call_method1("dumps", (value,))?
+            .cast_into::<PyBytes>()?;
+        return Ok(single(PICKLE, Bytes::copy_from_slice(data.as_bytes())));
+    }
+    Err(PyTypeError::new_err(format!(
+        "cannot reply with a {}: reply with a TensorMessage, bytes, None (an ack) or a \
+         (msg_type, bytes) pair, or serve with pickle=True to send any picklable object",
+        value.get_type().name()?
+    )))
+}
+
+fn single(msg_type: &str, data: Bytes) -> Reply {
+    Reply::Single {
+        msg_type: msg_type.to_owned(),
+        data,
+    }
+}
+
+/// An engine reply as a Python value: a `TensorMessage`, `None` for an ack, `bytes`, the
+/// unpickled object (when `pickle`), else a `(msg_type, bytes)` pair.
+pub(crate) fn reply_to_py(
+    py: Python<'_>,
+    reply: Reply,
+    writable: bool,
+    pickle: bool,
+) -> PyResult<Py<PyAny>> {
+    match reply {
+        Reply::Tensor(message) => {
+            Ok(Py::new(py, PyTensorMessage::received(py, message, writable)?)?.into_any())
+        }
+        Reply::Single { msg_type, data } => match msg_type.as_str() {
+            ACK if data.is_empty() => Ok(py.None()),
+            BYTES => Ok(PyBytes::new(py, &data).into_any().unbind()),
+            PICKLE if pickle => Ok(py
+                .import("pickle")?
+                .call_method1("loads", (PyBytes::new(py, &data),))?
+                .unbind()),
+            _ => Ok((msg_type, PyBytes::new(py, &data))
+                .into_pyobject(py)?
+                .into_any()
+                .unbind()),
+        },
+    }
+}

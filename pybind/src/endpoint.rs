@@ -1,0 +1,185 @@
+//! Mailbox endpoints and the requests taken from them, each answerable once.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use tensorwire_engine::{Endpoint, Incoming, Replier, RequestKind};
+
+use crate::buffers::drain_releases;
+use crate::convert::reply_from_py;
+use crate::errors::{InvalidArgument, to_py};
+use crate::message::PyTensorMessage;
+use crate::pump::{Outcome, Pump};
+
+/// How often a blocking receive wakes to let Ctrl+C through.
+const SIGNAL_SLICE: Duration = Duration::from_millis(100);
+
+/// A mailbox: requests sent to its path queue here until received.
+#[pyclass(frozen, module = "tensorwire._native", name = "Endpoint")]
+pub(crate) struct PyEndpoint {
+    endpoint: Arc<Endpoint>,
+}
+
+impl PyEndpoint {
+    pub(crate) fn new(endpoint: Endpoint) -> Self {
+        Self {
+            endpoint: Arc::new(endpoint),
+        }
+    }
+}
+
+#[pymethods]
+impl PyEndpoint {
+    /// Its actor path.
+    #[getter]
+    fn path(&self) -> String {
+        self.endpoint.path().to_owned()
+    }
+
+    /// Requests waiting.
+    fn __len__(&self) -> usize {
+        self.endpoint.queued()
+    }
+
+    /// The next request; waits up to `timeout` seconds (forever when `None`) with the GIL
+    /// released; `None` when the time passed.
+    #[pyo3(signature = (timeout = None, *, pickle = false))]
+    fn recv(
+        &self,
+        py: Python<'_>,
+        timeout: Option<f64>,
+        pickle: bool,
+    ) -> PyResult<Option<PyRequest>> {
+        drain_releases(py);
+        let deadline = match timeout {
+            Some(t) => Some(
+                std::time::Instant::now()
+                    + Duration::try_from_secs_f64(t).map_err(|_| {
+                        PyValueError::new_err(format!("timeout must be >= 0 seconds, not {t}"))
+                    })?,
+            ),
+            None => None,
+        };
+        loop {
+            let slice = deadline.map_or(SIGNAL_SLICE, |d| {
+                d.saturating_duration_since(std::time::Instant::now())
+                    .min(SIGNAL_SLICE)
+            });
+            let endpoint = Arc::clone(&self.endpoint);
+            let got = py
+                .detach(move || endpoint.recv_blocking(Some(slice)))
+                .map_err(|e| to_py(&e, &format!("receiving on {}", self.endpoint.path())))?;
+            if let Some(incoming) = got {
+                return PyRequest::from_incoming(py, incoming, pickle).map(Some);
+            }
+            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                return Ok(None);
+            }
+            py.check_signals()?;
+        }
+    }
+
+    /// Starts a receive whose completion `pump` delivers; returns its token.
+    #[pyo3(signature = (pump, *, pickle = false))]
+    fn recv_start(&self, pump: &Bound<'_, Pump>, pickle: bool) -> u64 {
+        let endpoint = Arc::clone(&self.endpoint);
+        pump.get().start(Box::pin(async move {
+            let result = endpoint.recv().await;
+            let path = endpoint.path().to_owned();
+            Box::new(move |py: Python<'_>| match result {
+                Ok(incoming) => {
+                    Ok(Py::new(py, PyRequest::from_incoming(py, incoming, pickle)?)?.into_any())
+                }
+                Err(e) => Err(to_py(&e, &format!("receiving on {path}"))),
+            }) as Outcome
+        }))
+    }
+}
+
+/// A request taken from a mailbox. Answer an ask once with `reply` or `fail`; dropping it
+/// unanswered sends the asker an error. A tell was acknowledged on arrival.
+#[pyclass(frozen, module = "tensorwire._native", name = "Request")]
+pub(crate) struct PyRequest {
+    /// The actor path it was sent to.
+    #[pyo3(get)]
+    path: String,
+    /// `"ask"` or `"tell"`.
+    #[pyo3(get)]
+    kind: &'static str,
+    /// The sender's address, when it crossed a socket.
+    #[pyo3(get)]
+    peer: Option<String>,
+    /// The peer's TLS client identity, if any.
+    #[pyo3(get)]
+    identity: Option<String>,
+    /// The message.
+    #[pyo3(get)]
+    message: Py<PyTensorMessage>,
+    replier: Mutex<Option<Replier>>,
+    pickle: bool,
+}
+
+impl PyRequest {
+    fn from_incoming(py: Python<'_>, incoming: Incoming, pickle: bool) -> PyResult<Self> {
+        let (request, replier) = incoming.into_parts();
+        let writable = request.peer.is_some();
+        Ok(Self {
+            path: request.path,
+            kind: match request.kind {
+                RequestKind::Tell => "tell",
+                _ => "ask",
+            },
+            peer: request.peer.map(|p| p.to_string()),
+            identity: request.identity,
+            message: Py::new(
+                py,
+                PyTensorMessage::received(py, request.message, writable)?,
+            )?,
+            replier: Mutex::new(Some(replier)),
+            pickle,
+        })
+    }
+
+    fn take(&self) -> PyResult<Replier> {
+        self.replier
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .ok_or_else(|| {
+                InvalidArgument::new_err(format!(
+                    "the request to {} was already answered",
+                    self.path
+                ))
+            })
+    }
+}
+
+#[pymethods]
+impl PyRequest {
+    /// Answers with a `TensorMessage`, `bytes`, `None` (an ack), a `(msg_type, bytes)` pair,
+    /// or (received with `pickle=True`) any picklable object.
+    #[pyo3(signature = (value = None))]
+    fn reply(&self, py: Python<'_>, value: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let reply = match value {
+            Some(v) => reply_from_py(v, self.pickle)?,
+            None => reply_from_py(py.None().bind(py), false)?,
+        };
+        self.take()?.reply(Ok(reply));
+        Ok(())
+    }
+
+    /// Answers with an error; the asker gets a `RemoteError` carrying `text`.
+    fn fail(&self, text: &str) -> PyResult<()> {
+        self.take()?.reply(Err(text.to_owned()));
+        Ok(())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<tensorwire.Request {} {} from {:?}>",
+            self.kind, self.path, self.peer
+        )
+    }
+}

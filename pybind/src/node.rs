@@ -1,0 +1,458 @@
+//! `Node`: the composition root. One engine node with the io_uring driver, the tokio
+//! fallback (used where io_uring is unavailable), HTTP/2 + TLS and shared memory plugged in;
+//! asks and tells in blocking and asyncio form; the router's choice explained.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use tensorwire_compat::{Http2, Http2Config, TlsConfig, TokioFallback};
+use tensorwire_engine::{Error, Node, Pending, Preference, Route};
+
+use crate::buffers::drain_releases;
+use crate::convert::{reply_from_py, reply_to_py};
+use crate::endpoint::PyEndpoint;
+use crate::errors::{InvalidArgument, TransportUnavailable, to_py};
+use crate::message::PyTensorMessage;
+use crate::pump::{Outcome, Pump};
+
+/// How often a blocking wait wakes to let Ctrl+C through.
+const SIGNAL_SLICE: Duration = Duration::from_millis(100);
+
+/// A tensorwire node: serves endpoints on one port and sends to other nodes.
+#[pyclass(frozen, module = "tensorwire._native", name = "Node")]
+pub(crate) struct PyNode {
+    node: Node,
+}
+
+/// TLS settings from keyword arguments.
+struct TlsArgs {
+    cert: Option<String>,
+    key: Option<String>,
+    ca: Option<String>,
+    require_client_cert: bool,
+    server_name: Option<String>,
+}
+
+#[pymethods]
+impl PyNode {
+    #[new]
+    #[pyo3(signature = (
+        bind = "127.0.0.1:0", *, transport = None, shared_memory = true, cores = None,
+        mailbox_capacity = None, cert = None, key = None, ca = None,
+        require_client_cert = false, require_tls = None, server_name = None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        bind: &str,
+        transport: Option<&str>,
+        shared_memory: bool,
+        cores: Option<usize>,
+        mailbox_capacity: Option<usize>,
+        cert: Option<String>,
+        key: Option<String>,
+        ca: Option<String>,
+        require_client_cert: bool,
+        require_tls: Option<bool>,
+        server_name: Option<String>,
+    ) -> PyResult<Self> {
+        drain_releases(py);
+        let bind = resolve(bind)?;
+        let tls = TlsArgs {
+            cert,
+            key,
+            ca,
+            require_client_cert,
+            server_name,
+        };
+        let http2 = http2_config(&tls, require_tls)?;
+        let requires_tls = http2.require_tls;
+        let mut builder = Node::builder(bind)
+            .shared_memory(shared_memory)
+            .require_tls(requires_tls)
+            .fallback(Arc::new(TokioFallback::default()))
+            .transport(Arc::new(Http2::new(http2)));
+        if let Some(name) = transport {
+            builder = builder.preference(preference(name)?.unwrap_or(Preference::Auto));
+        }
+        if let Some(cores) = cores {
+            builder = builder.cores(cores);
+        }
+        if let Some(capacity) = mailbox_capacity {
+            builder = builder.mailbox_capacity(capacity);
+        }
+        let node = py
+            .detach(move || builder.build())
+            .map_err(|e| to_py(&e, &format!("starting a node on {bind}")))?;
+        Ok(Self { node })
+    }
+
+    /// The address it listens on, as `"ip:port"`.
+    #[getter]
+    fn address(&self) -> String {
+        self.node.local_addr().to_string()
+    }
+
+    /// A mailbox endpoint at `name`.
+    fn endpoint(&self, py: Python<'_>, name: &str) -> PyResult<PyEndpoint> {
+        drain_releases(py);
+        let endpoint = self
+            .node
+            .endpoint(name)
+            .map_err(|e| to_py(&e, &format!("creating endpoint {name:?}")))?;
+        Ok(PyEndpoint::new(endpoint))
+    }
+
+    /// Serves `name` with `handler(message) -> reply` on `threads` threads of its own.
+    #[pyo3(signature = (name, handler, *, threads = 1, pickle = false))]
+    fn serve(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        handler: Py<PyAny>,
+        threads: usize,
+        pickle: bool,
+    ) -> PyResult<()> {
+        drain_releases(py);
+        let handler = Arc::new(handler);
+        self.node
+            .serve(name, threads.max(1), move |request| {
+                Python::attach(|py| {
+                    drain_releases(py);
+                    let writable = request.peer.is_some();
+                    let message = PyTensorMessage::received(py, request.message, writable)
+                        .map_err(|e| handler_failure(py, &e))?;
+                    let result = handler
+                        .call1(py, (message,))
+                        .map_err(|e| handler_failure(py, &e))?;
+                    reply_from_py(result.bind(py), pickle).map_err(|e| handler_failure(py, &e))
+                })
+            })
+            .map_err(|e| to_py(&e, &format!("serving {name:?}")))
+    }
+
+    /// Asks `path` at `address` and waits for the reply (the GIL released; Ctrl+C interrupts).
+    #[pyo3(signature = (address, path, message, *, timeout = 30.0, transport = "auto", pickle = false))]
+    #[allow(clippy::too_many_arguments)] // the Python keyword arguments
+    fn ask(
+        &self,
+        py: Python<'_>,
+        address: &str,
+        path: &str,
+        message: &Bound<'_, PyTensorMessage>,
+        timeout: f64,
+        transport: &str,
+        pickle: bool,
+    ) -> PyResult<Py<PyAny>> {
+        drain_releases(py);
+        let send = self.plan(py, address, path, transport, "ask")?;
+        let pending = self.node.ask_via(
+            send.peer,
+            path,
+            message.get().inner.clone(),
+            seconds(timeout)?,
+            send.force,
+        );
+        let reply = wait(py, pending).map_err(|e| e.into_py(&send.context))?;
+        reply_to_py(py, reply, send.writable, pickle)
+    }
+
+    /// Tells `path` at `address`; returns once the receiver has it in its mailbox.
+    #[pyo3(signature = (address, path, message, *, timeout = 30.0, transport = "auto"))]
+    fn tell(
+        &self,
+        py: Python<'_>,
+        address: &str,
+        path: &str,
+        message: &Bound<'_, PyTensorMessage>,
+        timeout: f64,
+        transport: &str,
+    ) -> PyResult<()> {
+        drain_releases(py);
+        let send = self.plan(py, address, path, transport, "tell")?;
+        let pending = self.node.tell_via(
+            send.peer,
+            path,
+            message.get().inner.clone(),
+            seconds(timeout)?,
+            send.force,
+        );
+        wait(py, pending).map_err(|e| e.into_py(&send.context))
+    }
+
+    /// Starts an ask whose completion `pump` delivers; returns its token.
+    #[pyo3(signature = (pump, address, path, message, *, timeout = 30.0, transport = "auto", pickle = false))]
+    #[allow(clippy::too_many_arguments)]
+    fn ask_start(
+        &self,
+        py: Python<'_>,
+        pump: &Bound<'_, Pump>,
+        address: &str,
+        path: &str,
+        message: &Bound<'_, PyTensorMessage>,
+        timeout: f64,
+        transport: &str,
+        pickle: bool,
+    ) -> PyResult<u64> {
+        drain_releases(py);
+        let send = self.plan(py, address, path, transport, "ask")?;
+        let pending = self.node.ask_via(
+            send.peer,
+            path,
+            message.get().inner.clone(),
+            seconds(timeout)?,
+            send.force,
+        );
+        let (context, writable) = (send.context, send.writable);
+        Ok(pump.get().start(Box::pin(async move {
+            let result = pending.await;
+            Box::new(move |py: Python<'_>| match result {
+                Ok(reply) => reply_to_py(py, reply, writable, pickle),
+                Err(e) => Err(to_py(&e, &context)),
+            }) as Outcome
+        })))
+    }
+
+    /// Starts a tell whose completion `pump` delivers; returns its token.
+    #[pyo3(signature = (pump, address, path, message, *, timeout = 30.0, transport = "auto"))]
+    #[allow(clippy::too_many_arguments)]
+    fn tell_start(
+        &self,
+        py: Python<'_>,
+        pump: &Bound<'_, Pump>,
+        address: &str,
+        path: &str,
+        message: &Bound<'_, PyTensorMessage>,
+        timeout: f64,
+        transport: &str,
+    ) -> PyResult<u64> {
+        drain_releases(py);
+        let send = self.plan(py, address, path, transport, "tell")?;
+        let pending = self.node.tell_via(
+            send.peer,
+            path,
+            message.get().inner.clone(),
+            seconds(timeout)?,
+            send.force,
+        );
+        let context = send.context;
+        Ok(pump.get().start(Box::pin(async move {
+            let result = pending.await;
+            Box::new(move |py: Python<'_>| match result {
+                Ok(()) => Ok(py.None()),
+                Err(e) => Err(to_py(&e, &context)),
+            }) as Outcome
+        })))
+    }
+
+    /// The path a send to `address` takes with `transport`, and why: `(path, reason)` with
+    /// path one of `local`, `shm`, `raw`, `http2`.
+    #[pyo3(signature = (address, transport = "auto"))]
+    fn route(&self, py: Python<'_>, address: &str, transport: &str) -> PyResult<(String, String)> {
+        let peer = resolve(address)?;
+        let force = preference(transport)?;
+        let choice = py
+            .detach(|| self.node.route_to(peer, force))
+            .map_err(|e| to_py(&e, &format!("routing to {peer}")))?;
+        Ok((route_name(choice.route).to_owned(), choice.reason))
+    }
+
+    /// This node's counters and gauges.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = self.node.stats();
+        let dict = PyDict::new(py);
+        dict.set_item("address", self.node.local_addr().to_string())?;
+        dict.set_item("driver", stats.driver)?;
+        dict.set_item("fallback_reason", stats.fallback_reason)?;
+        dict.set_item("transport", stats.transport)?;
+        dict.set_item("pool", format!("{:?}", stats.pool))?;
+        dict.set_item("gauges", format!("{:?}", stats.gauges))?;
+        dict.set_item("shm_connections", stats.shm_connections)?;
+        dict.set_item("shm_leases", stats.shm_leases)?;
+        dict.set_item("transport_connections", stats.transport_connections)?;
+        Ok(dict)
+    }
+
+    /// Stops the node: fails what is in flight, closes endpoints and connections, joins its
+    /// threads. Idempotent.
+    fn close(&self, py: Python<'_>) {
+        let node = self.node.clone();
+        py.detach(move || node.shutdown());
+        drain_releases(py);
+    }
+}
+
+/// How one send goes, decided before it starts.
+struct Plan {
+    peer: SocketAddr,
+    force: Option<Preference>,
+    writable: bool,
+    context: String,
+}
+
+impl PyNode {
+    /// Resolves the address and the forced path; refuses a forced path the router cannot
+    /// take (no silent fallback). The reply is writable when it lands in receive memory.
+    fn plan(
+        &self,
+        py: Python<'_>,
+        address: &str,
+        path: &str,
+        transport: &str,
+        what: &str,
+    ) -> PyResult<Plan> {
+        let peer = resolve(address)?;
+        let wanted = preference(transport)?;
+        let choice = py
+            .detach(|| self.node.route_to(peer, wanted))
+            .map_err(|e| to_py(&e, &format!("{what} {path} at {peer}")))?;
+        let name = route_name(choice.route);
+        let forced_mismatch = match transport {
+            "local" => choice.route != Route::LocalMailbox,
+            "shm" => choice.route != Route::SharedMemory,
+            "raw" => choice.route != Route::RawTcp,
+            "http2" => choice.route != Route::Http2,
+            _ => false,
+        };
+        if forced_mismatch {
+            return Err(TransportUnavailable::new_err(format!(
+                "{what} {path} at {peer}: transport={transport:?} was asked for, but the router \
+                 picks {name}: {}",
+                choice.reason
+            )));
+        }
+        // Pin the send to the path just chosen, so the reply's memory is what we expect.
+        let force = match choice.route {
+            Route::LocalMailbox => None,
+            Route::SharedMemory => Some(Preference::SharedMemory),
+            Route::RawTcp => Some(Preference::Raw),
+            Route::Http2 => Some(Preference::Http2),
+        };
+        Ok(Plan {
+            peer,
+            force,
+            writable: matches!(choice.route, Route::RawTcp | Route::Http2),
+            context: format!("{what} {path} at {peer} over {name}"),
+        })
+    }
+}
+
+/// A wait that ended: the engine's error, or Ctrl+C.
+enum WaitError {
+    Engine(Error),
+    Interrupted(PyErr),
+}
+
+impl WaitError {
+    fn into_py(self, context: &str) -> PyErr {
+        match self {
+            Self::Engine(e) => to_py(&e, context),
+            Self::Interrupted(e) => e,
+        }
+    }
+}
+
+/// Waits for `pending` with the GIL released, in slices so signals are handled; on an
+/// exception from a signal handler the operation is dropped (cancelled) and it propagates.
+fn wait<T: Send>(py: Python<'_>, mut pending: Pending<T>) -> Result<T, WaitError> {
+    loop {
+        if let Some(result) = py.detach(|| pending.wait_timeout(SIGNAL_SLICE)) {
+            return result.map_err(WaitError::Engine);
+        }
+        if let Err(e) = py.check_signals() {
+            drop(pending);
+            return Err(WaitError::Interrupted(e));
+        }
+    }
+}
+
+/// The text an engine peer gets for a handler's exception.
+fn handler_failure(py: Python<'_>, err: &PyErr) -> String {
+    let kind = err
+        .get_type(py)
+        .name()
+        .map_or_else(|_| "Exception".to_owned(), |n| n.to_string());
+    format!("{kind}: {}", err.value(py))
+}
+
+/// `"host:port"` to one socket address.
+pub(crate) fn resolve(address: &str) -> PyResult<SocketAddr> {
+    address
+        .to_socket_addrs()
+        .map_err(|e| InvalidArgument::new_err(format!("address {address:?}: {e}")))?
+        .next()
+        .ok_or_else(|| InvalidArgument::new_err(format!("address {address:?} resolves to nothing")))
+}
+
+/// `transport=` to the router's preference (`None` for `auto` and `local`).
+fn preference(name: &str) -> PyResult<Option<Preference>> {
+    Ok(match name {
+        "auto" | "local" => None,
+        "raw" => Some(Preference::Raw),
+        "http2" => Some(Preference::Http2),
+        "shm" => Some(Preference::SharedMemory),
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "unknown transport {other:?}: expected auto, local, shm, raw or http2"
+            )));
+        }
+    })
+}
+
+fn route_name(route: Route) -> &'static str {
+    match route {
+        Route::LocalMailbox => "local",
+        Route::SharedMemory => "shm",
+        Route::RawTcp => "raw",
+        Route::Http2 => "http2",
+    }
+}
+
+fn seconds(timeout: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(timeout)
+        .map_err(|_| PyValueError::new_err(format!("timeout must be >= 0 seconds, not {timeout}")))
+}
+
+/// HTTP/2 settings: the environment (`TENSORWIRE_TLS_*`, `TENSORWIRE_HTTP2_*`), with TLS
+/// keyword arguments taking precedence.
+fn http2_config(tls: &TlsArgs, require_tls: Option<bool>) -> PyResult<Http2Config> {
+    let mut config =
+        Http2Config::from_env().map_err(|e| to_py(&e, "reading HTTP/2 and TLS settings"))?;
+    if tls.cert.is_some() || tls.key.is_some() || tls.ca.is_some() {
+        let read = |path: &str, what: &str| {
+            std::fs::read(path).map_err(|e| {
+                InvalidArgument::new_err(format!("reading the TLS {what} {path:?}: {e}"))
+            })
+        };
+        let mut builder = TlsConfig::builder().require_client_cert(tls.require_client_cert);
+        match (&tls.cert, &tls.key) {
+            (Some(cert), Some(key)) => {
+                builder = builder.identity_pem(read(cert, "certificate")?, read(key, "key")?);
+            }
+            (None, None) => {}
+            _ => {
+                return Err(InvalidArgument::new_err(
+                    "TLS needs both cert= and key= (PEM files), or neither",
+                ));
+            }
+        }
+        if let Some(ca) = &tls.ca {
+            builder = builder.trust_pem(read(ca, "CA")?);
+        }
+        if let Some(name) = &tls.server_name {
+            builder = builder.server_name(name.clone());
+        }
+        let built = builder.build().map_err(|e| to_py(&e, "setting up TLS"))?;
+        config = Http2Config::tls(built, require_tls.unwrap_or(true));
+        config
+            .tune_from_env()
+            .map_err(|e| to_py(&e, "reading HTTP/2 settings"))?;
+    } else if let Some(require) = require_tls {
+        config.require_tls = require;
+    }
+    Ok(config)
+}

@@ -1,0 +1,79 @@
+//! The router's choice per send: `Node::route_to` explains it, `ask_via` forces a path past the
+//! in-process shortcut, and the choice matches where the bytes went.
+
+use std::time::Duration;
+
+use tensorwire_engine::{Node, Preference, Reply, Route};
+use tensorwire_proto::stats;
+use tensorwire_tests::{any_local_address, patterned};
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+fn echo_node() -> Node {
+    let node = Node::builder(any_local_address())
+        .shared_memory(false)
+        .build()
+        .unwrap();
+    node.serve("echo", 1, |r| Ok(Reply::Tensor(r.message)))
+        .unwrap();
+    node
+}
+
+#[test]
+fn a_node_in_this_process_is_reached_through_its_mailbox_unless_a_path_is_forced() {
+    let server = echo_node();
+    let client = Node::builder(any_local_address())
+        .shared_memory(false)
+        .build()
+        .unwrap();
+    let auto = client.route_to(server.local_addr(), None).unwrap();
+    assert_eq!(auto.route, Route::LocalMailbox);
+    assert!(auto.reason.contains("in this process"), "{}", auto.reason);
+
+    let forced = client
+        .route_to(server.local_addr(), Some(Preference::Raw))
+        .unwrap();
+    assert_eq!(forced.route, Route::RawTcp);
+    assert!(forced.reason.contains("forced"), "{}", forced.reason);
+
+    let before = stats::global().snapshot().raw_frames_sent;
+    let reply = client
+        .ask_via(
+            server.local_addr(),
+            "echo",
+            patterned(1, 1, 4096),
+            TIMEOUT,
+            Some(Preference::Raw),
+        )
+        .wait()
+        .unwrap();
+    assert_eq!(reply, Reply::Tensor(patterned(1, 1, 4096)));
+    assert!(
+        stats::global().snapshot().raw_frames_sent >= before + 2,
+        "the forced ask crossed a socket as PTR1"
+    );
+}
+
+#[test]
+fn forcing_http2_without_the_transport_plugged_in_is_a_clear_error() {
+    let server = echo_node();
+    let client = Node::builder(any_local_address())
+        .shared_memory(false)
+        .build()
+        .unwrap();
+    let err = client
+        .route_to(server.local_addr(), Some(Preference::Http2))
+        .unwrap_err();
+    assert!(err.to_string().contains("HTTP/2"), "{err}");
+    let err = client
+        .tell_via(
+            server.local_addr(),
+            "echo",
+            patterned(1, 0, 0),
+            TIMEOUT,
+            Some(Preference::Http2),
+        )
+        .wait()
+        .unwrap_err();
+    assert!(err.to_string().contains("HTTP/2"), "{err}");
+}
