@@ -12,6 +12,7 @@ mod buffers;
 mod convert;
 mod endpoint;
 mod errors;
+mod loan;
 mod message;
 mod node;
 mod pump;
@@ -60,6 +61,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<endpoint::PyEndpoint>()?;
     m.add_class::<endpoint::PyRequest>()?;
     m.add_class::<pump::Pump>()?;
+    m.add_class::<loan::PyLoan>()?;
     m.add_function(wrap_pyfunction!(tensor_transport_stats, m)?)?;
     m.add_function(wrap_pyfunction!(io_uring_unavailable, m)?)?;
     Ok(())

@@ -15,7 +15,8 @@ use tensorwire_engine::{Error, Node, Pending, Preference, Route};
 use crate::buffers::drain_releases;
 use crate::convert::{reply_from_py, reply_to_py};
 use crate::endpoint::PyEndpoint;
-use crate::errors::{InvalidArgument, TransportUnavailable, to_py};
+use crate::errors::{InvalidArgument, OutOfMemory, TransportUnavailable, to_py};
+use crate::loan::PyLoan;
 use crate::message::PyTensorMessage;
 use crate::pump::{Outcome, Pump};
 
@@ -97,13 +98,21 @@ impl PyNode {
         self.node.local_addr().to_string()
     }
 
-    /// A mailbox endpoint at `name`.
-    fn endpoint(&self, py: Python<'_>, name: &str) -> PyResult<PyEndpoint> {
+    /// A mailbox endpoint at `name` holding up to `capacity` requests (the node's default
+    /// when `None`).
+    #[pyo3(signature = (name, capacity = None))]
+    fn endpoint(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        capacity: Option<usize>,
+    ) -> PyResult<PyEndpoint> {
         drain_releases(py);
-        let endpoint = self
-            .node
-            .endpoint(name)
-            .map_err(|e| to_py(&e, &format!("creating endpoint {name:?}")))?;
+        let endpoint = match capacity {
+            Some(capacity) => self.node.endpoint_with_capacity(name, capacity),
+            None => self.node.endpoint(name),
+        }
+        .map_err(|e| to_py(&e, &format!("creating endpoint {name:?}")))?;
         Ok(PyEndpoint::new(endpoint))
     }
 
@@ -259,6 +268,16 @@ impl PyNode {
             .detach(|| self.node.route_to(peer, force))
             .map_err(|e| to_py(&e, &format!("routing to {peer}")))?;
         Ok((route_name(choice.route).to_owned(), choice.reason))
+    }
+
+    /// A writable shared-memory slot of `nbytes` to fill in place; `freeze()` it into a
+    /// buffer that reaches a same-host peer without a copy.
+    fn loan(&self, py: Python<'_>, nbytes: usize) -> PyResult<PyLoan> {
+        drain_releases(py);
+        let loan = self.node.shm().loan(nbytes).map_err(|e| {
+            OutOfMemory::new_err(format!("a shared-memory loan of {nbytes} bytes: {e}"))
+        })?;
+        Ok(PyLoan::new(loan))
     }
 
     /// This node's counters and gauges.

@@ -136,3 +136,27 @@ def test_stats_count_ptr1_traffic(node: tw.Node, server: tw.Node) -> None:
     stats = tw.tensor_transport_stats()
     assert stats["raw_bytes_sent"] >= before + 20000
     assert node.stats()["driver"] in ("io_uring", "tokio")
+
+
+def test_a_full_mailbox_holds_the_sender_back(node: tw.Node) -> None:
+    import threading
+
+    with tw.Node() as other:
+        inbox = other.endpoint("small", capacity=1)
+        ref = node.ref(other.address, "small", transport="raw")
+        ref.tell(tw.TensorMessage(b"1", []))
+        done = threading.Event()
+
+        def second() -> None:
+            ref.tell(tw.TensorMessage(b"2", []), timeout=10)
+            done.set()
+
+        t = threading.Thread(target=second)
+        t.start()
+        assert not done.wait(0.3), "the second tell waits while the mailbox is full"
+        first = inbox.recv(timeout=5)
+        assert first is not None and first.message.metadata == b"1"
+        assert done.wait(5)
+        t.join()
+        got = inbox.recv(timeout=5)
+        assert got is not None and got.message.metadata == b"2"

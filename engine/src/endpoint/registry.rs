@@ -57,6 +57,16 @@ impl Registry {
 
     /// Registers `path`; its mailbox.
     pub(crate) fn insert(&self, path: &ActorPath, served: Served) -> Result<Arc<Mailbox>, Error> {
+        self.insert_with_capacity(path, served, self.mailbox_capacity)
+    }
+
+    /// [`Registry::insert`] with a mailbox of `capacity` requests instead of the node's default.
+    pub(crate) fn insert_with_capacity(
+        &self,
+        path: &ActorPath,
+        served: Served,
+        capacity: usize,
+    ) -> Result<Arc<Mailbox>, Error> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Shutdown);
         }
@@ -69,7 +79,7 @@ impl Registry {
                 path: path.to_string(),
             });
         }
-        let mailbox = Arc::new(Mailbox::new(self.mailbox_capacity));
+        let mailbox = Arc::new(Mailbox::new(capacity.max(1)));
         let entry = Entry {
             mailbox: Arc::clone(&mailbox),
             served,

@@ -142,6 +142,26 @@ impl Node {
         })
     }
 
+    /// [`Node::endpoint`] with a mailbox of `capacity` requests (at least 1) instead of the
+    /// node's [`NodeBuilder::mailbox_capacity`]: a full mailbox delays tells and asks to it
+    /// (backpressure) until the enqueue deadline.
+    ///
+    /// # Errors
+    ///
+    /// As [`Node::endpoint`].
+    pub fn endpoint_with_capacity(&self, name: &str, capacity: usize) -> Result<Endpoint, Error> {
+        let path = ActorPath::parse(name)?;
+        let mailbox = self
+            .inner
+            .registry
+            .insert_with_capacity(&path, Served::Mailbox, capacity)?;
+        Ok(Endpoint {
+            path: path.to_string(),
+            mailbox,
+            registry: Arc::downgrade(&self.inner.registry),
+        })
+    }
+
     /// Registers an endpoint served by `handler` on `threads` handler threads of its own: for
     /// handlers that block or take long. The handler's result answers asks; for tells it is
     /// ignored. A panicking handler answers with an error and its thread keeps serving.

@@ -1,6 +1,7 @@
 //! The same-host control protocol: one `SOCK_SEQPACKET` datagram per message, file descriptors
-//! beside it (`SCM_RIGHTS`). Payload never travels in a datagram: it is in the memfds, and a
-//! datagram only says where (which descriptor, which lease, which range).
+//! beside it (`SCM_RIGHTS`). Payload travels in the memfds, and a datagram only says where
+//! (which descriptor, which lease, which range) — except bodies of at most 32 KiB (`Inline`), cheaper
+//! to copy through the socket than to map.
 //!
 //! ```text
 //! datagram := "TWS1" tag:u8 fields…          little-endian; strings and byte strings are

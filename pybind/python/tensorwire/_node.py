@@ -114,9 +114,11 @@ class Node:
         """The address it listens on, ``"ip:port"``."""
         return self._native.address
 
-    def endpoint(self, name: str, *, pickle: bool = False) -> Endpoint:
-        """A mailbox at ``name``; ``pickle=True`` lets its requests reply with any picklable object."""
-        return Endpoint(self._native.endpoint(name), pickle)
+    def endpoint(self, name: str, *, capacity: int | None = None, pickle: bool = False) -> Endpoint:
+        """A mailbox at ``name`` holding up to ``capacity`` requests (default: the node's
+        ``mailbox_capacity``, 256); a full mailbox holds senders back (backpressure).
+        ``pickle=True`` lets its requests reply with any picklable object."""
+        return Endpoint(self._native.endpoint(name, capacity), pickle)
 
     def serve(
         self,
@@ -158,6 +160,12 @@ class Node:
         router cannot take raises :class:`TransportUnavailable` instead of falling back.
         """
         return Ref(self, address, name, transport, pickle)
+
+    def loan(self, nbytes: int) -> _native.Loan:
+        """A writable shared-memory slot to fill in place (``numpy.frombuffer(loan, ...)``);
+        ``loan.freeze()`` seals it into a read-only :class:`Buffer` that reaches a same-host
+        peer over shared memory without a copy."""
+        return self._native.loan(nbytes)
 
     def stats(self) -> dict[str, Any]:
         """This node's driver, pools and connection gauges."""

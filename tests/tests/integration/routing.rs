@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use tensorwire_engine::{Node, Preference, Reply, Route};
-use tensorwire_proto::stats;
 use tensorwire_tests::{any_local_address, patterned};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -36,20 +35,26 @@ fn a_node_in_this_process_is_reached_through_its_mailbox_unless_a_path_is_forced
     assert_eq!(forced.route, Route::RawTcp);
     assert!(forced.reason.contains("forced"), "{}", forced.reason);
 
-    let before = stats::global().snapshot().raw_frames_sent;
-    let reply = client
-        .ask_via(
-            server.local_addr(),
-            "echo",
-            patterned(1, 1, 4096),
-            TIMEOUT,
-            Some(Preference::Raw),
-        )
-        .wait()
-        .unwrap();
-    assert_eq!(reply, Reply::Tensor(patterned(1, 1, 4096)));
+    // Same process: the reply aliases the buffer sent. Forced over PTR1: it is a copy that
+    // crossed a socket into receive memory.
+    let sent = patterned(1, 1, 4096);
+    let ask = |force| {
+        let reply = client
+            .ask_via(server.local_addr(), "echo", sent.clone(), TIMEOUT, force)
+            .wait()
+            .unwrap();
+        let Reply::Tensor(reply) = reply else {
+            panic!("a tensor reply")
+        };
+        assert_eq!(reply, sent);
+        reply.buffers[0].as_ptr() == sent.buffers[0].as_ptr()
+    };
     assert!(
-        stats::global().snapshot().raw_frames_sent >= before + 2,
+        ask(None),
+        "the in-process reply aliases the sender's buffer"
+    );
+    assert!(
+        !ask(Some(Preference::Raw)),
         "the forced ask crossed a socket as PTR1"
     );
 }
