@@ -113,7 +113,7 @@ def tensorwire_async_asks(node: tw.Node, address: str, size: int, seconds: float
 def rust_oneway(address: str, size: int, seconds: float) -> float:
     out = subprocess.run(
         [str(PTR1_BENCH), "run", "--connect", address, "--transport", "engine", "--mode", "oneway",
-         "--size", str(size), "--seconds", str(seconds)],
+         "--size", str(size), "--seconds", str(seconds), "--json"],
         capture_output=True, text=True, check=True,
     )
     return float(json.loads(out.stdout.strip().splitlines()[-1])["gb_per_s"]) * 1e9

@@ -1,6 +1,9 @@
 //! The one seam where engine errors become Python exceptions (`tensorwire._errors`), each
 //! message prefixed with what failed and where.
 
+use std::collections::BTreeMap;
+use std::sync::{Mutex, PoisonError};
+
 use pyo3::PyErr;
 use tensorwire_engine::Error;
 
@@ -18,14 +21,54 @@ pyo3::import_exception!(tensorwire._errors, RemoteError);
 pyo3::import_exception!(tensorwire._errors, TransportUnavailable);
 pyo3::import_exception!(tensorwire._errors, ShutDown);
 pyo3::import_exception!(tensorwire._errors, Cancelled);
+pyo3::import_exception!(tensorwire._errors, SharedMemoryError);
+pyo3::import_exception!(tensorwire._errors, LeaseInvalid);
 
 mod base {
     pyo3::import_exception!(tensorwire._errors, Error);
 }
 
+/// Errors raised through this seam, by exception name (for `tensor_transport_stats`).
+static RAISED: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
+
+/// How many errors of each kind were raised so far.
+pub(crate) fn raised() -> BTreeMap<&'static str, u64> {
+    RAISED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
+}
+
 /// `err` as a Python exception; `context` says what was being done (e.g. "ask echo at
 /// 127.0.0.1:9000 over raw TCP").
 pub(crate) fn to_py(err: &Error, context: &str) -> PyErr {
+    *RAISED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .entry(kind(err))
+        .or_default() += 1;
+    convert(err, context)
+}
+
+/// The exception name `err` becomes.
+fn kind(err: &Error) -> &'static str {
+    match err {
+        Error::Timeout { .. } => "DeadlineExceeded",
+        Error::Protocol { .. } | Error::UnexpectedReply { .. } => "ProtocolError",
+        Error::Tls { .. } => "TLSError",
+        Error::ConnectionClosed { .. } | Error::Connect { .. } => "ConnectionFailed",
+        Error::Remote { .. } => "RemoteError",
+        Error::UnknownEndpoint { .. } => "UnknownEndpoint",
+        Error::Memory(_) => "OutOfMemory",
+        Error::Overloaded { .. } => "Overloaded",
+        Error::DriverUnavailable { .. } => "TransportUnavailable",
+        Error::Shutdown | Error::MailboxClosed => "ShutDown",
+        Error::Cancelled => "Cancelled",
+        _ => "other",
+    }
+}
+
+fn convert(err: &Error, context: &str) -> PyErr {
     let message = format!("{context}: {err}");
     match err {
         Error::Timeout { .. } => DeadlineExceeded::new_err(message),

@@ -16,9 +16,10 @@ mod loan;
 mod message;
 mod node;
 mod pump;
+mod shm;
 
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{IntoPyDict, PyDict};
 
 /// The process-wide transport counters under the seed's keys, plus each node's driver and
 /// why io_uring is not used (if it is not).
@@ -44,6 +45,13 @@ fn tensor_transport_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
         drivers.set_item(addr.to_string(), driver)?;
     }
     dict.set_item("drivers", drivers)?;
+    dict.set_item(
+        "errors",
+        errors::raised()
+            .into_iter()
+            .collect::<Vec<_>>()
+            .into_py_dict(py)?,
+    )?;
     Ok(dict)
 }
 
@@ -62,6 +70,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<endpoint::PyRequest>()?;
     m.add_class::<pump::Pump>()?;
     m.add_class::<loan::PyLoan>()?;
+    m.add_class::<shm::PyShm>()?;
+    m.add_class::<shm::PyDescriptor>()?;
     m.add_function(wrap_pyfunction!(tensor_transport_stats, m)?)?;
     m.add_function(wrap_pyfunction!(io_uring_unavailable, m)?)?;
     Ok(())

@@ -19,6 +19,7 @@ use crate::errors::{InvalidArgument, OutOfMemory, TransportUnavailable, to_py};
 use crate::loan::PyLoan;
 use crate::message::PyTensorMessage;
 use crate::pump::{Outcome, Pump};
+use crate::shm::PyShm;
 
 /// How often a blocking wait wakes to let Ctrl+C through.
 const SIGNAL_SLICE: Duration = Duration::from_millis(100);
@@ -278,6 +279,12 @@ impl PyNode {
             OutOfMemory::new_err(format!("a shared-memory loan of {nbytes} bytes: {e}"))
         })?;
         Ok(PyLoan::new(loan))
+    }
+
+    /// The node's shared-memory regions and leases.
+    #[getter]
+    fn shm(&self) -> PyShm {
+        PyShm::new(self.node.shm().clone())
     }
 
     /// This node's counters and gauges.

@@ -67,11 +67,13 @@ def test_an_unknown_endpoint_is_a_lookup_error(node: tw.Node, server: tw.Node) -
 
 
 def test_an_ask_times_out_as_a_timeout_error(node: tw.Node, server: tw.Node) -> None:
+    counted = tw.tensor_transport_stats()["errors"].get("DeadlineExceeded", 0)
     start = time.monotonic()
     with pytest.raises(TimeoutError) as info:
         node.ref(server.address, "slow", transport="raw").ask(tw.TensorMessage(b"2", []), timeout=0.3)
     assert isinstance(info.value, tw.DeadlineExceeded)
     assert time.monotonic() - start < 1.5
+    assert tw.tensor_transport_stats()["errors"]["DeadlineExceeded"] == counted + 1
 
 
 def test_a_mailbox_receive_times_out_with_none(node: tw.Node) -> None:

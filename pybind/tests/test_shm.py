@@ -46,3 +46,48 @@ def test_a_loaned_slot_travels_without_a_copy(node: tw.Node) -> None:
         assert req is not None
         got = np.frombuffer(req.message.buffers[0], np.uint8)
         assert np.array_equal(got, np.arange(1 << 20) % 251)
+
+
+def test_the_manager_offers_publishes_maps_and_releases(node: tw.Node) -> None:
+    shm = node.shm
+    base = shm.stats()
+    assert base["backend"] == "memfd"
+    d = shm.offer(np.arange(1000, dtype=np.int32), ttl=30)
+    assert isinstance(d, tw.Descriptor) and d.len == 4000
+    view = np.frombuffer(shm.map(d), np.int32)
+    assert np.array_equal(view, np.arange(1000, dtype=np.int32)) and not view.flags.writeable
+    assert shm.release(d) is True
+    assert shm.release(d) is False  # idempotent
+    with pytest.raises(tw.LeaseInvalid):
+        shm.map(d)
+    with pytest.raises(LookupError):
+        shm.map(tw.Descriptor(d.region_id, d.generation + 1, 0, 4, d.lease_id))
+
+    shm.publish("weights", b"w" * 4096)
+    with pytest.raises(tw.InvalidArgument, match="already exists"):
+        shm.publish("weights", b"again")
+    lease = shm.open("weights", ttl=30)
+    assert bytes(shm.map(lease)) == b"w" * 4096
+    shm.unpublish("weights")
+    with pytest.raises(tw.LeaseInvalid, match="not found"):
+        shm.open("weights")
+    assert bytes(shm.map(lease)) == b"w" * 4096  # existing leases drain
+    shm.clear()
+    with pytest.raises(tw.LeaseInvalid):
+        shm.map(lease)
+    del view
+    assert shm.stats()["active_leases"] == 0
+
+
+def test_a_lease_past_its_ttl_no_longer_maps(node: tw.Node) -> None:
+    import time
+
+    d = node.shm.offer(b"short-lived", ttl=0.05)
+    time.sleep(0.1)
+    with pytest.raises(tw.LeaseInvalid, match="expired|no longer"):
+        node.shm.map(d)
+
+
+def test_a_reservation_over_the_quota_is_a_clean_error() -> None:
+    with tw.Node() as n, pytest.raises(MemoryError):
+        n.loan(1 << 50)

@@ -16,22 +16,38 @@ from ._errors import (
     EndpointExists,
     Error,
     InvalidArgument,
+    LeaseInvalid,
     LimitExceeded,
     OutOfMemory,
     Overloaded,
     ProtocolError,
     RemoteError,
+    SharedMemoryError,
     ShutDown,
     TLSError,
     TransportUnavailable,
     UnknownEndpoint,
 )
-from ._native import Buffer, Request, TensorMessage, io_uring_unavailable, tensor_transport_stats
+from ._native import (
+    Buffer,
+    Descriptor,
+    Loan,
+    Request,
+    Shm,
+    TensorMessage,
+    io_uring_unavailable,
+    tensor_transport_stats,
+)
 from ._node import Endpoint, Node, Ref, Route
 
 __all__ = [
     "Buffer",
     "Cancelled",
+    "Descriptor",
+    "LeaseInvalid",
+    "Loan",
+    "SharedMemoryError",
+    "Shm",
     "ConnectionFailed",
     "DeadlineExceeded",
     "Endpoint",

@@ -23,6 +23,8 @@ __all__ = [
     "TransportUnavailable",
     "ShutDown",
     "Cancelled",
+    "SharedMemoryError",
+    "LeaseInvalid",
 ]
 
 
@@ -94,3 +96,12 @@ class ShutDown(Error, RuntimeError):
 
 class Cancelled(Error):
     """The operation was cancelled."""
+
+
+class SharedMemoryError(Error):
+    """A shared-memory region or lease could not be used (a peer's region lacks its seals,
+    is smaller than declared, …)."""
+
+
+class LeaseInvalid(SharedMemoryError, LookupError):
+    """The name or lease is not (or no longer) valid: unknown, released, expired, revoked."""

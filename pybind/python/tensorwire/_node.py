@@ -167,6 +167,12 @@ class Node:
         peer over shared memory without a copy."""
         return self._native.loan(nbytes)
 
+    @property
+    def shm(self) -> _native.Shm:
+        """The node's shared-memory regions and leases: ``offer``, ``publish``, ``open``,
+        ``map``, ``release``, ``unpublish``, ``clear``, ``stats``."""
+        return self._native.shm
+
     def stats(self) -> dict[str, Any]:
         """This node's driver, pools and connection gauges."""
         return self._native.stats()

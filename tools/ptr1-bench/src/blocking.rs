@@ -95,7 +95,7 @@ pub(crate) fn run(peer: SocketAddr, options: &Options, message: &TensorMessage) 
             } else {
                 ("/actors/echo", 100)
             };
-            sequential(options.duration, min_ops, total, || {
+            sequential(options, min_ops, total, || {
                 match ask(&mut stream, path, message)? {
                     Frame::SingleResponse { msg_type, data, .. } => {
                         check_sink_ack(&msg_type, &data, total)

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
+use crate::cli::Part;
 use crate::measure::{self, Sample};
 use crate::{Handlers, Mode, Options, Transport, blocking, engine_side, seed};
 
@@ -106,12 +107,21 @@ pub(crate) fn compare(options: &Options) -> Result<()> {
     let quick = options.quick;
     let reps = if quick { 1 } else { options.reps };
     let seconds = if quick { 0.25 } else { 1.0 };
-    let part = |name: &str| options.only.as_deref().is_none_or(|only| only == name);
-    if !part("ptr1") {
-        if part("http2") {
+    let part = |part: Part| options.only.is_none_or(|only| only == part);
+    let env = crate::environment::describe();
+    println!(
+        "machine: {} ({} cores, {}), Linux {}, commit {}",
+        env["cpu"].as_str().unwrap_or("?"),
+        env["cores"],
+        env["memory"].as_str().unwrap_or("?"),
+        env["kernel"].as_str().unwrap_or("?"),
+        env["commit"].as_str().unwrap_or("?")
+    );
+    if !part(Part::Ptr1) {
+        if part(Part::Http2) {
             crate::compare_http2::compare(&exe, options, reps, seconds)?;
         }
-        if part("shm") {
+        if part(Part::Shm) {
             crate::compare_shm::compare(&exe, options, reps, seconds)?;
         }
         return Ok(());
@@ -204,12 +214,12 @@ pub(crate) fn compare(options: &Options) -> Result<()> {
         Ok(rss) => print_rss(rss),
         Err(e) => println!("\npeak RSS measurement failed: {e:#}"),
     }
-    if part("http2") {
+    if part(Part::Http2) {
         if let Err(e) = crate::compare_http2::compare(&exe, options, reps, seconds) {
             println!("\nHTTP/2 measurement failed: {e:#}");
         }
     }
-    if part("shm") {
+    if part(Part::Shm) {
         if let Err(e) = crate::compare_shm::compare(&exe, options, reps, seconds) {
             println!("\nshared-memory measurement failed: {e:#}");
         }
@@ -342,6 +352,8 @@ impl Options {
             reps: 1,
             json: None,
             only: None,
+            messages: None,
+            verify: false,
             cert: None,
             key: None,
             client_ca: None,
@@ -512,7 +524,12 @@ fn to_json(
         .iter()
         .map(|(t, b)| (t.name().to_owned(), serde_json::json!(b)))
         .collect();
-    serde_json::json!({ "cases": rows, "iperf3_gb_per_s": iperf, "peak_rss_1gib_bytes": rss })
+    serde_json::json!({
+        "environment": crate::environment::describe(),
+        "cases": rows,
+        "iperf3_gb_per_s": iperf,
+        "peak_rss_1gib_bytes": rss,
+    })
 }
 
 pub(crate) fn human(bytes: usize) -> String {

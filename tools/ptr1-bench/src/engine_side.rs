@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tensorwire_compat::{Http2, Http2Config};
 use tensorwire_engine::{Node, NodeBuilder, Preference, Reply, Request, TensorMessage};
 
-use crate::measure::{Sample, check_sink_ack, sequential};
+use crate::measure::{Sample, check_sink_ack, sequential, verify_echo};
 use crate::{Handlers, Mode, Options, Transport};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -122,28 +122,34 @@ pub(crate) fn measure(
 ) -> Result<Sample> {
     let total = message.total_bytes();
     match options.mode {
-        Mode::OneWay => sequential(options.duration, 3, total, || {
+        Mode::OneWay => sequential(options, 3, total, || {
             match node.ask_blocking(peer, "/actors/sink", message.clone(), TIMEOUT)? {
                 Reply::Single { msg_type, data } => check_sink_ack(&msg_type, &data, total),
                 other => Err(anyhow!("sink answered {other:?}")),
             }
         }),
-        Mode::Rtt => sequential(options.duration, 100, total, || {
-            match node.ask_blocking(peer, "/actors/echo", message.clone(), TIMEOUT)? {
-                Reply::Tensor(reply) if reply.total_bytes() == total => Ok(()),
-                other => Err(anyhow!("echo answered {other:?}")),
-            }
-        }),
+        Mode::Rtt => {
+            let mut sample = sequential(options, 100, total, || {
+                match node.ask_blocking(peer, "/actors/echo", message.clone(), TIMEOUT)? {
+                    Reply::Tensor(reply) if options.verify => verify_echo(message, &reply),
+                    Reply::Tensor(reply) if reply.total_bytes() == total => Ok(()),
+                    other => Err(anyhow!("echo answered {other:?}")),
+                }
+            })?;
+            sample.verified = options.verify;
+            Ok(sample)
+        }
         Mode::InFlight => {
             let ask = || node.ask(peer, "/actors/echo", message.clone(), TIMEOUT);
             let mut window: VecDeque<_> = (0..options.inflight).map(|_| ask()).collect();
             let started = Instant::now();
             let mut sample = Sample::default();
-            while started.elapsed() < options.duration || sample.ops < 100 {
+            while options.more(started, sample.ops, 100) {
                 let Some(pending) = window.pop_front() else {
                     break;
                 };
                 match pending.wait()? {
+                    Reply::Tensor(reply) if options.verify => verify_echo(message, &reply)?,
                     Reply::Tensor(reply) if reply.total_bytes() == total => {}
                     other => return Err(anyhow!("echo answered {other:?}")),
                 }
@@ -152,6 +158,7 @@ pub(crate) fn measure(
                 window.push_back(ask());
             }
             sample.elapsed = started.elapsed();
+            sample.verified = options.verify;
             for pending in window {
                 pending.wait()?;
             }

@@ -1,12 +1,12 @@
 //! `ptr1-bench`: the PTR1 test fixture and transport microbenchmark.
 //!
 //! ```text
-//! ptr1-bench serve   [--listen ADDR] [--transport engine|tokio|seed|std] [--cores N]
-//!                    [--handlers core|threads]
-//! ptr1-bench run     --connect ADDR [--transport engine|tokio|seed|std] [--mode oneway|rtt|inflight]
-//!                    [--size BYTES] [--buffers N] [--seconds S] [--inflight K]
-//! ptr1-bench compare [--quick] [--reps N] [--json FILE] [--handlers core|threads] [--only ptr1|http2|shm]
+//! ptr1-bench serve   [--listen ADDR] [--transport T] [--handlers core|threads] [TLS options]
+//! ptr1-bench run     --to ADDR [--transport T] [--mode oneway|rtt|inflight] [--size 4KiB]
+//!                    [--buffers N] [--duration 5s | --messages N] [--inflight K] [--verify] [--json]
+//! ptr1-bench compare [--quick] [--reps N] [--json FILE] [--only ptr1|http2|shm]   (alias: suite)
 //! ```
+//! (`--help` on each for everything.)
 //!
 //! `serve` hosts two endpoints on one port: `/actors/echo` (ask → the same TensorMessage back)
 //! and `/actors/sink` (ask → SingleResponse `ack` with the payload byte count as decimal ASCII;
@@ -17,50 +17,88 @@
 //! side (interleaved repetitions, medians), plus iperf3 when installed.
 
 mod blocking;
+mod cli;
 mod compare;
 mod compare_http2;
 mod compare_shm;
 mod engine_side;
+mod environment;
 mod measure;
 mod memcpy;
 mod seed;
 mod tls;
+mod units;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-fn main() -> Result<()> {
-    let mut args = std::env::args().skip(1);
-    let command = args.next().unwrap_or_default();
-    let options = Options::parse(args)?;
-    match command.as_str() {
-        "serve" => serve(&options),
-        "run" => {
-            let report = run(&options)?;
-            println!("{report}");
-            Ok(())
-        }
-        "compare" => compare::compare(&options),
-        _ => {
-            eprintln!("{}", USAGE);
-            bail!("unknown command {command:?}")
+fn main() -> std::process::ExitCode {
+    use clap::Parser;
+    let cli = cli::Cli::parse();
+    match dispatch(&cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
         }
     }
 }
 
-const USAGE: &str = "usage:
-  ptr1-bench serve   [--listen ADDR] [--transport engine|tokio|seed|std] [--cores N]
-                     [--handlers core|threads] [--busy-poll-us N]
-                     [--cert FILE --key FILE [--client-ca FILE] | --tls-self-signed DIR] [--require-tls]
-  ptr1-bench run     --connect ADDR [--transport engine|tokio|seed|std|h2c|tls|shm] [--ca FILE]
-                     [--cert FILE --key FILE] [--mode oneway|rtt|inflight]
-                     [--size BYTES] [--buffers N] [--seconds S] [--inflight K] [--busy-poll-us N]
-  ptr1-bench compare [--quick] [--reps N] [--json FILE] [--handlers core|threads] [--only ptr1|http2|shm]";
+fn dispatch(cli: &cli::Cli) -> Result<()> {
+    match &cli.command {
+        cli::Command::Serve(args) => serve(&Options::from(args)),
+        cli::Command::Run(args) => {
+            let options = Options::from(args);
+            let report = run(&options)?;
+            if args.json() {
+                println!("{report}");
+            } else {
+                print_run(&report);
+            }
+            Ok(())
+        }
+        cli::Command::Compare(args) => compare::compare(&Options::from(args)),
+    }
+}
+
+/// One `run` result as a small table.
+fn print_run(report: &serde_json::Value) {
+    let number = |key: &str| report[key].as_f64().unwrap_or(f64::NAN);
+    println!(
+        "{} {} {} B × {} buffers: {} ops in {:.2} s",
+        report["transport"].as_str().unwrap_or("?"),
+        report["mode"].as_str().unwrap_or("?"),
+        report["size"],
+        report["buffers"],
+        report["ops"],
+        number("seconds")
+    );
+    println!(
+        "  {:.3} GB/s   {:.0} ops/s{}",
+        number("gb_per_s"),
+        number("ops_per_s"),
+        if report["verified"].as_bool() == Some(true) {
+            "   payload verified"
+        } else {
+            ""
+        }
+    );
+    if report["latency_p50_us"].is_number() {
+        println!(
+            "  latency µs: p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
+            number("latency_p50_us"),
+            number("latency_p90_us"),
+            number("latency_p99_us"),
+            number("latency_p999_us"),
+            number("latency_max_us")
+        );
+    }
+}
 
 /// Which implementation is on each end.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Transport {
     /// tensorwire's node on its io_uring driver.
     Engine,
@@ -83,19 +121,6 @@ pub(crate) enum Transport {
 }
 
 impl Transport {
-    fn parse(text: &str) -> Result<Self> {
-        Ok(match text {
-            "engine" => Self::Engine,
-            "tokio" => Self::Tokio,
-            "seed" => Self::Seed,
-            "std" => Self::Std,
-            "h2c" => Self::H2c,
-            "tls" => Self::Tls,
-            "shm" => Self::Shm,
-            _ => bail!("unknown transport {text:?} (engine, tokio, seed, std, h2c, tls or shm)"),
-        })
-    }
-
     pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Engine => "engine",
@@ -110,7 +135,7 @@ impl Transport {
 }
 
 /// Where the fixture's handlers run (engine and tokio transports).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Handlers {
     /// On the driver thread that received the request.
     Core,
@@ -128,13 +153,15 @@ impl Handlers {
 }
 
 /// What `run` measures.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Mode {
     /// Asks to `sink`, one at a time: payload throughput one way.
+    #[value(name = "oneway", alias = "one-way")]
     OneWay,
     /// Asks to `echo`, one at a time: round-trip time.
     Rtt,
     /// Asks to `echo` with `inflight` outstanding: request rate.
+    #[value(name = "inflight", alias = "in-flight")]
     InFlight,
 }
 
@@ -155,8 +182,12 @@ pub(crate) struct Options {
     pub(crate) quick: bool,
     pub(crate) reps: usize,
     pub(crate) json: Option<String>,
-    /// compare: only this part (`ptr1`, `http2` or `shm`); all of them when unset.
-    pub(crate) only: Option<String>,
+    /// compare: only this part; all of them when unset.
+    pub(crate) only: Option<cli::Part>,
+    /// run: exactly this many messages instead of `duration`.
+    pub(crate) messages: Option<u64>,
+    /// run: check every echoed payload.
+    pub(crate) verify: bool,
     /// TLS: this end's certificate chain and key (PEM files).
     pub(crate) cert: Option<String>,
     pub(crate) key: Option<String>,
@@ -168,87 +199,6 @@ pub(crate) struct Options {
     pub(crate) tls_self_signed: Option<String>,
     /// Server: refuse plaintext (PTR1 and h2c).
     pub(crate) require_tls: bool,
-}
-
-impl Options {
-    fn parse(mut args: impl Iterator<Item = String>) -> Result<Self> {
-        let mut o = Self {
-            listen: "127.0.0.1:0".parse()?,
-            connect: None,
-            transport: Transport::Engine,
-            cores: None,
-            handlers: Handlers::Core,
-            busy_poll: None,
-            mode: Mode::OneWay,
-            size: 1 << 20,
-            buffers: 1,
-            duration: Duration::from_secs(2),
-            inflight: 64,
-            quick: false,
-            reps: 3,
-            json: None,
-            only: None,
-            cert: None,
-            key: None,
-            client_ca: None,
-            ca: None,
-            tls_self_signed: None,
-            require_tls: false,
-        };
-        while let Some(flag) = args.next() {
-            let mut value = || args.next().with_context(|| format!("{flag} needs a value"));
-            match flag.as_str() {
-                "--listen" => o.listen = value()?.parse()?,
-                "--connect" => o.connect = Some(value()?.parse()?),
-                "--transport" => o.transport = Transport::parse(&value()?)?,
-                "--cores" => o.cores = Some(value()?.parse()?),
-                "--busy-poll-us" => {
-                    o.busy_poll = Some(Duration::from_micros(value()?.parse()?));
-                }
-                "--handlers" => {
-                    o.handlers = match value()?.as_str() {
-                        "core" => Handlers::Core,
-                        "threads" => Handlers::Threads,
-                        other => bail!("unknown handlers {other:?} (core or threads)"),
-                    }
-                }
-                "--mode" => {
-                    o.mode = match value()?.as_str() {
-                        "oneway" => Mode::OneWay,
-                        "rtt" => Mode::Rtt,
-                        "inflight" => Mode::InFlight,
-                        other => bail!("unknown mode {other:?}"),
-                    }
-                }
-                "--size" => o.size = value()?.parse()?,
-                "--buffers" => o.buffers = value()?.parse::<usize>()?.max(1),
-                "--seconds" => o.duration = Duration::from_secs_f64(value()?.parse()?),
-                "--inflight" => o.inflight = value()?.parse::<usize>()?.max(1),
-                "--quick" => o.quick = true,
-                "--reps" => o.reps = value()?.parse::<usize>()?.max(1),
-                "--json" => o.json = Some(value()?),
-                "--only" => {
-                    let part = value()?;
-                    if !["ptr1", "http2", "shm"].contains(&part.as_str()) {
-                        bail!("unknown part {part:?} (ptr1, http2 or shm)");
-                    }
-                    o.only = Some(part);
-                }
-                "--cert" => o.cert = Some(value()?),
-                "--key" => o.key = Some(value()?),
-                "--client-ca" => o.client_ca = Some(value()?),
-                "--ca" => o.ca = Some(value()?),
-                "--tls-self-signed" => o.tls_self_signed = Some(value()?),
-                "--require-tls" => o.require_tls = true,
-                "--help" | "-h" => {
-                    println!("{USAGE}");
-                    std::process::exit(0);
-                }
-                other => bail!("unknown option {other:?}\n{USAGE}"),
-            }
-        }
-        Ok(o)
-    }
 }
 
 fn serve(options: &Options) -> Result<()> {
@@ -265,6 +215,23 @@ fn serve(options: &Options) -> Result<()> {
 /// Runs one measurement against a server and returns it as JSON.
 pub(crate) fn run(options: &Options) -> Result<serde_json::Value> {
     let peer = options.connect.context("run needs --connect ADDR")?;
+    if options.verify
+        && (options.mode == Mode::OneWay
+            || matches!(options.transport, Transport::Seed | Transport::Std))
+    {
+        bail!(
+            "--verify checks echoed payloads: it needs --mode rtt or inflight and a tensorwire \
+             client (engine, tokio, h2c, tls, shm)"
+        );
+    }
+    if options.messages.is_some()
+        && options.mode == Mode::InFlight
+        && matches!(options.transport, Transport::Seed | Transport::Std)
+    {
+        bail!(
+            "--messages with --mode inflight needs a tensorwire client; seed and std run for --duration"
+        );
+    }
     let message = measure::message(options.size, options.buffers);
     let result = match options.transport {
         Transport::Engine | Transport::Tokio | Transport::H2c | Transport::Tls | Transport::Shm => {

@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use bytes::Bytes;
+use hdrhistogram::Histogram;
 use tensorwire_proto::TensorMessage;
 
 use crate::{Mode, Options};
@@ -37,13 +38,29 @@ pub(crate) fn check_sink_ack(msg_type: &str, data: &[u8], expected: u64) -> Resu
 }
 
 /// What one measurement found.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Sample {
     pub(crate) ops: u64,
     pub(crate) payload_bytes: u64,
     pub(crate) elapsed: Duration,
-    /// Per-operation latency (sequential modes only).
-    pub(crate) latencies: Vec<Duration>,
+    /// Per-operation latency in nanoseconds (sequential modes only): an HDR histogram, 3
+    /// significant digits, 1 ns to 1 hour.
+    pub(crate) latencies: Histogram<u64>,
+    /// Whether every echoed payload was checked byte for byte.
+    pub(crate) verified: bool,
+}
+
+impl Default for Sample {
+    fn default() -> Self {
+        Self {
+            ops: 0,
+            payload_bytes: 0,
+            elapsed: Duration::ZERO,
+            latencies: Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
+                .unwrap_or_else(|_| Histogram::new(3).unwrap_or_else(|_| unreachable!())),
+            verified: false,
+        }
+    }
 }
 
 impl Sample {
@@ -55,20 +72,25 @@ impl Sample {
         self.ops as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 
+    /// The latency at `quantile` in µs; NaN when nothing was timed.
     pub(crate) fn latency_us(&self, quantile: f64) -> f64 {
         if self.latencies.is_empty() {
             return f64::NAN;
         }
-        let mut sorted = self.latencies.clone();
-        sorted.sort_unstable();
-        let last = sorted.len() - 1;
-        // Nearest rank: the first index at or above quantile × last.
-        let position = (last as f64) * quantile;
-        let pick = (0..=last).find(|&i| i as f64 >= position).unwrap_or(last);
-        sorted[pick].as_secs_f64() * 1e6
+        self.latencies.value_at_quantile(quantile) as f64 / 1e3
+    }
+
+    fn record(&mut self, latency: Duration) {
+        let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+        self.latencies.saturating_record(ns.max(1));
     }
 
     pub(crate) fn to_json(&self, options: &Options) -> serde_json::Value {
+        let max = if self.latencies.is_empty() {
+            f64::NAN
+        } else {
+            self.latencies.max() as f64 / 1e3
+        };
         serde_json::json!({
             "transport": options.transport.name(),
             "mode": format!("{:?}", options.mode),
@@ -81,14 +103,19 @@ impl Sample {
             "gb_per_s": self.gb_per_s(),
             "ops_per_s": self.ops_per_s(),
             "latency_p50_us": self.latency_us(0.5),
+            "latency_p90_us": self.latency_us(0.9),
             "latency_p99_us": self.latency_us(0.99),
+            "latency_p999_us": self.latency_us(0.999),
+            "latency_max_us": max,
+            "verified": self.verified,
         })
     }
 }
 
-/// Runs `op` back to back for about `duration` (at least `min_ops` times) and times each call.
+/// Runs `op` back to back — exactly `options.messages` times, or for about `options.duration`
+/// (at least `min_ops` times) — and times each call.
 pub(crate) fn sequential(
-    duration: Duration,
+    options: &Options,
     min_ops: u64,
     bytes_per_op: u64,
     mut op: impl FnMut() -> Result<()>,
@@ -96,15 +123,50 @@ pub(crate) fn sequential(
     op()?; // warm-up: connection set-up and first-touch memory are not measured
     let started = Instant::now();
     let mut sample = Sample::default();
-    while sample.ops < min_ops || started.elapsed() < duration {
+    while options.more(started, sample.ops, min_ops) {
         let t = Instant::now();
         op()?;
-        sample.latencies.push(t.elapsed());
+        sample.record(t.elapsed());
         sample.ops += 1;
         sample.payload_bytes += bytes_per_op;
     }
     sample.elapsed = started.elapsed();
     Ok(sample)
+}
+
+impl Options {
+    /// Whether a measurement that started at `started` and did `ops` goes on.
+    pub(crate) fn more(&self, started: Instant, ops: u64, min_ops: u64) -> bool {
+        match self.messages {
+            Some(n) => ops < n,
+            None => ops < min_ops || started.elapsed() < self.duration,
+        }
+    }
+}
+
+/// Checks an echoed message against what was sent (`--verify`): every byte of every buffer.
+pub(crate) fn verify_echo(sent: &TensorMessage, got: &TensorMessage) -> Result<()> {
+    if got.buffers.len() != sent.buffers.len() {
+        bail!(
+            "verify: {} buffers came back, {} were sent",
+            got.buffers.len(),
+            sent.buffers.len()
+        );
+    }
+    for (i, (a, b)) in sent.buffers.iter().zip(&got.buffers).enumerate() {
+        if a != b {
+            let at = a.iter().zip(b.iter()).position(|(x, y)| x != y);
+            bail!(
+                "verify: buffer {i} differs ({} bytes sent, {} back, first difference at {at:?})",
+                a.len(),
+                b.len()
+            );
+        }
+    }
+    if got.metadata != sent.metadata || got.version != sent.version {
+        bail!("verify: the metadata or version came back changed");
+    }
+    Ok(())
 }
 
 /// CPU time (user + system) of a process so far: `None` is this process.

@@ -161,7 +161,7 @@ impl Client {
                 } else {
                     ("/actors/echo", 100)
                 };
-                sequential(options.duration, min_ops, total, || {
+                sequential(options, min_ops, total, || {
                     runtime.block_on(async {
                         if slot.as_ref().is_none_or(|(to, _)| *to != peer) {
                             *slot = Some((peer, connect(peer).await?));

@@ -207,6 +207,7 @@ fn run_prints_a_json_measurement() {
             "4096",
             "--seconds",
             "0.2",
+            "--json",
         ])
         .output()
         .unwrap();
@@ -219,6 +220,76 @@ fn run_prints_a_json_measurement() {
     assert_eq!(json["transport"], "engine");
     assert!(json["ops"].as_u64().unwrap() >= 100, "{json}");
     assert!(json["latency_p50_us"].as_f64().unwrap() > 0.0, "{json}");
+    let (p50, p999) = (
+        json["latency_p50_us"].as_f64().unwrap(),
+        json["latency_p999_us"].as_f64().unwrap(),
+    );
+    assert!(
+        p50 <= p999 && p999 <= json["latency_max_us"].as_f64().unwrap(),
+        "{json}"
+    );
+}
+
+#[test]
+fn run_verifies_echoed_payloads_and_takes_units() {
+    let server = Server::start("engine", &[]);
+    let output = Command::new(BIN)
+        .args([
+            "run",
+            "--to",
+            &server.1.to_string(),
+            "--mode",
+            "inflight",
+            "--size",
+            "64KiB",
+        ])
+        .args(["--buffers", "16", "--messages", "200", "--verify", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(json["size"], 65536);
+    assert_eq!(json["ops"], 200);
+    assert_eq!(json["verified"], true);
+}
+
+#[test]
+fn bad_arguments_are_usage_errors_naming_the_choices() {
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?} is a usage error");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run(&[
+        "run",
+        "--to",
+        "127.0.0.1:1",
+        "--transport",
+        "carrier-pigeon",
+    ]);
+    assert!(err.contains("engine") && err.contains("shm"), "{err}");
+    let err = run(&["run", "--to", "127.0.0.1:1", "--size", "12parsecs"]);
+    assert!(err.contains("unknown size unit"), "{err}");
+    let err = run(&["run", "--to", "127.0.0.1:1", "--mode", "sideways"]);
+    assert!(err.contains("oneway") && err.contains("inflight"), "{err}");
+    let help = Command::new(BIN).args(["run", "--help"]).output().unwrap();
+    assert!(help.status.success());
+    assert!(String::from_utf8_lossy(&help.stdout).contains("--verify"));
+}
+
+#[test]
+fn an_unreachable_server_is_a_clear_error_with_the_address() {
+    let out = Command::new(BIN)
+        .args(["run", "--to", "127.0.0.1:1", "--seconds", "0.1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("127.0.0.1:1"), "{err}");
 }
 
 #[test]

@@ -1,0 +1,211 @@
+//! The command line (clap): `serve`, `run`, `compare` (alias `suite`), turned into the
+//! [`Options`] every part reads.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::units::{parse_duration, parse_size};
+use crate::{Handlers, Mode, Options, Transport};
+
+/// The PTR1 fixture server and transport benchmark of tensorwire.
+#[derive(Debug, Parser)]
+#[command(name = "ptr1-bench", version, about, long_about = None)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Serves the fixture endpoints `/actors/echo` (ask → the same message back) and
+    /// `/actors/sink` (ask → `ack` with the payload byte count) on one port; prints
+    /// `listening on ADDR` once ready.
+    Serve(ServeArgs),
+    /// Measures one transport against a running fixture.
+    Run(RunArgs),
+    /// Starts a fixture process per transport and measures them side by side (interleaved
+    /// repetitions, medians), with iperf3 and memcpy as references.
+    #[command(alias = "suite")]
+    Compare(CompareArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// Address to listen on (port 0 picks one).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// Server implementation (engine and tokio also serve h2c, TLS and shared memory).
+    #[arg(long, value_enum, default_value_t = Transport::Engine)]
+    transport: Transport,
+    /// Driver threads of the engine node.
+    #[arg(long)]
+    cores: Option<usize>,
+    /// Where the fixture's handlers run.
+    #[arg(long, value_enum, default_value_t = Handlers::Core)]
+    handlers: Handlers,
+    /// The engine's busy-poll budget in microseconds.
+    #[arg(long = "busy-poll-us")]
+    busy_poll_us: Option<u64>,
+    #[command(flatten)]
+    tls: ServerTls,
+}
+
+#[derive(Debug, Args)]
+struct ServerTls {
+    /// This server's certificate chain (PEM).
+    #[arg(long, requires = "key")]
+    cert: Option<String>,
+    /// Its private key (PEM).
+    #[arg(long, requires = "cert")]
+    key: Option<String>,
+    /// Require client certificates from this CA (PEM).
+    #[arg(long = "client-ca")]
+    client_ca: Option<String>,
+    /// Generate a CA and certificate, writing the CA to DIR/ca.pem.
+    #[arg(long = "tls-self-signed", value_name = "DIR", conflicts_with = "cert")]
+    tls_self_signed: Option<String>,
+    /// Refuse plaintext (PTR1 and h2c).
+    #[arg(long = "require-tls")]
+    require_tls: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    /// The fixture's address.
+    #[arg(long, visible_alias = "to")]
+    connect: SocketAddr,
+    /// Client implementation / path.
+    #[arg(long, value_enum, default_value_t = Transport::Engine)]
+    transport: Transport,
+    /// What to measure.
+    #[arg(long, value_enum, default_value_t = Mode::OneWay)]
+    mode: Mode,
+    /// Payload bytes per message (4096, 4KiB, 64MiB, 1GiB).
+    #[arg(long, value_parser = parse_size, default_value = "1MiB")]
+    size: usize,
+    /// Buffers the payload is split over.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    buffers: u32,
+    /// How long to measure (5s, 250ms; plain numbers are seconds).
+    #[arg(long, visible_alias = "seconds", value_parser = parse_duration, default_value = "2s")]
+    duration: Duration,
+    /// Measure exactly this many messages instead of a duration.
+    #[arg(long, conflicts_with = "duration")]
+    messages: Option<u64>,
+    /// Asks outstanding in `inflight` mode.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    inflight: u32,
+    /// Check every echoed payload byte for byte (rtt and inflight modes).
+    #[arg(long)]
+    verify: bool,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// The engine's busy-poll budget in microseconds.
+    #[arg(long = "busy-poll-us")]
+    busy_poll_us: Option<u64>,
+    /// TLS: the CA the server's certificate must chain to (PEM).
+    #[arg(long)]
+    ca: Option<String>,
+    /// TLS: a client certificate chain (PEM), for servers that require one.
+    #[arg(long, requires = "key")]
+    cert: Option<String>,
+    /// TLS: its private key (PEM).
+    #[arg(long, requires = "cert")]
+    key: Option<String>,
+}
+
+/// The parts of `compare`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Part {
+    /// The PTR1 transports (engine, tokio fallback, seed design, std), iperf3, memcpy.
+    Ptr1,
+    /// PTR1 next to h2c and TLS.
+    Http2,
+    /// PTR1 next to shared memory (copied and loaned).
+    Shm,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CompareArgs {
+    /// Fewer sizes, one repetition, short runs (the README's main job).
+    #[arg(long)]
+    quick: bool,
+    /// Repetitions (interleaved); the tables show medians.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    reps: u32,
+    /// Also write every result as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<String>,
+    /// Where the engine and tokio fixtures run their handlers.
+    #[arg(long, value_enum, default_value_t = Handlers::Core)]
+    handlers: Handlers,
+    /// Only this part.
+    #[arg(long, value_enum)]
+    only: Option<Part>,
+    /// Asks outstanding in the in-flight cases.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    inflight: u32,
+}
+
+impl RunArgs {
+    /// Whether to print JSON.
+    pub(crate) fn json(&self) -> bool {
+        self.json
+    }
+}
+
+impl From<&ServeArgs> for Options {
+    fn from(a: &ServeArgs) -> Self {
+        Self {
+            listen: a.listen,
+            transport: a.transport,
+            cores: a.cores,
+            handlers: a.handlers,
+            busy_poll: a.busy_poll_us.map(Duration::from_micros),
+            cert: a.tls.cert.clone(),
+            key: a.tls.key.clone(),
+            client_ca: a.tls.client_ca.clone(),
+            tls_self_signed: a.tls.tls_self_signed.clone(),
+            require_tls: a.tls.require_tls,
+            ..Self::for_compare()
+        }
+    }
+}
+
+impl From<&RunArgs> for Options {
+    fn from(a: &RunArgs) -> Self {
+        Self {
+            connect: Some(a.connect),
+            transport: a.transport,
+            mode: a.mode,
+            size: a.size,
+            buffers: a.buffers as usize,
+            duration: a.duration,
+            messages: a.messages,
+            inflight: a.inflight as usize,
+            verify: a.verify,
+            busy_poll: a.busy_poll_us.map(Duration::from_micros),
+            ca: a.ca.clone(),
+            cert: a.cert.clone(),
+            key: a.key.clone(),
+            ..Self::for_compare()
+        }
+    }
+}
+
+impl From<&CompareArgs> for Options {
+    fn from(a: &CompareArgs) -> Self {
+        Self {
+            quick: a.quick,
+            reps: a.reps as usize,
+            json: a.json.clone(),
+            handlers: a.handlers,
+            only: a.only,
+            inflight: a.inflight as usize,
+            ..Self::for_compare()
+        }
+    }
+}
