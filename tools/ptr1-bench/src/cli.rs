@@ -133,6 +133,14 @@ pub(crate) struct CompareArgs {
     /// Fewer sizes, one repetition, short runs (the README's main job).
     #[arg(long)]
     quick: bool,
+    /// Tiny sizes, one very short repetition, every echoed payload verified: a correctness
+    /// check of every transport (CI runs it).
+    #[arg(long)]
+    smoke: bool,
+    /// Write the tables (table.md), every result (results.json) and the plots
+    /// (throughput.svg, latency.svg) into DIR.
+    #[arg(long, value_name = "DIR")]
+    out: Option<String>,
     /// Repetitions (interleaved); the tables show medians.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     reps: u32,
@@ -199,7 +207,10 @@ impl From<&RunArgs> for Options {
 impl From<&CompareArgs> for Options {
     fn from(a: &CompareArgs) -> Self {
         Self {
-            quick: a.quick,
+            quick: a.quick || a.smoke,
+            smoke: a.smoke,
+            verify: a.smoke,
+            out: a.out.clone(),
             reps: a.reps as usize,
             json: a.json.clone(),
             handlers: a.handlers,

@@ -15,6 +15,7 @@ use anyhow::{Context, Result};
 
 use crate::cli::Part;
 use crate::measure::{self, Sample};
+use crate::report::say;
 use crate::{Handlers, Mode, Options, Transport, blocking, engine_side, seed};
 
 /// Every transport, the engine first (ratios are the engine's against the others).
@@ -106,10 +107,21 @@ pub(crate) fn compare(options: &Options) -> Result<()> {
     let exe = std::env::current_exe()?;
     let quick = options.quick;
     let reps = if quick { 1 } else { options.reps };
-    let seconds = if quick { 0.25 } else { 1.0 };
+    let seconds = if options.smoke {
+        0.05
+    } else if quick {
+        0.25
+    } else {
+        1.0
+    };
     let part = |part: Part| options.only.is_none_or(|only| only == part);
     let env = crate::environment::describe();
-    println!(
+    if options.smoke {
+        say!(
+            "smoke run: tiny sizes, one short repetition, every echoed payload verified byte for byte (engine, tokio, h2c, TLS, shm clients)"
+        );
+    }
+    say!(
         "machine: {} ({} cores, {}), Linux {}, commit {}",
         env["cpu"].as_str().unwrap_or("?"),
         env["cores"],
@@ -127,7 +139,9 @@ pub(crate) fn compare(options: &Options) -> Result<()> {
         return Ok(());
     }
     let mut cases = Vec::new();
-    let sizes: &[usize] = if quick {
+    let sizes: &[usize] = if options.smoke {
+        &[4 << 10, 64 << 10]
+    } else if quick {
         &[4 << 10, 1 << 20, 64 << 20]
     } else {
         &[4 << 10, 1 << 20, 64 << 20, 256 << 20]
@@ -166,7 +180,7 @@ pub(crate) fn compare(options: &Options) -> Result<()> {
         tokio: engine_side::client(Transport::Tokio, options)?,
         seed: seed::Client::new()?,
     };
-    println!(
+    say!(
         "fixture handlers: {} (engine and tokio servers)",
         match options.handlers {
             Handlers::Core => "on the driver thread that received the request",
@@ -175,6 +189,7 @@ pub(crate) fn compare(options: &Options) -> Result<()> {
     );
     let mut results = vec![vec![Vec::<Measurement>::new(); TRANSPORTS.len()]; cases.len()];
 
+    let mut progress = crate::progress::Progress::new("PTR1 transports", reps * cases.len());
     for rep in 0..reps {
         for (c, case) in cases.iter().enumerate() {
             let message = measure::message(case.size, case.buffers);
@@ -192,7 +207,7 @@ pub(crate) fn compare(options: &Options) -> Result<()> {
                     measure_one(&mut clients, TRANSPORTS[t], server, &run_options, &message)?;
                 results[c][t].push(measurement);
             }
-            eprintln!("rep {}/{reps}: {}", rep + 1, case.label);
+            progress.step(&format!("rep {}/{reps}: {}", rep + 1, case.label));
         }
     }
     drop(servers);
@@ -202,7 +217,7 @@ pub(crate) fn compare(options: &Options) -> Result<()> {
     let iperf = iperf3(reps, if quick { 1 } else { 3 });
     match &iperf {
         Ok(gb_per_s) => print_iperf(&cases, &results, *gb_per_s),
-        Err(e) => println!("\niperf3: {e:#}"),
+        Err(e) => say!("\niperf3: {e:#}"),
     }
     print_memcpy(&cases, &results, quick);
     let rss = if quick {
@@ -212,23 +227,35 @@ pub(crate) fn compare(options: &Options) -> Result<()> {
     };
     match &rss {
         Ok(rss) => print_rss(rss),
-        Err(e) => println!("\npeak RSS measurement failed: {e:#}"),
+        Err(e) => say!("\npeak RSS measurement failed: {e:#}"),
     }
     if part(Part::Http2) {
         if let Err(e) = crate::compare_http2::compare(&exe, options, reps, seconds) {
-            println!("\nHTTP/2 measurement failed: {e:#}");
+            say!("\nHTTP/2 measurement failed: {e:#}");
         }
     }
     if part(Part::Shm) {
         if let Err(e) = crate::compare_shm::compare(&exe, options, reps, seconds) {
-            println!("\nshared-memory measurement failed: {e:#}");
+            say!("\nshared-memory measurement failed: {e:#}");
         }
     }
+    if !options.smoke {
+        crate::peers::measure(options, reps, seconds);
+    }
+    let json = to_json(&cases, &results, iperf.ok(), &rss.unwrap_or_default());
     if let Some(path) = &options.json {
-        let rss = rss.unwrap_or_default();
-        let json = to_json(&cases, &results, iperf.ok(), &rss);
         std::fs::write(path, serde_json::to_string_pretty(&json)?)?;
-        println!("\nwrote {path}");
+        say!("\nwrote {path}");
+    }
+    if let Some(dir) = &options.out {
+        let mut written = crate::report::write(Path::new(dir))?;
+        let path = Path::new(dir).join("results.json");
+        std::fs::write(&path, serde_json::to_string_pretty(&json)?)?;
+        written.push(path);
+        println!("\nwrote the table, the JSON and the plots:");
+        for path in written {
+            println!("  {}", path.display());
+        }
     }
     Ok(())
 }
@@ -354,6 +381,8 @@ impl Options {
             only: None,
             messages: None,
             verify: false,
+            smoke: false,
+            out: None,
             cert: None,
             key: None,
             client_ca: None,
@@ -378,14 +407,14 @@ pub(crate) fn pick(results: &[Measurement], f: impl Fn(&Measurement) -> f64) -> 
 }
 
 fn print_table(cases: &[Case], results: &[Vec<Vec<Measurement>>], reps: usize) {
-    println!(
+    say!(
         "\nmedians of {reps} interleaved repetition(s); CPU = both processes, s per GB of payload; \
          ratios: how many times better the engine is (for RTT: the other's latency ÷ the engine's)\n"
     );
-    println!(
+    say!(
         "| case | engine (io_uring) | tokio (fallback) | seed (tokio) | std (blocking) | engine ÷ tokio | engine ÷ seed | engine ÷ std | engine ÷ best other | CPU s/GB engine / tokio / seed / std | CPU engine ÷ tokio |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|");
+    say!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|");
     for (case, per_transport) in cases.iter().zip(results) {
         let cpu: Vec<f64> = per_transport
             .iter()
@@ -422,7 +451,16 @@ fn print_table(cases: &[Case], results: &[Vec<Vec<Measurement>>], reps: usize) {
         let best_other = (1..v.len())
             .map(|i| better(v[i]))
             .fold(f64::INFINITY, f64::min);
-        println!(
+        for (t, value) in TRANSPORTS.iter().zip(&v) {
+            match case.mode {
+                Mode::OneWay if case.buffers == 1 => {
+                    crate::report::throughput(t.name(), case.size, *value);
+                }
+                Mode::Rtt => crate::report::latency(t.name(), *value),
+                _ => {}
+            }
+        }
+        say!(
             "| {label} | {} | {} | {} | {} | {:.2}× | {:.2}× | {:.2}× | {best_other:.2}× | {} | {:.2}× |",
             cell(v[0]),
             cell(v[1]),
@@ -444,12 +482,13 @@ fn column(per_transport: &[Vec<Measurement>], f: impl Fn(&Measurement) -> f64 + 
 
 fn print_iperf(cases: &[Case], results: &[Vec<Vec<Measurement>>], iperf: f64) {
     {
-        println!("\niperf3 single stream, loopback: {iperf:.2} GB/s");
+        say!("\niperf3 single stream, loopback: {iperf:.2} GB/s");
+        crate::report::reference("iperf3 loopback", iperf);
         for (case, per_transport) in cases.iter().zip(results) {
             if case.mode == Mode::OneWay && case.size >= 64 << 20 {
                 let engine = pick(&per_transport[0], |m| m.gb_per_s);
                 let tokio = pick(&per_transport[1], |m| m.gb_per_s);
-                println!(
+                say!(
                     "  {}: engine ÷ iperf3 = {:.2}×, tokio ÷ iperf3 = {:.2}×",
                     case.label,
                     engine / iperf,
@@ -462,14 +501,15 @@ fn print_iperf(cases: &[Case], results: &[Vec<Vec<Measurement>>], iperf: f64) {
 
 /// Single-thread memcpy at each large one-way size, and how close the transports come to it.
 fn print_memcpy(cases: &[Case], results: &[Vec<Vec<Measurement>>], quick: bool) {
-    println!("\nsingle-thread memcpy (the bound for messages larger than the caches):");
+    say!("\nsingle-thread memcpy (the bound for messages larger than the caches):");
     let budget = Duration::from_millis(if quick { 100 } else { 500 });
     for (case, per_transport) in cases.iter().zip(results) {
         if case.mode == Mode::OneWay && case.size >= 1 << 20 && case.buffers == 1 {
             let gb_per_s = crate::memcpy::bandwidth(case.size, budget);
+            crate::report::throughput("memcpy (1 thread)", case.size, gb_per_s);
             let engine = pick(&per_transport[0], |m| m.gb_per_s);
             let tokio = pick(&per_transport[1], |m| m.gb_per_s);
-            println!(
+            say!(
                 "  {}: memcpy {gb_per_s:.2} GB/s; engine ÷ memcpy = {:.2}×, tokio ÷ memcpy = {:.2}×",
                 human(case.size),
                 engine / gb_per_s,
@@ -481,9 +521,9 @@ fn print_memcpy(cases: &[Case], results: &[Vec<Vec<Measurement>>], quick: bool) 
 
 fn print_rss(rss: &[(Transport, u64)]) {
     if !rss.is_empty() {
-        println!("\nreceiver peak RSS after one 1 GiB message:");
+        say!("\nreceiver peak RSS after one 1 GiB message:");
         for (transport, bytes) in rss {
-            println!(
+            say!(
                 "  {}: {:.2} GiB",
                 transport.name(),
                 *bytes as f64 / f64::from(1u32 << 30)

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Result;
 
 use crate::compare::{Measurement, Server, human, measured, pick};
+use crate::report::say;
 use crate::{Handlers, Mode, Options, Transport, engine_side, measure};
 
 /// The columns: the same server, three ways in.
@@ -30,12 +31,15 @@ pub(crate) fn compare(exe: &Path, options: &Options, reps: usize, seconds: f64) 
         .iter()
         .map(|&wire| engine_side::client(wire, &client_options))
         .collect::<Result<Vec<_>>>()?;
-    let sizes: &[usize] = if options.quick {
+    let sizes: &[usize] = if options.smoke {
+        &[64 << 10]
+    } else if options.quick {
         &[1 << 20, 64 << 20]
     } else {
         &[1 << 20, 64 << 20, 256 << 20]
     };
     let mut results = vec![vec![Vec::<Measurement>::new(); WIRES.len()]; sizes.len()];
+    let mut progress = crate::progress::Progress::new("HTTP/2", reps * sizes.len());
     for rep in 0..reps {
         for (s, &size) in sizes.iter().enumerate() {
             let message = measure::message(size, 1);
@@ -53,24 +57,30 @@ pub(crate) fn compare(exe: &Path, options: &Options, reps: usize, seconds: f64) 
                 })?;
                 results[s][w].push(m);
             }
-            eprintln!("rep {}/{reps}: HTTP/2 one-way {}", rep + 1, human(size));
+            progress.step(&format!(
+                "rep {}/{reps}: HTTP/2 one-way {}",
+                rep + 1,
+                human(size)
+            ));
         }
     }
     drop(server);
-    println!(
+    say!(
         "\nHTTP/2 next to PTR1 (one engine fixture, one port; TLS 1.3 with ring; medians of {reps}):\n"
     );
-    println!(
+    say!(
         "| one-way | PTR1 (io_uring) | h2c | TLS | h2c ÷ PTR1 | TLS ÷ PTR1 | CPU s/GB PTR1 / h2c / TLS |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---|");
+    say!("|---|---:|---:|---:|---:|---:|---|");
     for (size, per_wire) in sizes.iter().zip(&results) {
         let gb: Vec<f64> = per_wire.iter().map(|r| pick(r, |m| m.gb_per_s)).collect();
+        crate::report::throughput("h2c", *size, gb[1]);
+        crate::report::throughput("tls", *size, gb[2]);
         let cpu: Vec<f64> = per_wire
             .iter()
             .map(|r| pick(r, |m| m.cpu_s_per_gb))
             .collect();
-        println!(
+        say!(
             "| {} × 1 | {:.2} GB/s | {:.2} GB/s | {:.2} GB/s | {:.2}× | {:.2}× | {:.2} / {:.2} / {:.2} |",
             human(*size),
             gb[0],
@@ -93,7 +103,7 @@ pub(crate) fn compare(exe: &Path, options: &Options, reps: usize, seconds: f64) 
 /// Peak RSS of a fresh receiver after one 1 GiB message over h2c and over TLS.
 fn print_rss(exe: &Path, options: &Options) -> Result<()> {
     let message = measure::message(1 << 30, 1);
-    println!("\nreceiver peak RSS after one 1 GiB message over HTTP/2:");
+    say!("\nreceiver peak RSS after one 1 GiB message over HTTP/2:");
     for wire in [Transport::H2c, Transport::Tls] {
         let dir = std::env::temp_dir().join(format!(
             "ptr1-bench-rss-{}-{}",
@@ -118,7 +128,7 @@ fn print_rss(exe: &Path, options: &Options) -> Result<()> {
         let client = engine_side::client(wire, &wire_options)?;
         engine_side::measure(&client, server.addr, &wire_options, &message)?;
         let rss = measure::peak_rss(server.pid())?;
-        println!(
+        say!(
             "  {}: {:.2} GiB",
             wire.name(),
             rss as f64 / f64::from(1u32 << 30)

@@ -9,6 +9,7 @@ use anyhow::Result;
 use tensorwire_engine::{Node, TensorMessage};
 
 use crate::compare::{Measurement, Server, human, measured, pick};
+use crate::report::say;
 use crate::{Handlers, Mode, Options, Transport, engine_side, measure};
 
 /// The columns.
@@ -31,8 +32,14 @@ pub(crate) fn compare(exe: &Path, options: &Options, reps: usize, seconds: f64) 
     let server = Server::start_with(exe, Transport::Engine, Handlers::Core, &[])?;
     let ptr1 = engine_side::client(Transport::Engine, options)?;
     let shm = engine_side::client(Transport::Shm, options)?;
-    let mut cases: Vec<Case> = [4 << 10, 1 << 20, 64 << 20, 256 << 20]
-        .into_iter()
+    let sizes: &[usize] = if options.smoke {
+        &[4 << 10, 64 << 10]
+    } else {
+        &[4 << 10, 1 << 20, 64 << 20, 256 << 20]
+    };
+    let mut cases: Vec<Case> = sizes
+        .iter()
+        .copied()
         .filter(|&size| !options.quick || size <= 64 << 20)
         .map(|size| Case {
             label: format!("one-way {} × 1", human(size)),
@@ -52,6 +59,7 @@ pub(crate) fn compare(exe: &Path, options: &Options, reps: usize, seconds: f64) 
     });
     let rss_start = measure::rss(server.pid())?;
     let mut results = vec![vec![Vec::<Measurement>::new(); WIRES.len()]; cases.len()];
+    let mut progress = crate::progress::Progress::new("shared memory", reps * cases.len());
     for rep in 0..reps {
         for (c, case) in cases.iter().enumerate() {
             let copied = measure::message(case.size, 1);
@@ -75,13 +83,17 @@ pub(crate) fn compare(exe: &Path, options: &Options, reps: usize, seconds: f64) 
                 })?;
                 results[c][w].push(m);
             }
-            eprintln!("rep {}/{reps}: shared memory {}", rep + 1, case.label);
+            progress.step(&format!(
+                "rep {}/{reps}: shared memory {}",
+                rep + 1,
+                case.label
+            ));
         }
     }
     let rss_end = measure::rss(server.pid())?;
     drop(server);
     print(&cases, &results, reps, options.quick);
-    println!(
+    say!(
         "\nfixture (receiver) RSS: {:.0} MiB after start, {:.0} MiB after every case above",
         rss_start as f64 / f64::from(1u32 << 20),
         rss_end as f64 / f64::from(1u32 << 20)
@@ -101,14 +113,14 @@ fn loaned_message(node: &Node, size: usize) -> Result<TensorMessage> {
 }
 
 fn print(cases: &[Case], results: &[Vec<Vec<Measurement>>], reps: usize, quick: bool) {
-    println!(
+    say!(
         "\nShared memory next to PTR1 (one engine fixture, another process; medians of {reps}; \
          loaned = buffers in sealed loaned slots, sent without a copy):\n"
     );
-    println!(
+    say!(
         "| case | PTR1 (io_uring) | shm (copied in) | shm (loaned) | shm ÷ PTR1 | loaned ÷ PTR1 | warm memcpy | shm ÷ memcpy |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    say!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for (case, per_wire) in cases.iter().zip(results) {
         let figure = |m: &Measurement| match case.mode {
             Mode::OneWay => m.gb_per_s,
@@ -131,10 +143,26 @@ fn print(cases: &[Case], results: &[Vec<Vec<Measurement>>], reps: usize, quick: 
             Some(gb) => (format!("{gb:.2} GB/s"), format!("{:.2}×", v[1] / gb)),
             None => ("".into(), "".into()),
         };
+        match case.mode {
+            Mode::OneWay => {
+                crate::report::throughput("shm (copied in)", case.size, v[1]);
+                crate::report::throughput("shm (loaned)", case.size, v[2]);
+            }
+            Mode::Rtt => {
+                crate::report::latency("shm (copied in)", v[1]);
+                crate::report::latency("shm (loaned)", v[2]);
+            }
+            Mode::InFlight => {}
+        }
         let digits = if case.mode == Mode::InFlight { 0 } else { 2 };
-        println!(
+        say!(
             "| {} | {:.digits$} {unit} | {:.digits$} {unit} | {:.digits$} {unit} | {:.2}× | {:.2}× | {memcpy_text} | {ratio_text} |",
-            case.label, v[0], v[1], v[2], better[0], better[1]
+            case.label,
+            v[0],
+            v[1],
+            v[2],
+            better[0],
+            better[1]
         );
     }
 }

@@ -25,7 +25,11 @@ mod engine_side;
 mod environment;
 mod measure;
 mod memcpy;
+mod peers;
+mod progress;
+mod report;
 mod seed;
+mod svg;
 mod tls;
 mod units;
 
@@ -188,6 +192,10 @@ pub(crate) struct Options {
     pub(crate) messages: Option<u64>,
     /// run: check every echoed payload.
     pub(crate) verify: bool,
+    /// compare: tiny sizes, one short repetition, payloads verified (a correctness check).
+    pub(crate) smoke: bool,
+    /// compare: write the table, JSON and plots into this directory.
+    pub(crate) out: Option<String>,
     /// TLS: this end's certificate chain and key (PEM files).
     pub(crate) cert: Option<String>,
     pub(crate) key: Option<String>,
