@@ -10,10 +10,12 @@ use std::sync::Mutex;
 
 use bytes::Bytes;
 use pyo3::buffer::PyUntypedBuffer;
-use pyo3::exceptions::{PyBufferError, PyValueError};
+use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use pyo3::{Bound, ffi};
+
+use crate::errors::InvalidArgument;
 
 /// Exports whose last Rust reference dropped, waiting for an attached thread to release them.
 static RELEASES: Mutex<Vec<PyUntypedBuffer>> = Mutex::new(Vec::new());
@@ -68,13 +70,13 @@ pub(crate) fn export(obj: &Bound<'_, PyAny>, index: usize) -> PyResult<Bytes> {
         return Ok(buffer.get().bytes.clone());
     }
     let buffer = PyUntypedBuffer::get(obj).map_err(|e| {
-        PyValueError::new_err(format!(
+        InvalidArgument::new_err(format!(
             "buffer {index} ({}) does not support the buffer protocol: {e}",
             type_name(obj)
         ))
     })?;
     if !buffer.is_c_contiguous() {
-        return Err(PyValueError::new_err(format!(
+        return Err(InvalidArgument::new_err(format!(
             "buffer {index} ({}) is not C-contiguous (shape {:?}, strides {:?}); pass a \
              contiguous copy (numpy.ascontiguousarray) or use tensors.pack(..., contiguous=True)",
             type_name(obj),

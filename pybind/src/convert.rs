@@ -8,7 +8,7 @@
 use bytes::Bytes;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyTuple};
+use pyo3::types::{PyByteArray, PyBytes, PyMemoryView, PyTuple};
 use tensorwire_engine::Reply;
 
 use crate::message::PyTensorMessage;
@@ -30,6 +30,11 @@ pub(crate) fn reply_from_py(value: &Bound<'_, PyAny>, pickle: bool) -> PyResult<
     }
     if let Ok(bytes) = value.cast::<PyBytes>() {
         return Ok(single(BYTES, Bytes::copy_from_slice(bytes.as_bytes())));
+    }
+    if value.cast::<PyByteArray>().is_ok() || value.cast::<PyMemoryView>().is_ok() {
+        // Bytes-like: a bytes reply (copied: single replies are small), never pickled.
+        let data = crate::buffers::export(value, 0)?;
+        return Ok(single(BYTES, Bytes::copy_from_slice(&data)));
     }
     if let Ok(pair) = value.cast::<PyTuple>()
         && pair.len() == 2

@@ -3,7 +3,6 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use tensorwire_engine::{Endpoint, Incoming, Replier, RequestKind};
 
@@ -53,13 +52,16 @@ impl PyEndpoint {
         pickle: bool,
     ) -> PyResult<Option<PyRequest>> {
         drain_releases(py);
+        // A timeout too large to represent (or infinite) waits forever.
         let deadline = match timeout {
-            Some(t) => Some(
-                std::time::Instant::now()
-                    + Duration::try_from_secs_f64(t).map_err(|_| {
-                        PyValueError::new_err(format!("timeout must be >= 0 seconds, not {t}"))
-                    })?,
-            ),
+            Some(t) if t.is_nan() || t < 0.0 => {
+                return Err(InvalidArgument::new_err(format!(
+                    "timeout must be >= 0 seconds or None, not {t}"
+                )));
+            }
+            Some(t) => Duration::try_from_secs_f64(t)
+                .ok()
+                .and_then(|d| std::time::Instant::now().checked_add(d)),
             None => None,
         };
         loop {
@@ -166,13 +168,17 @@ impl PyRequest {
             Some(v) => reply_from_py(v, self.pickle)?,
             None => reply_from_py(py.None().bind(py), false)?,
         };
-        self.take()?.reply(Ok(reply));
+        let replier = self.take()?;
+        // A shared-memory reply is copied on this thread: not under the GIL.
+        py.detach(|| replier.reply(Ok(reply)));
         Ok(())
     }
 
     /// Answers with an error; the asker gets a `RemoteError` carrying `text`.
-    fn fail(&self, text: &str) -> PyResult<()> {
-        self.take()?.reply(Err(text.to_owned()));
+    fn fail(&self, py: Python<'_>, text: &str) -> PyResult<()> {
+        let replier = self.take()?;
+        let text = text.to_owned();
+        py.detach(|| replier.reply(Err(text)));
         Ok(())
     }
 

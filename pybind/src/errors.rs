@@ -23,6 +23,7 @@ pyo3::import_exception!(tensorwire._errors, ShutDown);
 pyo3::import_exception!(tensorwire._errors, Cancelled);
 pyo3::import_exception!(tensorwire._errors, SharedMemoryError);
 pyo3::import_exception!(tensorwire._errors, LeaseInvalid);
+pyo3::import_exception!(tensorwire._errors, IoError);
 
 mod base {
     pyo3::import_exception!(tensorwire._errors, Error);
@@ -42,60 +43,56 @@ pub(crate) fn raised() -> BTreeMap<&'static str, u64> {
 /// `err` as a Python exception; `context` says what was being done (e.g. "ask echo at
 /// 127.0.0.1:9000 over raw TCP").
 pub(crate) fn to_py(err: &Error, context: &str) -> PyErr {
+    let (name, exception) = classify(err, format!("{context}: {err}"));
     *RAISED
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .entry(kind(err))
+        .entry(name)
         .or_default() += 1;
-    convert(err, context)
+    exception
 }
 
-/// The exception name `err` becomes.
-fn kind(err: &Error) -> &'static str {
+/// The exception `err` becomes, and its name.
+fn classify(err: &Error, message: String) -> (&'static str, PyErr) {
     match err {
-        Error::Timeout { .. } => "DeadlineExceeded",
-        Error::Protocol { .. } | Error::UnexpectedReply { .. } => "ProtocolError",
-        Error::Tls { .. } => "TLSError",
-        Error::ConnectionClosed { .. } | Error::Connect { .. } => "ConnectionFailed",
-        Error::Remote { .. } => "RemoteError",
-        Error::UnknownEndpoint { .. } => "UnknownEndpoint",
-        Error::Memory(_) => "OutOfMemory",
-        Error::Overloaded { .. } => "Overloaded",
-        Error::DriverUnavailable { .. } => "TransportUnavailable",
-        Error::Shutdown | Error::MailboxClosed => "ShutDown",
-        Error::Cancelled => "Cancelled",
-        _ => "other",
-    }
-}
-
-fn convert(err: &Error, context: &str) -> PyErr {
-    let message = format!("{context}: {err}");
-    match err {
-        Error::Timeout { .. } => DeadlineExceeded::new_err(message),
-        Error::Protocol { .. } | Error::UnexpectedReply { .. } => ProtocolError::new_err(message),
-        Error::Tls { .. } => TLSError::new_err(message),
+        Error::Timeout { .. } => ("DeadlineExceeded", DeadlineExceeded::new_err(message)),
+        Error::Protocol { .. } | Error::UnexpectedReply { .. } => {
+            ("ProtocolError", ProtocolError::new_err(message))
+        }
+        Error::Tls { .. } => ("TLSError", TLSError::new_err(message)),
         Error::ConnectionClosed { .. } | Error::Connect { .. } => {
-            ConnectionFailed::new_err(message)
+            ("ConnectionFailed", ConnectionFailed::new_err(message))
         }
         Error::InvalidPath { .. } | Error::Misuse(_) | Error::Config(_) => {
-            InvalidArgument::new_err(message)
+            ("InvalidArgument", InvalidArgument::new_err(message))
         }
-        Error::EndpointExists { .. } => EndpointExists::new_err(message),
-        Error::UnknownEndpoint { .. } => UnknownEndpoint::new_err((message, String::new())),
-        Error::Remote { text, .. } if text.starts_with("no endpoint") => {
-            UnknownEndpoint::new_err((message, text.clone()))
+        Error::EndpointExists { .. } => ("EndpointExists", EndpointExists::new_err(message)),
+        Error::UnknownEndpoint { .. } => (
+            "UnknownEndpoint",
+            UnknownEndpoint::new_err((message, String::new())),
+        ),
+        // PTR1 and shared memory send the text as it is; HTTP/2 prefixes the status.
+        Error::Remote { text, .. } if text.contains("no endpoint at path") => (
+            "UnknownEndpoint",
+            UnknownEndpoint::new_err((message, text.clone())),
+        ),
+        Error::Remote { text, .. } => {
+            ("RemoteError", RemoteError::new_err((message, text.clone())))
         }
-        Error::Remote { text, .. } => RemoteError::new_err((message, text.clone())),
         Error::Encode(tensorwire_proto::WireError::LimitExceeded(_)) => {
-            LimitExceeded::new_err(message)
+            ("LimitExceeded", LimitExceeded::new_err(message))
         }
-        Error::Encode(_) => InvalidArgument::new_err(message),
-        Error::Memory(_) => OutOfMemory::new_err(message),
-        Error::Overloaded { .. } => Overloaded::new_err(message),
-        Error::DriverUnavailable { .. } => TransportUnavailable::new_err(message),
-        Error::Shutdown | Error::MailboxClosed => ShutDown::new_err(message),
-        Error::Cancelled => Cancelled::new_err(message),
-        _ if err.limit().is_some() => LimitExceeded::new_err(message),
-        _ => base::Error::new_err(message),
+        Error::Encode(_) => ("InvalidArgument", InvalidArgument::new_err(message)),
+        Error::Memory(_) => ("OutOfMemory", OutOfMemory::new_err(message)),
+        Error::Overloaded { .. } => ("Overloaded", Overloaded::new_err(message)),
+        Error::DriverUnavailable { .. } => (
+            "TransportUnavailable",
+            TransportUnavailable::new_err(message),
+        ),
+        Error::Shutdown | Error::MailboxClosed => ("ShutDown", ShutDown::new_err(message)),
+        Error::Cancelled => ("Cancelled", Cancelled::new_err(message)),
+        Error::Io { .. } => ("IoError", IoError::new_err(message)),
+        _ if err.limit().is_some() => ("LimitExceeded", LimitExceeded::new_err(message)),
+        _ => ("Error", base::Error::new_err(message)),
     }
 }

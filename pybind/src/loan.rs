@@ -11,8 +11,12 @@ use pyo3::prelude::*;
 use pyo3::{Bound, ffi};
 use tensorwire_engine::shm::Loan;
 
-use crate::buffers::Buffer;
+use crate::buffers::{Buffer, drain_releases};
 use crate::errors::ShutDown;
+
+/// References to a loan object during `loan.freeze()` when nothing else holds it: the
+/// caller's name and the call's own reference to `self`.
+const FREEZE_REFERENCES: isize = 2;
 
 /// A shared-memory slot on loan: a writable buffer until [`PyLoan::freeze`].
 #[pyclass(frozen, module = "tensorwire._native", name = "Loan")]
@@ -84,12 +88,26 @@ impl PyLoan {
     /// Seals the slot against writes and returns it as a read-only `Buffer` to put in a
     /// `TensorMessage`: sent to a same-host peer, it travels without a copy. Refused while
     /// views of the loan are alive (release them first: `del`, `memoryview.release()`).
-    fn freeze(&self) -> PyResult<Buffer> {
-        let mut guard = self.loan.lock().unwrap_or_else(PoisonError::into_inner);
-        if self.exports.load(Ordering::Acquire) != 0 {
+    fn freeze(slf: &Bound<'_, Self>) -> PyResult<Buffer> {
+        drain_releases(slf.py());
+        // Freezing unmaps the writable mapping. Some consumers keep a pointer but not a
+        // buffer export (`torch.frombuffer`, `numpy.ndarray(buffer=...)`): they hold a
+        // reference to the loan instead, so any reference beyond the caller's is refused.
+        // SAFETY: `slf` is a live object; reading its reference count has no other effect.
+        let references = unsafe { ffi::Py_REFCNT(slf.as_ptr()) };
+        if references > FREEZE_REFERENCES {
+            return Err(PyBufferError::new_err(format!(
+                "{} other object(s) still refer to this loan (a tensor or array built on it?); \
+                 delete them before freeze(): the loan's writable memory goes away",
+                references - FREEZE_REFERENCES
+            )));
+        }
+        let me = slf.get();
+        let mut guard = me.loan.lock().unwrap_or_else(PoisonError::into_inner);
+        if me.exports.load(Ordering::Acquire) != 0 {
             return Err(PyBufferError::new_err(format!(
                 "{} view(s) of this loan are still alive; release them before freeze()",
-                self.exports.load(Ordering::Acquire)
+                me.exports.load(Ordering::Acquire)
             )));
         }
         let loan = guard

@@ -83,6 +83,15 @@ impl PyTensorMessage {
     }
 }
 
+impl Drop for PyTensorMessage {
+    /// Python dropped the message (the GIL is held here): exports the engine no longer uses
+    /// are released now, not at the next call into tensorwire.
+    fn drop(&mut self) {
+        drop(std::mem::take(&mut self.inner.buffers));
+        Python::attach(drain_releases);
+    }
+}
+
 impl PyTensorMessage {
     /// Wraps a received message; its buffers become `Buffer` views.
     pub(crate) fn received(py: Python<'_>, inner: TensorMessage, writable: bool) -> PyResult<Self> {

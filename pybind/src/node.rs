@@ -6,7 +6,6 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tensorwire_compat::{Http2, Http2Config, TlsConfig, TokioFallback};
@@ -28,6 +27,19 @@ const SIGNAL_SLICE: Duration = Duration::from_millis(100);
 #[pyclass(frozen, module = "tensorwire._native", name = "Node")]
 pub(crate) struct PyNode {
     node: Node,
+}
+
+impl Drop for PyNode {
+    /// A node collected without `close()`: shut it down with the GIL released, so handler
+    /// threads that wait for the GIL can finish and be joined.
+    fn drop(&mut self) {
+        let node = self.node.clone();
+        let detached = Python::try_attach(|py| py.detach(|| node.shutdown()));
+        if detached.is_none() {
+            // Not attached (interpreter finalizing): shutting down cannot wait on the GIL.
+            self.node.shutdown();
+        }
+    }
 }
 
 /// TLS settings from keyword arguments.
@@ -79,6 +91,12 @@ impl PyNode {
             .fallback(Arc::new(TokioFallback::default()))
             .transport(Arc::new(Http2::new(http2)));
         if let Some(name) = transport {
+            if name == "local" {
+                return Err(InvalidArgument::new_err(
+                    "transport=\"local\" is a per-send choice (node.ref(..., transport=\"local\")); \
+                     a node's preference is auto, raw, http2 or shm",
+                ));
+            }
             builder = builder.preference(preference(name)?.unwrap_or(Preference::Auto));
         }
         if let Some(cores) = cores {
@@ -128,9 +146,12 @@ impl PyNode {
         pickle: bool,
     ) -> PyResult<()> {
         drain_releases(py);
+        if threads == 0 {
+            return Err(InvalidArgument::new_err("serve needs threads >= 1"));
+        }
         let handler = Arc::new(handler);
         self.node
-            .serve(name, threads.max(1), move |request| {
+            .serve(name, threads, move |request| {
                 Python::attach(|py| {
                     drain_releases(py);
                     let writable = request.peer.is_some();
@@ -160,13 +181,12 @@ impl PyNode {
     ) -> PyResult<Py<PyAny>> {
         drain_releases(py);
         let send = self.plan(py, address, path, transport, "ask")?;
-        let pending = self.node.ask_via(
-            send.peer,
-            path,
-            message.get().inner.clone(),
-            seconds(timeout)?,
-            send.force,
-        );
+        let (message, timeout) = (message.get().inner.clone(), seconds(timeout)?);
+        // Sending can copy the payload (shared memory) or wait for socket room: not under the GIL.
+        let pending = py.detach(|| {
+            self.node
+                .ask_via(send.peer, path, message, timeout, send.force)
+        });
         let reply = wait(py, pending).map_err(|e| e.into_py(&send.context))?;
         reply_to_py(py, reply, send.writable, pickle)
     }
@@ -184,13 +204,11 @@ impl PyNode {
     ) -> PyResult<()> {
         drain_releases(py);
         let send = self.plan(py, address, path, transport, "tell")?;
-        let pending = self.node.tell_via(
-            send.peer,
-            path,
-            message.get().inner.clone(),
-            seconds(timeout)?,
-            send.force,
-        );
+        let (message, timeout) = (message.get().inner.clone(), seconds(timeout)?);
+        let pending = py.detach(|| {
+            self.node
+                .tell_via(send.peer, path, message, timeout, send.force)
+        });
         wait(py, pending).map_err(|e| e.into_py(&send.context))
     }
 
@@ -210,13 +228,12 @@ impl PyNode {
     ) -> PyResult<u64> {
         drain_releases(py);
         let send = self.plan(py, address, path, transport, "ask")?;
-        let pending = self.node.ask_via(
-            send.peer,
-            path,
-            message.get().inner.clone(),
-            seconds(timeout)?,
-            send.force,
-        );
+        let (message, timeout) = (message.get().inner.clone(), seconds(timeout)?);
+        // Sending can copy the payload (shared memory) or wait for socket room: not under the GIL.
+        let pending = py.detach(|| {
+            self.node
+                .ask_via(send.peer, path, message, timeout, send.force)
+        });
         let (context, writable) = (send.context, send.writable);
         Ok(pump.get().start(Box::pin(async move {
             let result = pending.await;
@@ -242,13 +259,11 @@ impl PyNode {
     ) -> PyResult<u64> {
         drain_releases(py);
         let send = self.plan(py, address, path, transport, "tell")?;
-        let pending = self.node.tell_via(
-            send.peer,
-            path,
-            message.get().inner.clone(),
-            seconds(timeout)?,
-            send.force,
-        );
+        let (message, timeout) = (message.get().inner.clone(), seconds(timeout)?);
+        let pending = py.detach(|| {
+            self.node
+                .tell_via(send.peer, path, message, timeout, send.force)
+        });
         let context = send.context;
         Ok(pump.get().start(Box::pin(async move {
             let result = pending.await;
@@ -422,7 +437,7 @@ fn preference(name: &str) -> PyResult<Option<Preference>> {
         "http2" => Some(Preference::Http2),
         "shm" => Some(Preference::SharedMemory),
         other => {
-            return Err(PyValueError::new_err(format!(
+            return Err(InvalidArgument::new_err(format!(
                 "unknown transport {other:?}: expected auto, local, shm, raw or http2"
             )));
         }
@@ -439,8 +454,11 @@ fn route_name(route: Route) -> &'static str {
 }
 
 fn seconds(timeout: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(timeout)
-        .map_err(|_| PyValueError::new_err(format!("timeout must be >= 0 seconds, not {timeout}")))
+    Duration::try_from_secs_f64(timeout).map_err(|_| {
+        InvalidArgument::new_err(format!(
+            "timeout must be a finite number of seconds >= 0, not {timeout}"
+        ))
+    })
 }
 
 /// HTTP/2 settings: the environment (`TENSORWIRE_TLS_*`, `TENSORWIRE_HTTP2_*`), with TLS
@@ -448,7 +466,13 @@ fn seconds(timeout: f64) -> PyResult<Duration> {
 fn http2_config(tls: &TlsArgs, require_tls: Option<bool>) -> PyResult<Http2Config> {
     let mut config =
         Http2Config::from_env().map_err(|e| to_py(&e, "reading HTTP/2 and TLS settings"))?;
-    if tls.cert.is_some() || tls.key.is_some() || tls.ca.is_some() {
+    let files = tls.cert.is_some() || tls.key.is_some() || tls.ca.is_some();
+    if !files && (tls.require_client_cert || tls.server_name.is_some()) {
+        return Err(InvalidArgument::new_err(
+            "require_client_cert= and server_name= configure TLS: pass cert=/key= (and ca=) too",
+        ));
+    }
+    if files {
         let read = |path: &str, what: &str| {
             std::fs::read(path).map_err(|e| {
                 InvalidArgument::new_err(format!("reading the TLS {what} {path:?}: {e}"))

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tensorwire_engine::shm::{Descriptor, ShmError, ShmManager};
@@ -154,7 +153,7 @@ impl PyShm {
 
 fn seconds(ttl: f64) -> PyResult<Duration> {
     Duration::try_from_secs_f64(ttl)
-        .map_err(|_| PyValueError::new_err(format!("ttl must be >= 0 seconds, not {ttl}")))
+        .map_err(|_| InvalidArgument::new_err(format!("ttl must be >= 0 seconds, not {ttl}")))
 }
 
 /// Shared-memory errors as Python exceptions.

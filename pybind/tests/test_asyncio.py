@@ -99,7 +99,7 @@ def test_a_coroutine_handler_runs_on_the_loop_it_was_registered_from(node: tw.No
             await asyncio.sleep(0.01)
             return tw.TensorMessage(b"async " + m.metadata, [np.ones(4, np.float32)])
 
-        with tw.Node() as server:
+        async with tw.Node() as server:
             server.serve("co", handler)
             reply = await node.ref(server.address, "co", transport="raw").ask_async(
                 tw.TensorMessage(b"hi", [])

@@ -30,7 +30,7 @@ def test_a_loaned_slot_travels_without_a_copy(node: tw.Node) -> None:
         loan = node.loan(1 << 20)
         fill = np.frombuffer(loan, np.uint8)
         fill[:] = np.arange(1 << 20) % 251
-        with pytest.raises(BufferError, match="still alive"):
+        with pytest.raises(BufferError, match="still"):
             loan.freeze()
         del fill
         buffer = loan.freeze()

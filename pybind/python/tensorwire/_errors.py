@@ -25,6 +25,7 @@ __all__ = [
     "Cancelled",
     "SharedMemoryError",
     "LeaseInvalid",
+    "IoError",
 ]
 
 
@@ -105,3 +106,7 @@ class SharedMemoryError(Error):
 
 class LeaseInvalid(SharedMemoryError, LookupError):
     """The name or lease is not (or no longer) valid: unknown, released, expired, revoked."""
+
+
+class IoError(Error, OSError):
+    """A system call failed (binding the port, creating threads or descriptors)."""

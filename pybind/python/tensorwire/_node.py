@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any, NamedTuple
@@ -29,34 +30,52 @@ class Route(NamedTuple):
     reason: str
 
 
+_log = logging.getLogger("tensorwire")
+
+
 class _LoopPump:
     """One event loop's completion queue and the futures waiting on it."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.pump = _native.Pump()
         self.futures: dict[int, asyncio.Future[Any]] = {}
+        #: Where a result nobody awaits any more goes (a received request back to its
+        #: endpoint's stash), by token.
+        self.orphans: dict[int, Callable[[Any], None]] = {}
         loop.add_reader(self.pump.fileno(), self._drain)
 
     def _drain(self) -> None:
         for token, ok, value in self.pump.drain():
             fut = self.futures.pop(token, None)
+            orphan = self.orphans.pop(token, None)
             if fut is None or fut.done():
+                if ok and orphan is not None:
+                    orphan(value)  # cancelled meanwhile: never drop what arrived
                 continue
             if ok:
                 fut.set_result(value)
             else:
                 fut.set_exception(value)
 
-    async def wait(self, token: int) -> Any:
+    async def wait(self, token: int, orphan: Callable[[Any], None] | None = None) -> Any:
         fut = asyncio.get_running_loop().create_future()
         self.futures[token] = fut
+        if orphan is not None:
+            self.orphans[token] = orphan
         try:
             return await fut
-        except asyncio.CancelledError:
-            self.pump.cancel(token)
+        except BaseException:
+            # Cancelled (or the coroutine closed): withdraw the operation; if its result had
+            # already arrived, hand it to `orphan` instead of losing it.
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                if orphan is not None:
+                    orphan(fut.result())
+            else:
+                self.pump.cancel(token)
             raise
         finally:
             self.futures.pop(token, None)
+            self.orphans.pop(token, None)
 
 
 _pumps: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopPump] = (
@@ -108,6 +127,7 @@ class Node:
             require_tls=require_tls,
             server_name=server_name,
         )
+        self._loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 
     @property
     def address(self) -> str:
@@ -135,23 +155,36 @@ class Node:
         value answers asks (see :data:`Reply`); an exception it raises reaches the asker as a
         :class:`RemoteError` with the exception's type and text.
         """
-        fn: Callable[[TensorMessage], Any]
-        if hasattr(handler, "receive_tensor"):
-            fn = handler.receive_tensor
-        elif inspect.iscoroutinefunction(handler):
+        target = handler.receive_tensor if hasattr(handler, "receive_tensor") else handler
+        call: Callable[[TensorMessage], Any]
+        if inspect.iscoroutinefunction(target):
             loop = asyncio.get_running_loop()
-            coroutine_fn = handler
+            self._loops.add(loop)
+            coroutine_fn = target
 
-            def fn(message: TensorMessage) -> Any:
+            def call(message: TensorMessage) -> Any:
+                if not loop.is_running():
+                    raise RuntimeError(
+                        f"the event loop serving {name!r} is not running; the request cannot be handled"
+                    )
                 return asyncio.run_coroutine_threadsafe(coroutine_fn(message), loop).result()
 
-        elif callable(handler):
-            fn = handler
+        elif callable(target):
+            call = target
         else:
             raise TypeError(
                 f"handler must be callable or have receive_tensor(), not {type(handler).__name__}"
             )
-        self._native.serve(name, fn, threads=threads, pickle=pickle)
+
+        def logged(message: TensorMessage) -> Any:
+            try:
+                return call(message)
+            except Exception:
+                # The asker gets the text; a tell's failure would otherwise vanish.
+                _log.exception("the handler serving %r raised", name)
+                raise
+
+        self._native.serve(name, logged, threads=threads, pickle=pickle)
 
     def ref(self, address: str, name: str, transport: str = "auto", *, pickle: bool = False) -> Ref:
         """A reference to endpoint ``name`` at ``address``.
@@ -178,14 +211,37 @@ class Node:
         return self._native.stats()
 
     def close(self) -> None:
-        """Stops the node (idempotent): in-flight calls fail, endpoints close."""
+        """Stops the node (idempotent): in-flight calls fail, endpoints close.
+
+        It waits for running handlers; from the event loop that coroutine handlers run on, use
+        ``await node.aclose()`` (this would wait for handlers that wait for this loop).
+        """
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not None and running in self._loops:
+            raise RuntimeError(
+                "close() on the event loop this node's coroutine handlers run on would wait "
+                "for them forever: use `await node.aclose()` or `async with tw.Node()`"
+            )
         self._native.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close` without blocking the event loop (handlers may still need it)."""
+        await asyncio.get_running_loop().run_in_executor(None, self._native.close)
 
     def __enter__(self) -> Node:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    async def __aenter__(self) -> Node:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     def __repr__(self) -> str:
         return f"<tensorwire.Node {self.address}>"
@@ -259,6 +315,8 @@ class Endpoint:
     def __init__(self, native: _native.Endpoint, pickle: bool) -> None:
         self._native = native
         self._pickle = pickle
+        #: Requests that arrived for an asyncio receive that was cancelled meanwhile.
+        self._stash: list[Request] = []
 
     @property
     def path(self) -> str:
@@ -266,17 +324,23 @@ class Endpoint:
         return self._native.path
 
     def __len__(self) -> int:
-        return len(self._native)
+        return len(self._native) + len(self._stash)
 
     def recv(self, timeout: float | None = None) -> Request | None:
         """The next request, waiting up to ``timeout`` seconds (forever when ``None``);
         ``None`` when the time passed. The GIL is released; Ctrl+C interrupts."""
+        if self._stash:
+            return self._stash.pop(0)
         return self._native.recv(timeout, pickle=self._pickle)
 
     async def recv_async(self) -> Request:
-        """The next request (asyncio)."""
+        """The next request (asyncio). Cancelling it never loses a request: one that arrived
+        meanwhile is kept for the next receive."""
+        if self._stash:
+            return self._stash.pop(0)
         pump = _pump()
-        request: Request = await pump.wait(self._native.recv_start(pump.pump, pickle=self._pickle))
+        token = self._native.recv_start(pump.pump, pickle=self._pickle)
+        request: Request = await pump.wait(token, self._stash.append)
         return request
 
     def __aiter__(self) -> AsyncIterator[Request]:

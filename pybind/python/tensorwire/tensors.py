@@ -57,7 +57,10 @@ def unpack(message: TensorMessage, *, as_torch: bool | None = None) -> dict[str,
     """The tensors of a message made by :func:`pack`, as zero-copy views.
 
     ``as_torch`` returns torch tensors (``None``: torch where the sender packed torch and torch
-    is installed). Raises ``ValueError`` when the metadata does not describe the buffers.
+    is installed). torch tensors are zero-copy over writable receive memory (PTR1, HTTP/2);
+    over read-only memory (same process, shared memory) they are copies, because torch cannot
+    mark a tensor read-only — pass ``as_torch=False`` for zero-copy read-only numpy views.
+    Raises ``ValueError`` when the metadata does not describe the buffers.
     """
     try:
         meta = json.loads(bytes(message.metadata))
@@ -90,6 +93,14 @@ def unpack(message: TensorMessage, *, as_torch: bool | None = None) -> dict[str,
             )
         array = np.frombuffer(buffer, dtype=np_dtype, count=count).reshape(shape)
         torch_wanted = as_torch if as_torch is not None else (kind == "torch" and _has_torch())
+        if dtype in _TORCH_ONLY and not torch_wanted:
+            import warnings
+
+            warnings.warn(
+                f"tensor {name!r} is {dtype}, which numpy lacks: returned as its raw "
+                f"{_TORCH_ONLY[dtype]} bits (install torch, or view it with ml_dtypes)",
+                stacklevel=2,
+            )
         out[name] = _to_torch(array, dtype) if torch_wanted else array
     return out
 
@@ -138,15 +149,12 @@ def _to_torch(array: np.ndarray, dtype: str) -> Any:
     import torch
 
     if not array.flags.writeable:
-        # torch.from_numpy warns on read-only memory; frombuffer would too: share it anyway,
-        # the caller must not write (same-process and shared-memory views are read-only).
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            tensor = torch.from_numpy(array)
-    else:
-        tensor = torch.from_numpy(array)
+        # torch has no read-only tensors: a tensor over read-only memory (a sealed
+        # shared-memory mapping, or the sender's memory in this process) would let an in-place
+        # op crash the process or change the sender's data. Copy instead; `as_torch=False`
+        # gives zero-copy read-only numpy views.
+        array = array.copy()
+    tensor = torch.from_numpy(array)
     if dtype in _TORCH_ONLY:
         tensor = tensor.view(getattr(torch, dtype))
     return tensor
