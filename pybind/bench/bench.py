@@ -6,7 +6,8 @@
 
 Every server is another process on loopback: the ptr1-bench fixture (tensorwire's engine,
 `sink` answers a small ack), a pyzmq REP server, a gRPC (Python, unary, generic bytes
-handler) server. Cases run interleaved, rep by rep; the table shows medians and ratios.
+handler) server, and a `multiprocessing.shared_memory` consumer (a reused segment the
+producer copies each message into, signalled over a pipe). Cases run interleaved, rep by rep; the table shows medians and ratios.
 A client library that is not installed is reported as such, never faked.
 """
 
@@ -65,6 +66,30 @@ def serve_grpc() -> None:
     server.wait_for_termination()
 
 
+def serve_mpshm() -> None:
+    """A multiprocessing.shared_memory consumer: attaches the producer's segment once, then
+    for each message reads its length from stdin, touches the bytes it was told about (one
+    read of the first and last byte, as a handler that looks at the data would) and acks."""
+    from multiprocessing import shared_memory
+
+    from multiprocessing import resource_tracker
+
+    name = sys.stdin.readline().strip()
+    segment = shared_memory.SharedMemory(name=name)
+    # Python < 3.13 registers an attached segment with this process's tracker, which would
+    # unlink the producer's segment when this process exits.
+    resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
+    view = np.frombuffer(segment.buf, np.uint8)
+    print("attached", flush=True)
+    for line in sys.stdin:
+        size = int(line)
+        if size:
+            _ = int(view[0]) + int(view[size - 1])
+        print(size, flush=True)
+    del view
+    segment.close()
+
+
 def start(args: list[str]) -> tuple[subprocess.Popen[str], str]:
     child = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None
@@ -85,8 +110,10 @@ def timed(seconds: float, one: Callable[[], int]) -> float:
     return moved / elapsed
 
 
-def tensorwire_oneway(node: tw.Node, address: str, size: int, seconds: float) -> float:
-    ref = node.ref(address, "sink", transport="raw")
+def tensorwire_oneway(
+    node: tw.Node, address: str, size: int, seconds: float, transport: str = "raw"
+) -> float:
+    ref = node.ref(address, "sink", transport=transport)
     payload = np.ones(size, np.uint8)
 
     def one() -> int:
@@ -143,6 +170,41 @@ def zmq_asks(sock, size: int, seconds: float) -> float:  # type: ignore[no-untyp
     return timed(seconds, lambda: (sock.send(payload, copy=False), sock.recv(), 1)[2])
 
 
+def mpshm_oneway(size: int, seconds: float) -> float:
+    """multiprocessing.shared_memory, a reused segment: the producer copies each message in
+    (the same one copy as tensorwire's shm "copied in") and tells the consumer over a pipe."""
+    from multiprocessing import shared_memory
+
+    segment = shared_memory.SharedMemory(create=True, size=size)
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--serve", "mpshm"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        child.stdin.write(segment.name + "\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "attached"
+        target = np.frombuffer(segment.buf, np.uint8)
+        payload = np.ones(size, np.uint8)
+
+        def one() -> int:
+            np.copyto(target, payload)
+            child.stdin.write(f"{size}\n")
+            child.stdin.flush()
+            child.stdout.readline()
+            return size
+
+        rate = timed(seconds, one)
+        del target
+        return rate
+    finally:
+        child.stdin.close()
+        child.wait(timeout=10)
+        segment.close()
+        segment.unlink()
+
+
 def grpc_oneway(port: str, size: int, seconds: float) -> float:
     import grpc
 
@@ -165,7 +227,7 @@ def grpc_oneway(port: str, size: int, seconds: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--serve", choices=["zmq", "grpc"], help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=["zmq", "grpc", "mpshm"], help=argparse.SUPPRESS)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--inflight", type=int, default=64)
@@ -174,6 +236,8 @@ def main() -> None:
         return serve_zmq()
     if args.serve == "grpc":
         return serve_grpc()
+    if args.serve == "mpshm":
+        return serve_mpshm()
     if not PTR1_BENCH.exists():
         raise SystemExit(f"{PTR1_BENCH} is missing: cargo build --release -p ptr1-bench")
 
@@ -193,7 +257,7 @@ def main() -> None:
     zsock = zmq_client(others["zmq"]) if "zmq" in others else None
 
     cases: dict[str, dict[str, Callable[[], float]]] = {}
-    with tw.Node(shared_memory=False) as node:
+    with tw.Node(shared_memory=False) as node, tw.Node() as shm_node:
         for size in (64 * MiB, 256 * MiB):
             row: dict[str, Callable[[], float]] = {
                 "tensorwire (Python)": lambda s=size: tensorwire_oneway(node, address, s, args.seconds),
@@ -203,6 +267,10 @@ def main() -> None:
                 row["pyzmq copy=False"] = lambda s=size: zmq_oneway(zsock, s, args.seconds)
             if "grpc" in others:
                 row["gRPC (Python)"] = lambda s=size: grpc_oneway(others["grpc"], s, args.seconds)
+            row["tensorwire shm (Python)"] = lambda s=size: tensorwire_oneway(
+                shm_node, address, s, args.seconds, "shm"
+            )
+            row["multiprocessing.shared_memory"] = lambda s=size: mpshm_oneway(s, args.seconds)
             cases[f"one-way {size // MiB} MiB (GB/s)"] = row
         row = {
             f"tensorwire asyncio, {args.inflight} in flight": lambda: tensorwire_async_asks(

@@ -1,6 +1,7 @@
 //! The transports users would pick instead, driven from Python in their own processes:
 //! `pybind/bench/bench.py` (tensorwire from Python next to the Rust engine client, pyzmq
-//! `copy=False`, gRPC Python unary) when a Python with tensorwire and numpy is found. Peers
+//! `copy=False`, gRPC Python unary, `multiprocessing.shared_memory`) when a Python with
+//! tensorwire and numpy is found. Peers
 //! that are not installed are listed with the reason, never skipped silently.
 
 use std::path::{Path, PathBuf};
@@ -42,7 +43,7 @@ pub(crate) fn measure(options: &Options, reps: usize, seconds: f64) {
             .is_ok_and(|o| o.status.success());
         let how = match (found, module) {
             (false, _) => "not installed: not measured",
-            (true, "zmq" | "grpc") => "measured below",
+            (true, "zmq" | "grpc" | "multiprocessing.shared_memory") => "measured below",
             (true, _) => "installed, but no driver for it in bench.py yet: not measured",
         };
         say!("  {name}: {how}");
