@@ -105,6 +105,7 @@ pub(crate) fn run(peer: SocketAddr, options: &Options, message: &TensorMessage) 
                 }
             })
         }
+        Mode::Tell => anyhow::bail!("tell mode needs a tensorwire client"),
         Mode::InFlight => {
             let deadline = Instant::now() + options.duration.max(Duration::from_millis(100));
             let started = Instant::now();

@@ -229,6 +229,9 @@ pub(crate) fn compare(options: &Options) -> Result<()> {
         Ok(rss) => print_rss(rss),
         Err(e) => say!("\npeak RSS measurement failed: {e:#}"),
     }
+    if let Err(e) = crate::compare_local::compare(options, reps, seconds) {
+        say!("\nlocal-mailbox measurement failed: {e:#}");
+    }
     if part(Part::Http2) {
         if let Err(e) = crate::compare_http2::compare(&exe, options, reps, seconds) {
             say!("\nHTTP/2 measurement failed: {e:#}");
@@ -422,7 +425,7 @@ fn print_table(cases: &[Case], results: &[Vec<Vec<Measurement>>], reps: usize) {
             .collect();
         let cpu_text: Vec<String> = cpu.iter().map(|c| format!("{c:.2}")).collect();
         let (label, v, unit): (String, Vec<f64>, &str) = match case.mode {
-            Mode::OneWay => (
+            Mode::OneWay | Mode::Tell => (
                 case.label.clone(),
                 column(per_transport, |m| m.gb_per_s),
                 "GB/s",
@@ -439,7 +442,7 @@ fn print_table(cases: &[Case], results: &[Vec<Vec<Measurement>>], reps: usize) {
             ),
         };
         let cell = |x: f64| match case.mode {
-            Mode::OneWay => format!("{x:.2} {unit}"),
+            Mode::OneWay | Mode::Tell => format!("{x:.2} {unit}"),
             Mode::Rtt => format!("{x:.1} {unit}"),
             Mode::InFlight => format!("{x:.0} {unit}"),
         };

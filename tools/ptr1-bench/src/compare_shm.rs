@@ -123,13 +123,13 @@ fn print(cases: &[Case], results: &[Vec<Vec<Measurement>>], reps: usize, quick: 
     say!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for (case, per_wire) in cases.iter().zip(results) {
         let figure = |m: &Measurement| match case.mode {
-            Mode::OneWay => m.gb_per_s,
+            Mode::OneWay | Mode::Tell => m.gb_per_s,
             Mode::Rtt => m.latency_p50_us,
             Mode::InFlight => m.ops_per_s,
         };
         let v: Vec<f64> = per_wire.iter().map(|r| pick(r, figure)).collect();
         let (unit, better) = match case.mode {
-            Mode::OneWay => ("GB/s", [v[1] / v[0], v[2] / v[0]]),
+            Mode::OneWay | Mode::Tell => ("GB/s", [v[1] / v[0], v[2] / v[0]]),
             Mode::Rtt => ("µs", [v[0] / v[1], v[0] / v[2]]),
             Mode::InFlight => ("asks/s", [v[1] / v[0], v[2] / v[0]]),
         };
@@ -152,7 +152,7 @@ fn print(cases: &[Case], results: &[Vec<Vec<Measurement>>], reps: usize, quick: 
                 crate::report::latency("shm (copied in)", v[1]);
                 crate::report::latency("shm (loaned)", v[2]);
             }
-            Mode::InFlight => {}
+            Mode::InFlight | Mode::Tell => {}
         }
         let digits = if case.mode == Mode::InFlight { 0 } else { 2 };
         say!(

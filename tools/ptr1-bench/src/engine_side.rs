@@ -128,6 +128,10 @@ pub(crate) fn measure(
                 other => Err(anyhow!("sink answered {other:?}")),
             }
         }),
+        Mode::Tell => sequential(options, 3, total, || {
+            node.tell_blocking(peer, "/actors/sink", message.clone(), TIMEOUT)?;
+            Ok(())
+        }),
         Mode::Rtt => {
             let mut sample = sequential(options, 100, total, || {
                 match node.ask_blocking(peer, "/actors/echo", message.clone(), TIMEOUT)? {

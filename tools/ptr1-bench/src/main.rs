@@ -20,6 +20,7 @@ mod blocking;
 mod cli;
 mod compare;
 mod compare_http2;
+mod compare_local;
 mod compare_shm;
 mod engine_side;
 mod environment;
@@ -160,8 +161,10 @@ impl Handlers {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Mode {
     /// Asks to `sink`, one at a time: payload throughput one way.
-    #[value(name = "oneway", alias = "one-way")]
+    #[value(name = "oneway", alias = "one-way", alias = "ask")]
     OneWay,
+    /// Tells to `sink`, one at a time (each acknowledged once it is in the mailbox).
+    Tell,
     /// Asks to `echo`, one at a time: round-trip time.
     Rtt,
     /// Asks to `echo` with `inflight` outstanding: request rate.
@@ -231,6 +234,9 @@ pub(crate) fn run(options: &Options) -> Result<serde_json::Value> {
             "--verify checks echoed payloads: it needs --mode rtt or inflight and a tensorwire \
              client (engine, tokio, h2c, tls, shm)"
         );
+    }
+    if options.mode == Mode::Tell && matches!(options.transport, Transport::Seed | Transport::Std) {
+        bail!("--mode tell needs a tensorwire client (engine, tokio, h2c, tls, shm)");
     }
     if options.messages.is_some()
         && options.mode == Mode::InFlight

@@ -177,6 +177,7 @@ impl Client {
                     })
                 })
             }
+            Mode::Tell => anyhow::bail!("tell mode needs a tensorwire client"),
             Mode::InFlight => runtime.block_on(in_flight(peer, options, message)),
         }
     }

@@ -258,6 +258,43 @@ fn run_verifies_echoed_payloads_and_takes_units() {
 }
 
 #[test]
+fn run_measures_tells_and_refuses_them_for_clients_without_tells() {
+    let server = Server::start("engine", &[]);
+    let addr = server.1.to_string();
+    let output = Command::new(BIN)
+        .args([
+            "run",
+            "--to",
+            &addr,
+            "--mode",
+            "tell",
+            "--size",
+            "1MiB",
+            "--messages",
+            "20",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        (json["mode"].as_str(), json["ops"].as_u64()),
+        (Some("Tell"), Some(20))
+    );
+    let refused = Command::new(BIN)
+        .args(["run", "--to", &addr, "--mode", "tell", "--transport", "std"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("needs a tensorwire client"));
+}
+
+#[test]
 fn bad_arguments_are_usage_errors_naming_the_choices() {
     let run = |args: &[&str]| {
         let out = Command::new(BIN).args(args).output().unwrap();
