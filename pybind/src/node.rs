@@ -9,7 +9,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tensorwire_compat::{Http2, Http2Config, TlsConfig, TokioFallback};
-use tensorwire_engine::{Error, Node, Pending, Preference, Route};
+use tensorwire_engine::{Error, Node, Pending, Preference, Reply, Route, TensorMessage};
 
 use crate::buffers::drain_releases;
 use crate::convert::{reply_from_py, reply_to_py};
@@ -179,14 +179,7 @@ impl PyNode {
         transport: &str,
         pickle: bool,
     ) -> PyResult<Py<PyAny>> {
-        drain_releases(py);
-        let send = self.plan(py, address, path, transport, "ask")?;
-        let (message, timeout) = (message.get().inner.clone(), seconds(timeout)?);
-        // Sending can copy the payload (shared memory) or wait for socket room: not under the GIL.
-        let pending = py.detach(|| {
-            self.node
-                .ask_via(send.peer, path, message, timeout, send.force)
-        });
+        let (send, pending) = self.send(py, address, path, message, timeout, transport, Ask)?;
         let reply = wait(py, pending).map_err(|e| e.into_py(&send.context))?;
         reply_to_py(py, reply, send.writable, pickle)
     }
@@ -202,13 +195,7 @@ impl PyNode {
         timeout: f64,
         transport: &str,
     ) -> PyResult<()> {
-        drain_releases(py);
-        let send = self.plan(py, address, path, transport, "tell")?;
-        let (message, timeout) = (message.get().inner.clone(), seconds(timeout)?);
-        let pending = py.detach(|| {
-            self.node
-                .tell_via(send.peer, path, message, timeout, send.force)
-        });
+        let (send, pending) = self.send(py, address, path, message, timeout, transport, Tell)?;
         wait(py, pending).map_err(|e| e.into_py(&send.context))
     }
 
@@ -226,14 +213,7 @@ impl PyNode {
         transport: &str,
         pickle: bool,
     ) -> PyResult<u64> {
-        drain_releases(py);
-        let send = self.plan(py, address, path, transport, "ask")?;
-        let (message, timeout) = (message.get().inner.clone(), seconds(timeout)?);
-        // Sending can copy the payload (shared memory) or wait for socket room: not under the GIL.
-        let pending = py.detach(|| {
-            self.node
-                .ask_via(send.peer, path, message, timeout, send.force)
-        });
+        let (send, pending) = self.send(py, address, path, message, timeout, transport, Ask)?;
         let (context, writable) = (send.context, send.writable);
         Ok(pump.get().start(Box::pin(async move {
             let result = pending.await;
@@ -257,13 +237,7 @@ impl PyNode {
         timeout: f64,
         transport: &str,
     ) -> PyResult<u64> {
-        drain_releases(py);
-        let send = self.plan(py, address, path, transport, "tell")?;
-        let (message, timeout) = (message.get().inner.clone(), seconds(timeout)?);
-        let pending = py.detach(|| {
-            self.node
-                .tell_via(send.peer, path, message, timeout, send.force)
-        });
+        let (send, pending) = self.send(py, address, path, message, timeout, transport, Tell)?;
         let context = send.context;
         Ok(pump.get().start(Box::pin(async move {
             let result = pending.await;
@@ -335,7 +309,72 @@ struct Plan {
     context: String,
 }
 
+/// Which call [`PyNode::send`] starts.
+trait Call {
+    type Output: Send;
+    const NAME: &'static str;
+    fn start(
+        node: &Node,
+        plan: &Plan,
+        path: &str,
+        message: TensorMessage,
+        timeout: Duration,
+    ) -> Pending<Self::Output>;
+}
+
+struct Ask;
+struct Tell;
+
+impl Call for Ask {
+    type Output = Reply;
+    const NAME: &'static str = "ask";
+    fn start(
+        node: &Node,
+        plan: &Plan,
+        path: &str,
+        message: TensorMessage,
+        timeout: Duration,
+    ) -> Pending<Reply> {
+        node.ask_via(plan.peer, path, message, timeout, plan.force)
+    }
+}
+
+impl Call for Tell {
+    type Output = ();
+    const NAME: &'static str = "tell";
+    fn start(
+        node: &Node,
+        plan: &Plan,
+        path: &str,
+        message: TensorMessage,
+        timeout: Duration,
+    ) -> Pending<()> {
+        node.tell_via(plan.peer, path, message, timeout, plan.force)
+    }
+}
+
 impl PyNode {
+    /// Plans and starts one ask or tell: the route decided (and a forced path checked), the
+    /// send made with the GIL released (it can copy the payload into shared memory or wait for
+    /// socket room).
+    #[allow(clippy::too_many_arguments)]
+    fn send<C: Call>(
+        &self,
+        py: Python<'_>,
+        address: &str,
+        path: &str,
+        message: &Bound<'_, PyTensorMessage>,
+        timeout: f64,
+        transport: &str,
+        _call: C,
+    ) -> PyResult<(Plan, Pending<C::Output>)> {
+        drain_releases(py);
+        let plan = self.plan(py, address, path, transport, C::NAME)?;
+        let (message, timeout) = (message.get().inner.clone(), seconds(timeout)?);
+        let pending = py.detach(|| C::start(&self.node, &plan, path, message, timeout));
+        Ok((plan, pending))
+    }
+
     /// Resolves the address and the forced path; refuses a forced path the router cannot
     /// take (no silent fallback). The reply is writable when it lands in receive memory.
     fn plan(

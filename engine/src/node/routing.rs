@@ -32,7 +32,11 @@ impl Node {
         peer: SocketAddr,
         force: Option<Preference>,
     ) -> Result<RouteChoice, Error> {
-        self.choose(peer, force).map(|(_, choice)| choice)
+        let (_, decision) = self.choose(peer, force)?;
+        Ok(RouteChoice {
+            route: decision.route,
+            reason: explain(&decision, force.is_some()),
+        })
     }
 
     /// Where a send to `peer` goes: the pure route function of proto, applied per send.
@@ -44,12 +48,13 @@ impl Node {
         self.choose(peer, force).map(|(target, _)| target)
     }
 
-    /// The route function's inputs for `peer`, and where they lead.
+    /// The route function's inputs for `peer`, and where they lead (the explanation is
+    /// formatted only when asked for, by [`Node::route_to`]: not on every send).
     fn choose(
         &self,
         peer: SocketAddr,
         force: Option<Preference>,
-    ) -> Result<(Target, RouteChoice), Error> {
+    ) -> Result<(Target, Decision), Error> {
         let preference = force.unwrap_or(self.inner.preference);
         // A forced network path skips the in-process shortcut.
         let local =
@@ -80,9 +85,11 @@ impl Node {
         };
         let tls = self.inner.encrypts || self.inner.require_tls;
         let route = route::select(preference, locality, caps, tls);
-        let choice = RouteChoice {
+        let decision = Decision {
             route,
-            reason: explain(preference, force.is_some(), locality, tls),
+            preference,
+            locality,
+            tls,
         };
         let target = match route {
             Route::LocalMailbox => local
@@ -102,11 +109,25 @@ impl Node {
                 });
             }
         };
-        Ok((target, choice))
+        Ok((target, decision))
     }
 }
 
-fn explain(preference: Preference, forced: bool, locality: Locality, tls: bool) -> String {
+/// What the route function was given and what it chose.
+struct Decision {
+    route: Route,
+    preference: Preference,
+    locality: Locality,
+    tls: bool,
+}
+
+fn explain(decision: &Decision, forced: bool) -> String {
+    let Decision {
+        preference,
+        locality,
+        tls,
+        ..
+    } = *decision;
     let source = if forced {
         "forced for this send"
     } else {
