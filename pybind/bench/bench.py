@@ -1,27 +1,59 @@
-"""tensorwire from Python next to the Rust engine, pyzmq and gRPC, measured in one run.
+"""tensorwire from Python next to the transports users would pick instead, measured in one run.
 
     cargo build --release -p ptr1-bench
-    .venv/bin/pip install pyzmq grpcio      # benchmark-only dependencies
-    .venv/bin/python pybind/bench/bench.py [--reps 5] [--seconds 2]
+    .venv/bin/pip install pyzmq grpcio        # benchmark-only dependencies (ray: optional)
+    .venv/bin/python pybind/bench/bench.py [--reps 3] [--seconds 1] [--sizes 64MiB,256MiB]
+        [--modes oneway,rtt,inflight] [--buffers 1,16] [--inflight 64] [--json]
 
-Every server is another process on loopback: the ptr1-bench fixture (tensorwire's engine,
-`sink` answers a small ack), a pyzmq REP server, a gRPC (Python, unary, generic bytes
-handler) server, and a `multiprocessing.shared_memory` consumer (a reused segment the
-producer copies each message into, signalled over a pipe). Cases run interleaved, rep by rep; the table shows medians and ratios.
-A client library that is not installed is reported as such, never faked.
+Cases are modes × sizes × buffer counts, the same matrix as `ptr1-bench suite` (which runs
+this script with `--json` for its peers' table):
+
+- oneway: ask a sink that answers the payload's byte count (checked); GB/s of payload.
+- rtt: ask an echo that returns the payload (its length checked); p50 latency in µs.
+- inflight: K asks to the echo outstanding (K = --inflight, at most --inflight-bytes of
+  payload outstanding); asks/s.
+
+Every server is another process on loopback:
+
+- tensorwire (Python): a `tensorwire.Node` asking the ptr1-bench fixture over PTR1, and over
+  shared memory (`transport="shm"`); in flight = asyncio asks.
+- Rust engine: `ptr1-bench run` against the same fixture (left out with `--skip rust`).
+- pyzmq: a ROUTER server, a DEALER client, `send_multipart(copy=False)` and
+  `recv_multipart(copy=False)`; in flight = K requests sent ahead on the one socket.
+- gRPC (Python): unary generic-bytes handlers; one `bytes` per call, so 16-buffer cases are
+  not measured (they would add a join); in flight = K `future()` calls.
+- multiprocessing.shared_memory: a segment reused for the whole case; the producer copies
+  each message in (the same one copy as tensorwire's "shm copied in") and signals the
+  consumer over a pipe; the echo copies the payload back through the segment. One segment
+  holds one message, so there is no in-flight mode.
+- Ray: an actor with `sink(*arrays)` and `echo(*arrays)`; arrays travel through Ray's object
+  store; in flight = K outstanding object refs.
+- iceoryx2: request-response of byte slices over its Python loan API: the client loans a
+  request slice and copies the buffers in, the server answers from a loaned response slice
+  (the echo copies the request into it); both ends poll; a server process per cell.
+
+A library that is not installed is reported as such, never faked. Cases rotate the peer
+order rep by rep; the table shows medians and how many times better tensorwire (Python, its
+best path) is than each other peer.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import importlib.metadata
 import json
+import platform
 import statistics
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +61,92 @@ import tensorwire as tw
 
 ROOT = Path(__file__).resolve().parents[2]
 PTR1_BENCH = ROOT / "target" / "release" / "ptr1-bench"
-MiB = 1 << 20
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+TIMEOUT = 120.0
+
+
+@dataclass(frozen=True)
+class Case:
+    mode: str  # oneway | rtt | inflight
+    size: int
+    buffers: int
+    inflight: int
+
+    @property
+    def label(self) -> str:
+        what = {"oneway": "one-way", "rtt": "RTT p50"}.get(self.mode, f"{self.inflight} in flight")
+        return f"{what} {human(self.size)} × {self.buffers}"
+
+    @property
+    def unit(self) -> str:
+        return {"oneway": "GB/s", "rtt": "µs"}.get(self.mode, "asks/s")
+
+    def better(self, a: float, b: float) -> float:
+        """How many times better `a` is than `b` (latencies: lower is better)."""
+        return b / a if self.mode == "rtt" else a / b
+
+
+class NotApplicable(Exception):
+    """This peer has no way to run this case (the reason is the message)."""
+
+
+def human(size: int) -> str:
+    for unit, name in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
+        if size >= unit:
+            return f"{size // unit} {name}"
+    return f"{size} B"
+
+
+def parse_size(text: str) -> int:
+    text = text.strip()
+    for suffix, unit in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB), ("B", 1)):
+        if text.endswith(suffix):
+            return int(text[: -len(suffix)]) * unit
+    return int(text)
+
+
+def payload(size: int, buffers: int) -> list[np.ndarray]:
+    """`size` bytes over `buffers` arrays, the last taking the rest (as ptr1-bench's)."""
+    each = size // buffers
+    lengths = [each] * (buffers - 1) + [size - each * (buffers - 1)]
+    return [np.full(n, 0xA5 ^ (i & 0xFF), np.uint8) for i, n in enumerate(lengths)]
+
+
+# ---- timing --------------------------------------------------------------------------------
+
+def sequential(case: Case, seconds: float, one: Callable[[], None]) -> float:
+    """Runs `one` back to back (a warm-up first); the case's figure."""
+    min_ops = 100 if case.mode == "rtt" and case.size <= MiB else 3
+    one()
+    latencies: list[float] = []
+    start = time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds or len(latencies) < min_ops:
+        t = time.perf_counter()
+        one()
+        latencies.append(time.perf_counter() - t)
+    if case.mode == "rtt":
+        return statistics.median(latencies) * 1e6
+    return len(latencies) * case.size / elapsed / 1e9
+
+
+def windowed(case: Case, seconds: float, send: Callable[[], Any], wait: Callable[[Any], None]) -> float:
+    """Keeps `case.inflight` requests outstanding (`send` starts one, `wait` finishes one),
+    timed from the first send to the last reply with the window drained; asks/s."""
+    start = time.perf_counter()
+    window = deque(send() for _ in range(case.inflight))
+    sent, done = len(window), 0
+    while window:
+        wait(window.popleft())
+        done += 1
+        if time.perf_counter() - start < seconds or sent < 2 * case.inflight:
+            window.append(send())
+            sent += 1
+    return done / (time.perf_counter() - start)
+
+
+def expect(got: int, want: int, what: str) -> None:
+    if got != want:
+        raise RuntimeError(f"{what}: {got} bytes came back, {want} were sent")
 
 
 # ---- servers (child processes) -------------------------------------------------------------
@@ -37,13 +154,15 @@ MiB = 1 << 20
 def serve_zmq() -> None:
     import zmq
 
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.REP)
+    sock = zmq.Context().socket(zmq.ROUTER)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
     print(port, flush=True)
     while True:
-        frames = sock.recv_multipart(copy=False)
-        sock.send(str(sum(len(f.buffer) for f in frames)).encode())
+        ident, tag, *body = sock.recv_multipart(copy=False)
+        if tag.bytes == b"echo":
+            sock.send_multipart([ident, *body], copy=False)
+        else:
+            sock.send_multipart([ident, str(sum(len(f.buffer) for f in body)).encode()])
 
 
 def serve_grpc() -> None:
@@ -51,11 +170,12 @@ def serve_grpc() -> None:
 
     import grpc
 
-    def sink(request: bytes, context: object) -> bytes:
-        return str(len(request)).encode()
-
     handler = grpc.method_handlers_generic_handler(
-        "bench", {"Sink": grpc.unary_unary_rpc_method_handler(sink)}
+        "bench",
+        {
+            "Sink": grpc.unary_unary_rpc_method_handler(lambda req, ctx: str(len(req)).encode()),
+            "Echo": grpc.unary_unary_rpc_method_handler(lambda req, ctx: req),
+        },
     )
     opts = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=opts)
@@ -67,23 +187,23 @@ def serve_grpc() -> None:
 
 
 def serve_mpshm() -> None:
-    """A multiprocessing.shared_memory consumer: attaches the producer's segment once, then
-    for each message reads its length from stdin, touches the bytes it was told about (one
-    read of the first and last byte, as a handler that looks at the data would) and acks."""
-    from multiprocessing import shared_memory
+    """The multiprocessing.shared_memory consumer: attaches the producer's segment once, then
+    per line `sink N` reads the message's first and last byte (as a handler that looks at the
+    data would) and answers N; `echo N` copies the N bytes to the segment's second half."""
+    from multiprocessing import resource_tracker, shared_memory
 
-    from multiprocessing import resource_tracker
-
-    name = sys.stdin.readline().strip()
-    segment = shared_memory.SharedMemory(name=name)
+    segment = shared_memory.SharedMemory(name=sys.stdin.readline().strip())
     # Python < 3.13 registers an attached segment with this process's tracker, which would
     # unlink the producer's segment when this process exits.
     resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
     view = np.frombuffer(segment.buf, np.uint8)
     print("attached", flush=True)
     for line in sys.stdin:
-        size = int(line)
-        if size:
+        what, n = line.split()
+        size = int(n)
+        if what == "echo":
+            np.copyto(view[size : 2 * size], view[:size])
+        elif size:
             _ = int(view[0]) + int(view[size - 1])
         print(size, flush=True)
     del view
@@ -95,211 +215,449 @@ def start(args: list[str]) -> tuple[subprocess.Popen[str], str]:
     assert child.stdout is not None
     line = child.stdout.readline().strip()
     if not line:
-        raise RuntimeError(f"{args[0]} did not start")
+        raise RuntimeError(f"{' '.join(args[:3])} did not start")
     return child, line.split()[-1]
 
 
-# ---- clients -------------------------------------------------------------------------------
+# ---- peers ---------------------------------------------------------------------------------
 
-def timed(seconds: float, one: Callable[[], int]) -> float:
-    """Runs `one` (returns payload bytes moved) repeatedly for `seconds`; returns bytes/s."""
-    one()  # warm
-    moved, start = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - start) < seconds:
-        moved += one()
-    return moved / elapsed
+class Peer:
+    name = ""
+    note = ""
+    module = ""
 
+    def measure(self, case: Case, data: list[np.ndarray], seconds: float) -> float:
+        raise NotImplementedError
 
-def tensorwire_oneway(
-    node: tw.Node, address: str, size: int, seconds: float, transport: str = "raw"
-) -> float:
-    ref = node.ref(address, "sink", transport=transport)
-    payload = np.ones(size, np.uint8)
-
-    def one() -> int:
-        ref.ask(tw.TensorMessage(b"", [payload]), timeout=60)
-        return size
-
-    return timed(seconds, one)
+    def close(self) -> None:
+        pass
 
 
-def tensorwire_async_asks(node: tw.Node, address: str, size: int, seconds: float, inflight: int) -> float:
-    ref = node.ref(address, "sink", transport="raw")
-    msg = tw.TensorMessage(b"", [np.ones(size, np.uint8)])
+class Tensorwire(Peer):
+    module = "tensorwire"
 
-    async def main() -> float:
-        count, start = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < seconds:
-            await asyncio.gather(*(ref.ask_async(msg) for _ in range(inflight)))
-            count += inflight
-        return count / elapsed
+    def __init__(self, address: str, transport: str) -> None:
+        self.name = "tensorwire (Python)" if transport == "raw" else "tensorwire shm (Python)"
+        self.node = tw.Node(shared_memory=transport == "shm")
+        self.sink = self.node.ref(address, "sink", transport=transport)
+        self.echo = self.node.ref(address, "echo", transport=transport)
 
-    return asyncio.run(main())
+    def measure(self, case: Case, data: list[np.ndarray], seconds: float) -> float:
+        msg = tw.TensorMessage(b"", data)
+        if case.mode == "oneway":
+            def one() -> None:
+                reply = self.sink.ask(msg, timeout=TIMEOUT)
+                expect(int(reply[1]), case.size, "sink")
+            return sequential(case, seconds, one)
+        if case.mode == "rtt":
+            return sequential(
+                case, seconds, lambda: expect(self.echo.ask(msg, timeout=TIMEOUT).total_bytes, case.size, "echo")
+            )
+        return asyncio.run(self._in_flight(case, msg, seconds))
+
+    async def _in_flight(self, case: Case, msg: tw.TensorMessage, seconds: float) -> float:
+        """`case.inflight` asks outstanding, each turning over at least twice; timed until
+        the last reply."""
+        done, start = 0, time.perf_counter()
+
+        async def worker() -> None:
+            nonlocal done
+            turns = 0
+            while time.perf_counter() - start < seconds or turns < 2:
+                reply = await self.echo.ask_async(msg, timeout=TIMEOUT)
+                expect(reply.total_bytes, case.size, "echo")
+                done += 1
+                turns += 1
+
+        await asyncio.gather(*(worker() for _ in range(case.inflight)))
+        return done / (time.perf_counter() - start)
+
+    def close(self) -> None:
+        self.node.close()
 
 
-def rust_oneway(address: str, size: int, seconds: float) -> float:
-    out = subprocess.run(
-        [str(PTR1_BENCH), "run", "--connect", address, "--transport", "engine", "--mode", "oneway",
-         "--size", str(size), "--seconds", str(seconds), "--json"],
-        capture_output=True, text=True, check=True,
+class RustEngine(Peer):
+    name = "Rust engine"
+    note = "ptr1-bench run, a process per sample"
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+
+    def measure(self, case: Case, data: list[np.ndarray], seconds: float) -> float:
+        out = subprocess.run(
+            [str(PTR1_BENCH), "run", "--connect", self.address, "--mode", case.mode,
+             "--size", str(case.size), "--buffers", str(case.buffers), "--inflight",
+             str(case.inflight), "--seconds", str(seconds), "--json"],
+            capture_output=True, text=True, check=True,
+        )
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        key = {"oneway": "gb_per_s", "rtt": "latency_p50_us"}.get(case.mode, "ops_per_s")
+        return float(result[key])
+
+
+class Zmq(Peer):
+    name = "pyzmq"
+    module = "zmq"
+    note = "ROUTER/DEALER, copy=False both ways"
+
+    def __init__(self) -> None:
+        import zmq
+
+        self.child, port = start([sys.executable, __file__, "--serve", "zmq"])
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.connect(f"tcp://127.0.0.1:{port}")
+
+    def measure(self, case: Case, data: list[np.ndarray], seconds: float) -> float:
+        sock = self.sock
+        if case.mode == "oneway":
+            def one() -> None:
+                sock.send_multipart([b"sink", *data], copy=False)
+                expect(int(sock.recv()), case.size, "sink")
+            return sequential(case, seconds, one)
+
+        def send() -> None:
+            sock.send_multipart([b"echo", *data], copy=False)
+
+        def wait(_: None) -> None:
+            expect(sum(len(f.buffer) for f in sock.recv_multipart(copy=False)), case.size, "echo")
+
+        if case.mode == "rtt":
+            return sequential(case, seconds, lambda: wait(send()))
+        return windowed(case, seconds, send, wait)
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+        self.child.kill()
+
+
+class Grpc(Peer):
+    name = "gRPC (Python)"
+    module = "grpc"
+    note = "unary, one bytes per call: 16-buffer cases not measured"
+
+    def __init__(self) -> None:
+        import grpc
+
+        self.child, port = start([sys.executable, __file__, "--serve", "grpc"])
+        opts = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=opts)
+        self.sink = self.channel.unary_unary("/bench/Sink")
+        self.echo = self.channel.unary_unary("/bench/Echo")
+
+    def measure(self, case: Case, data: list[np.ndarray], seconds: float) -> float:
+        if case.buffers != 1:
+            raise NotApplicable("one bytes object per call")
+        body = data[0].tobytes()  # gRPC Python takes bytes (a copy, outside the timing)
+        if case.mode == "oneway":
+            return sequential(
+                case, seconds, lambda: expect(int(self.sink(body, timeout=TIMEOUT)), case.size, "sink")
+            )
+        if case.mode == "rtt":
+            return sequential(case, seconds, lambda: expect(len(self.echo(body, timeout=TIMEOUT)), case.size, "echo"))
+        return windowed(
+            case, seconds,
+            lambda: self.echo.future(body, timeout=TIMEOUT),
+            lambda f: expect(len(f.result()), case.size, "echo"),
+        )
+
+    def close(self) -> None:
+        self.channel.close()
+        self.child.kill()
+
+
+class MpShm(Peer):
+    name = "multiprocessing.shared_memory"
+    module = "multiprocessing.shared_memory"
+    note = "a reused segment, signalled over a pipe; no in-flight mode"
+
+    def measure(self, case: Case, data: list[np.ndarray], seconds: float) -> float:
+        if case.mode == "inflight":
+            raise NotApplicable("one segment holds one message")
+        from multiprocessing import shared_memory
+
+        segment = shared_memory.SharedMemory(create=True, size=2 * case.size)
+        child = subprocess.Popen(
+            [sys.executable, __file__, "--serve", "mpshm"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        assert child.stdin is not None and child.stdout is not None
+        stdin, stdout = child.stdin, child.stdout
+        try:
+            stdin.write(segment.name + "\n")
+            stdin.flush()
+            if stdout.readline().strip() != "attached":
+                raise RuntimeError("the multiprocessing.shared_memory consumer did not attach")
+            view = np.frombuffer(segment.buf, np.uint8)
+            back = np.empty(case.size, np.uint8)
+            what = "sink" if case.mode == "oneway" else "echo"
+
+            def one() -> None:
+                at = 0
+                for array in data:
+                    np.copyto(view[at : at + array.size], array)
+                    at += array.size
+                stdin.write(f"{what} {case.size}\n")
+                stdin.flush()
+                expect(int(stdout.readline()), case.size, what)
+                if what == "echo":
+                    np.copyto(back, view[case.size : 2 * case.size])
+
+            figure = sequential(case, seconds, one)
+            del view
+            return figure
+        finally:
+            stdin.close()
+            child.wait(timeout=30)
+            segment.close()
+            segment.unlink()
+
+
+class Ray(Peer):
+    name = "Ray"
+    module = "ray"
+    note = "an actor; arrays through the object store"
+
+    def __init__(self) -> None:
+        import ray
+
+        # The object store holds the largest in-flight case (4 × 256 MiB, each way).
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                 object_store_memory=4 * GiB)
+
+        @ray.remote
+        class Fixture:
+            def sink(self, *arrays: np.ndarray) -> int:
+                return sum(a.nbytes for a in arrays)
+
+            def echo(self, *arrays: np.ndarray) -> list[np.ndarray]:
+                return list(arrays)
+
+        self.ray = ray
+        self.actor = Fixture.remote()  # type: ignore[attr-defined]
+        ray.get(self.actor.sink.remote())
+
+    def measure(self, case: Case, data: list[np.ndarray], seconds: float) -> float:
+        ray, actor = self.ray, self.actor
+        if case.mode == "oneway":
+            return sequential(case, seconds, lambda: expect(ray.get(actor.sink.remote(*data)), case.size, "sink"))
+
+        def wait(ref: Any) -> None:
+            expect(sum(a.nbytes for a in ray.get(ref)), case.size, "echo")
+
+        if case.mode == "rtt":
+            return sequential(case, seconds, lambda: wait(actor.echo.remote(*data)))
+        return windowed(case, seconds, lambda: actor.echo.remote(*data), wait)
+
+    def close(self) -> None:
+        self.ray.shutdown()
+
+
+class Iceoryx2(Peer):
+    name = "iceoryx2"
+    module = "iceoryx2"
+    note = ("request-response over its Python loan API (a slice loaned per request, the buffers "
+            "copied into it), both ends polling; a server process per cell")
+
+    def __init__(self) -> None:
+        import iceoryx2  # noqa: F401  (ImportError: not installed)
+
+        self.cells = 0
+
+    def measure(self, case: Case, data: list[np.ndarray], seconds: float) -> float:
+        import iceoryx2 as iox2
+
+        self.cells += 1
+        name = f"tensorwire-bench/{time.monotonic_ns()}-{self.cells}"
+        child = subprocess.Popen(
+            [sys.executable, __file__, "--serve", "iceoryx2", name, str(case.inflight)],
+            stdout=subprocess.PIPE, text=True,
+        )
+        try:
+            assert child.stdout is not None
+            if child.stdout.readline().strip() != "ready":
+                raise RuntimeError("the iceoryx2 server did not start")
+            node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
+            kind = "sink" if case.mode == "oneway" else "echo"
+            client = iceoryx2_service(iox2, node, f"{name}/{kind}", case.inflight).client_builder() \
+                .initial_max_slice_len(case.size).allocation_strategy(iox2.AllocationStrategy.PowerOfTwo).create()
+
+            def send() -> Any:
+                request = client.loan_slice_uninit(case.size)
+                target, at = np.asarray(request.payload().as_memory_view()), 0
+                for array in data:
+                    target[at : at + array.size] = array
+                    at += array.size
+                return request.assume_init().send()
+
+            def wait(pending: Any) -> None:
+                while (response := pending.receive()) is None:
+                    pass
+                got = np.asarray(response.payload().as_memory_view())
+                n = int.from_bytes(got.tobytes(), "little") if kind == "sink" else got.size
+                expect(n, case.size, kind)
+
+            if case.mode == "inflight":
+                return windowed(case, seconds, send, wait)
+            return sequential(case, seconds, lambda: wait(send()))
+        finally:
+            child.kill()
+            child.wait(timeout=30)
+
+
+def iceoryx2_service(iox2: Any, node: Any, name: str, inflight: int) -> Any:
+    """A request-response service of byte slices (both ends open it with the same limits)."""
+    u8 = iox2.Slice[ctypes.c_uint8]
+    return (
+        node.service_builder(iox2.ServiceName.new(name))
+        .request_response(u8, u8)
+        .max_active_requests_per_client(max(inflight, 2))
+        .open_or_create()
     )
-    return float(json.loads(out.stdout.strip().splitlines()[-1])["gb_per_s"]) * 1e9
 
 
-def zmq_client(port: str):  # type: ignore[no-untyped-def]
-    import zmq
+def serve_iceoryx2(name: str, inflight: int) -> None:
+    """An iceoryx2 sink (answers the byte count, 8 bytes little-endian) and echo (copies the
+    request into a loaned response), polled in turn."""
+    import iceoryx2 as iox2
 
-    sock = zmq.Context.instance().socket(zmq.REQ)
-    sock.connect(f"tcp://127.0.0.1:{port}")
-    return sock
-
-
-def zmq_oneway(sock, size: int, seconds: float) -> float:  # type: ignore[no-untyped-def]
-    payload = np.ones(size, np.uint8)
-
-    def one() -> int:
-        sock.send(payload, copy=False)
-        sock.recv()
-        return size
-
-    return timed(seconds, one)
-
-
-def zmq_asks(sock, size: int, seconds: float) -> float:  # type: ignore[no-untyped-def]
-    payload = np.ones(size, np.uint8)
-    return timed(seconds, lambda: (sock.send(payload, copy=False), sock.recv(), 1)[2])
-
-
-def mpshm_oneway(size: int, seconds: float) -> float:
-    """multiprocessing.shared_memory, a reused segment: the producer copies each message in
-    (the same one copy as tensorwire's shm "copied in") and tells the consumer over a pipe."""
-    from multiprocessing import shared_memory
-
-    segment = shared_memory.SharedMemory(create=True, size=size)
-    child = subprocess.Popen(
-        [sys.executable, __file__, "--serve", "mpshm"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )
-    assert child.stdin is not None and child.stdout is not None
-    try:
-        child.stdin.write(segment.name + "\n")
-        child.stdin.flush()
-        assert child.stdout.readline().strip() == "attached"
-        target = np.frombuffer(segment.buf, np.uint8)
-        payload = np.ones(size, np.uint8)
-
-        def one() -> int:
-            np.copyto(target, payload)
-            child.stdin.write(f"{size}\n")
-            child.stdin.flush()
-            child.stdout.readline()
-            return size
-
-        rate = timed(seconds, one)
-        del target
-        return rate
-    finally:
-        child.stdin.close()
-        child.wait(timeout=10)
-        segment.close()
-        segment.unlink()
-
-
-def grpc_oneway(port: str, size: int, seconds: float) -> float:
-    import grpc
-
-    opts = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=opts)
-    sink = channel.unary_unary("/bench/Sink")
-    payload = np.ones(size, np.uint8).tobytes()  # gRPC Python takes bytes
-
-    def one() -> int:
-        sink(payload, timeout=60)
-        return size
-
-    try:
-        return timed(seconds, one)
-    finally:
-        channel.close()
+    node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
+    servers = [
+        (kind, iceoryx2_service(iox2, node, f"{name}/{kind}", inflight).server_builder()
+         .initial_max_slice_len(8 if kind == "sink" else 4096)
+         .allocation_strategy(iox2.AllocationStrategy.PowerOfTwo).create())
+        for kind in ("sink", "echo")
+    ]
+    print("ready", flush=True)
+    while True:
+        for kind, server in servers:
+            request = server.receive()
+            if request is None:
+                continue
+            body = np.asarray(request.payload().as_memory_view())
+            if kind == "sink":
+                response = request.loan_slice_uninit(8)
+                np.asarray(response.payload().as_memory_view())[:] = np.frombuffer(
+                    body.size.to_bytes(8, "little"), np.uint8
+                )
+            else:
+                response = request.loan_slice_uninit(body.size)
+                np.copyto(np.asarray(response.payload().as_memory_view()), body)
+            response.assume_init().send()
+            del body, request
 
 
 # ---- the run -------------------------------------------------------------------------------
 
+VERSIONS = ["numpy", "tensorwire", "pyzmq", "grpcio", "ray", "iceoryx2"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--serve", choices=["zmq", "grpc", "mpshm"], help=argparse.SUPPRESS)
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--serve", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=1.0, help="time per cell")
+    parser.add_argument("--sizes", default="4KiB,1MiB,64MiB,256MiB")
+    parser.add_argument("--modes", default="oneway,rtt,inflight")
+    parser.add_argument("--buffers", default="1")
     parser.add_argument("--inflight", type=int, default=64)
+    parser.add_argument("--inflight-bytes", type=parse_size, default=GiB)
+    parser.add_argument("--skip", default="", help="peers to leave out: tw,twshm,rust,zmq,grpc,mpshm,ray,iceoryx2")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
     args = parser.parse_args()
-    if args.serve == "zmq":
-        return serve_zmq()
-    if args.serve == "grpc":
-        return serve_grpc()
-    if args.serve == "mpshm":
-        return serve_mpshm()
+    if args.serve:
+        what, *rest = args.serve
+        if what == "iceoryx2":
+            return serve_iceoryx2(rest[0], int(rest[1]))
+        return {"zmq": serve_zmq, "grpc": serve_grpc, "mpshm": serve_mpshm}[what]()
     if not PTR1_BENCH.exists():
         raise SystemExit(f"{PTR1_BENCH} is missing: cargo build --release -p ptr1-bench")
 
-    children = []
-    fixture, address = start([str(PTR1_BENCH), "serve"])
-    children.append(fixture)
-    others: dict[str, str] = {}
-    for name, module in [("zmq", "zmq"), ("grpc", "grpc")]:
+    def emit(record: dict[str, Any]) -> None:
+        if args.json:
+            print(json.dumps(record), flush=True)
+
+    cases = [
+        Case(mode, size, buffers, min(args.inflight, max(1, args.inflight_bytes // size)) if mode == "inflight" else 1)
+        for mode in args.modes.split(",")
+        for size in map(parse_size, args.sizes.split(","))
+        for buffers in map(int, args.buffers.split(","))
+    ]
+    emit({"kind": "version", "name": "python", "version": platform.python_version()})
+    for dist in VERSIONS:
         try:
-            __import__(module)
-        except ImportError:
-            print(f"{name}: not installed ({module}); its columns are left out")
+            emit({"kind": "version", "name": dist, "version": importlib.metadata.version(dist)})
+        except importlib.metadata.PackageNotFoundError:
+            pass
+
+    fixture, address = start([str(PTR1_BENCH), "serve"])
+    skip = set(args.skip.split(","))
+    makers: list[tuple[str, str, Callable[[], Peer]]] = [
+        ("tw", "tensorwire (Python)", lambda: Tensorwire(address, "raw")),
+        ("twshm", "tensorwire shm (Python)", lambda: Tensorwire(address, "shm")),
+        ("rust", "Rust engine", lambda: RustEngine(address)),
+        ("zmq", "pyzmq", Zmq),
+        ("grpc", "gRPC (Python)", Grpc),
+        ("mpshm", "multiprocessing.shared_memory", MpShm),
+        ("ray", "Ray", Ray),
+        ("iceoryx2", "iceoryx2", Iceoryx2),
+    ]
+    peers: list[Peer] = []
+    for key, name, make in makers:
+        if key in skip:
             continue
-        child, port = start([sys.executable, __file__, "--serve", name])
-        children.append(child)
-        others[name] = port
-    zsock = zmq_client(others["zmq"]) if "zmq" in others else None
+        try:
+            peer = make()
+        except ImportError as e:
+            emit({"kind": "unavailable", "peer": name, "reason": f"not installed ({e})"})
+            print(f"{name}: not installed ({e}); not measured", file=sys.stderr)
+            continue
+        except Exception as e:  # a peer that cannot start is reported, not faked
+            emit({"kind": "unavailable", "peer": name, "reason": f"{type(e).__name__}: {e}"})
+            print(f"{name}: not measured: {e}", file=sys.stderr)
+            continue
+        peers.append(peer)
+        if peer.note:
+            emit({"kind": "note", "peer": name, "text": peer.note})
 
-    cases: dict[str, dict[str, Callable[[], float]]] = {}
-    with tw.Node(shared_memory=False) as node, tw.Node() as shm_node:
-        for size in (64 * MiB, 256 * MiB):
-            row: dict[str, Callable[[], float]] = {
-                "tensorwire (Python)": lambda s=size: tensorwire_oneway(node, address, s, args.seconds),
-                "Rust engine": lambda s=size: rust_oneway(address, s, args.seconds),
-            }
-            if zsock is not None:
-                row["pyzmq copy=False"] = lambda s=size: zmq_oneway(zsock, s, args.seconds)
-            if "grpc" in others:
-                row["gRPC (Python)"] = lambda s=size: grpc_oneway(others["grpc"], s, args.seconds)
-            row["tensorwire shm (Python)"] = lambda s=size: tensorwire_oneway(
-                shm_node, address, s, args.seconds, "shm"
-            )
-            row["multiprocessing.shared_memory"] = lambda s=size: mpshm_oneway(s, args.seconds)
-            cases[f"one-way {size // MiB} MiB (GB/s)"] = row
-        row = {
-            f"tensorwire asyncio, {args.inflight} in flight": lambda: tensorwire_async_asks(
-                node, address, 4096, args.seconds, args.inflight
-            ),
-        }
-        if zsock is not None:
-            row["pyzmq REQ/REP"] = lambda: zmq_asks(zsock, 4096, args.seconds)
-        cases["asks 4 KiB (asks/s)"] = row
-
-        results: dict[str, dict[str, list[float]]] = {c: {k: [] for k in r} for c, r in cases.items()}
+    results: dict[Case, dict[str, list[float]]] = {c: {p.name: [] for p in peers} for c in cases}
+    not_applicable: dict[tuple[Case, str], str] = {}
+    try:
         for rep in range(args.reps):
-            for case, row in cases.items():
-                names = list(row)
-                names = names[rep % len(names):] + names[: rep % len(names)]  # rotate the order
-                for name in names:
-                    results[case][name].append(row[name]())
-            print(f"rep {rep + 1}/{args.reps} done", file=sys.stderr)
+            for c, case in enumerate(cases):
+                data = payload(case.size, case.buffers)
+                turn = (rep + c) % len(peers)
+                for peer in peers[turn:] + peers[:turn]:  # rotate the order
+                    try:
+                        value = peer.measure(case, data, args.seconds)
+                    except NotApplicable as why:
+                        not_applicable[(case, peer.name)] = str(why)
+                        continue
+                    results[case][peer.name].append(value)
+                    emit({"kind": "sample", "peer": peer.name, "mode": case.mode, "size": case.size,
+                          "buffers": case.buffers, "inflight": case.inflight, "rep": rep, "value": value})
+            print(f"peers: rep {rep + 1}/{args.reps} done", file=sys.stderr)
+    finally:
+        for peer in peers:
+            peer.close()
+        fixture.kill()
+    for (case, name), why in not_applicable.items():
+        emit({"kind": "not_applicable", "peer": name, "mode": case.mode, "size": case.size,
+              "buffers": case.buffers, "reason": why})
+    if not args.json:
+        print_table(cases, results, args)
 
-    for child in children:
-        child.kill()
-    print(f"\nmedians of {args.reps} interleaved reps, {args.seconds} s each, loopback, another process:\n")
-    for case, row in results.items():
-        medians = {k: statistics.median(v) for k, v in row.items()}
-        ours, first = next(iter(medians.items()))
-        scale = 1e9 if "GB/s" in case else 1.0
-        cells = [f"{k} {v / scale:,.2f}" for k, v in medians.items()]
-        ratios = [f"{ours} ÷ {k} = {first / v:.2f}×" for k, v in list(medians.items())[1:]]
-        print(f"- {case}: " + ", ".join(cells) + ("; " + "; ".join(ratios) if ratios else ""))
+
+def print_table(cases: list[Case], results: dict[Case, dict[str, list[float]]], args: argparse.Namespace) -> None:
+    print(f"\nmedians of {args.reps} interleaved reps, {args.seconds} s per cell, loopback, servers in other processes:\n")
+    for case in cases:
+        medians = {k: statistics.median(v) for k, v in results[case].items() if v}
+        ours = [v for k, v in medians.items() if k.startswith("tensorwire")]
+        if not ours:
+            continue
+        best = max(ours, key=lambda v: case.better(v, 1.0) if v else 0.0)
+        cells = [f"{k} {v:,.2f}" for k, v in medians.items()]
+        ratios = [f"÷ {k} {case.better(best, v):.2f}×" for k, v in medians.items() if not k.startswith("tensorwire")]
+        print(f"- {case.label} ({case.unit}): " + ", ".join(cells) + ("; tensorwire " + ", ".join(ratios) if ratios else ""))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ use anyhow::{Context, Result, anyhow};
 use tensorwire_proto::ptr1::{self, Frame};
 use tensorwire_proto::{Body, Encoded, FixedHeader, Format, Limits, TensorMessage};
 
-use crate::measure::{Sample, WriteCursor, check_sink_ack, sequential};
+use crate::measure::{
+    Sample, WriteCursor, check_echo, check_sink_ack, min_round_trips, sequential,
+};
 use crate::seed::fixture_reply;
 use crate::{Mode, Options};
 
@@ -93,16 +95,20 @@ pub(crate) fn run(peer: SocketAddr, options: &Options, message: &TensorMessage) 
             let (path, min_ops) = if options.mode == Mode::OneWay {
                 ("/actors/sink", 3)
             } else {
-                ("/actors/echo", 100)
+                ("/actors/echo", min_round_trips(total))
             };
             sequential(options, min_ops, total, || {
                 match ask(&mut stream, path, message)? {
                     Frame::SingleResponse { msg_type, data, .. } => {
                         check_sink_ack(&msg_type, &data, total)
                     }
-                    Frame::TensorResponse(reply) if reply.total_bytes() == total => Ok(()),
+                    Frame::TensorResponse(reply) => check_echo(options, message, &reply),
                     other => Err(anyhow!("unexpected reply {other:?}")),
                 }
+            })
+            .map(|mut sample| {
+                sample.verified = options.verify && options.mode == Mode::Rtt;
+                sample
             })
         }
         Mode::Tell => anyhow::bail!("tell mode needs a tensorwire client"),
@@ -111,12 +117,17 @@ pub(crate) fn run(peer: SocketAddr, options: &Options, message: &TensorMessage) 
             let started = Instant::now();
             let threads: Vec<_> = (0..options.inflight)
                 .map(|_| {
-                    let message = message.clone();
+                    let (message, options) = (message.clone(), options.clone());
                     std::thread::spawn(move || -> Result<u64> {
                         let mut stream = connect(peer)?;
                         let mut ops = 0;
                         while Instant::now() < deadline {
-                            ask(&mut stream, "/actors/echo", &message)?;
+                            match ask(&mut stream, "/actors/echo", &message)? {
+                                Frame::TensorResponse(reply) => {
+                                    check_echo(&options, &message, &reply)?;
+                                }
+                                other => return Err(anyhow!("unexpected reply {other:?}")),
+                            }
                             ops += 1;
                         }
                         Ok(ops)
@@ -131,6 +142,7 @@ pub(crate) fn run(peer: SocketAddr, options: &Options, message: &TensorMessage) 
             }
             sample.elapsed = started.elapsed();
             sample.payload_bytes = sample.ops * total;
+            sample.verified = options.verify;
             Ok(sample)
         }
     }

@@ -25,8 +25,10 @@ pub(crate) enum Command {
     Serve(ServeArgs),
     /// Measures one transport against a running fixture.
     Run(RunArgs),
-    /// Starts a fixture process per transport and measures them side by side (interleaved
-    /// repetitions, medians), with iperf3 and memcpy as references.
+    /// Measures every path and baseline side by side (local mailbox, shared memory, PTR1 on
+    /// io_uring / tokio / seed design / std, h2c, TLS) over modes × sizes × buffer counts,
+    /// with iperf3 and memcpy as references and the Python peers (pyzmq, gRPC,
+    /// multiprocessing.shared_memory, Ray, iceoryx2) where installed.
     #[command(alias = "suite")]
     Compare(CompareArgs),
 }
@@ -36,7 +38,9 @@ pub(crate) struct ServeArgs {
     /// Address to listen on (port 0 picks one).
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: SocketAddr,
-    /// Server implementation (engine and tokio also serve h2c, TLS and shared memory).
+    /// Server implementation. engine and tokio serve PTR1, h2c and shared memory on one port
+    /// (and TLS with a certificate); h2c and shm are the engine fixture; tls is the engine
+    /// fixture refusing plaintext, with --cert/--key or a generated test CA.
     #[arg(long, value_enum, default_value_t = Transport::Engine)]
     transport: Transport,
     /// Driver threads of the engine node.
@@ -117,43 +121,57 @@ pub(crate) struct RunArgs {
     key: Option<String>,
 }
 
-/// The parts of `compare`.
+/// The parts of `suite`, by column group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum Part {
-    /// The PTR1 transports (engine, tokio fallback, seed design, std), iperf3, memcpy.
-    Ptr1,
-    /// PTR1 next to h2c and TLS.
-    Http2,
-    /// PTR1 next to shared memory (copied and loaned).
+    /// The local mailbox (both nodes in the suite's process).
+    Local,
+    /// Shared memory, buffers loaned and copied in.
     Shm,
+    /// PTR1 over TCP: io_uring, the tokio fallback, the seed design, std.
+    Ptr1,
+    /// PTM1 over h2c and TLS.
+    Http2,
+    /// The transports users would pick instead, from Python.
+    Peers,
+}
+
+impl Part {
+    pub(crate) const ALL: [Self; 5] =
+        [Self::Local, Self::Shm, Self::Ptr1, Self::Http2, Self::Peers];
 }
 
 #[derive(Debug, Args)]
 pub(crate) struct CompareArgs {
-    /// Fewer sizes, one repetition, short runs (the README's main job).
+    /// Three sizes (4 KiB, 1 MiB, 64 MiB), one repetition, short cells: under 2 minutes on 2
+    /// cores (the README's main job).
     #[arg(long)]
     quick: bool,
     /// Tiny sizes, one very short repetition, every echoed payload verified: a correctness
     /// check of every transport (CI runs it).
     #[arg(long)]
     smoke: bool,
-    /// Write the tables (table.md), every result (results.json) and the plots
+    /// Write the tables (table.md), every sample (results.json) and the plots
     /// (throughput.svg, latency.svg) into DIR.
     #[arg(long, value_name = "DIR")]
     out: Option<String>,
     /// Repetitions (interleaved); the tables show medians.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     reps: u32,
-    /// Also write every result as JSON to FILE.
+    /// Time per cell (default 0.5s; 0.1s with --quick, 0.05s with --smoke).
+    #[arg(long, value_parser = parse_duration)]
+    seconds: Option<Duration>,
+    /// Also write every sample as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     json: Option<String>,
     /// Where the engine and tokio fixtures run their handlers.
     #[arg(long, value_enum, default_value_t = Handlers::Core)]
     handlers: Handlers,
-    /// Only this part.
-    #[arg(long, value_enum)]
-    only: Option<Part>,
-    /// Asks outstanding in the in-flight cases.
+    /// Only these parts, comma-separated (the io_uring PTR1 column is always measured: every
+    /// ratio refers to it).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Option<Vec<Part>>,
+    /// Asks outstanding in the in-flight cases (at most 1 GiB of payload outstanding).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     inflight: u32,
 }
@@ -178,7 +196,7 @@ impl From<&ServeArgs> for Options {
             client_ca: a.tls.client_ca.clone(),
             tls_self_signed: a.tls.tls_self_signed.clone(),
             require_tls: a.tls.require_tls,
-            ..Self::for_compare()
+            ..Self::defaults()
         }
     }
 }
@@ -199,7 +217,7 @@ impl From<&RunArgs> for Options {
             ca: a.ca.clone(),
             cert: a.cert.clone(),
             key: a.key.clone(),
-            ..Self::for_compare()
+            ..Self::defaults()
         }
     }
 }
@@ -213,10 +231,11 @@ impl From<&CompareArgs> for Options {
             out: a.out.clone(),
             reps: a.reps as usize,
             json: a.json.clone(),
+            seconds: a.seconds.map(|d| d.as_secs_f64()),
             handlers: a.handlers,
-            only: a.only,
+            only: a.only.clone(),
             inflight: a.inflight as usize,
-            ..Self::for_compare()
+            ..Self::defaults()
         }
     }
 }

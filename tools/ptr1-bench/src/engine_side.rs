@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tensorwire_compat::{Http2, Http2Config};
 use tensorwire_engine::{Node, NodeBuilder, Preference, Reply, Request, TensorMessage};
 
-use crate::measure::{Sample, check_sink_ack, sequential, verify_echo};
+use crate::measure::{Sample, check_echo, check_sink_ack, min_round_trips, sequential};
 use crate::{Handlers, Mode, Options, Transport};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -133,10 +133,9 @@ pub(crate) fn measure(
             Ok(())
         }),
         Mode::Rtt => {
-            let mut sample = sequential(options, 100, total, || {
+            let mut sample = sequential(options, min_round_trips(total), total, || {
                 match node.ask_blocking(peer, "/actors/echo", message.clone(), TIMEOUT)? {
-                    Reply::Tensor(reply) if options.verify => verify_echo(message, &reply),
-                    Reply::Tensor(reply) if reply.total_bytes() == total => Ok(()),
+                    Reply::Tensor(reply) => check_echo(options, message, &reply),
                     other => Err(anyhow!("echo answered {other:?}")),
                 }
             })?;
@@ -144,28 +143,31 @@ pub(crate) fn measure(
             Ok(sample)
         }
         Mode::InFlight => {
+            // Timed from the first send to the last reply, the window drained at the end: every
+            // ask counted is an ask completed, and each window turns over at least twice.
             let ask = || node.ask(peer, "/actors/echo", message.clone(), TIMEOUT);
-            let mut window: VecDeque<_> = (0..options.inflight).map(|_| ask()).collect();
+            let at_least = min_round_trips(total).max(2 * options.inflight as u64);
             let started = Instant::now();
+            let first = options
+                .messages
+                .map_or(options.inflight as u64, |n| n.min(options.inflight as u64));
+            let mut window: VecDeque<_> = (0..first).map(|_| ask()).collect();
             let mut sample = Sample::default();
-            while options.more(started, sample.ops, 100) {
-                let Some(pending) = window.pop_front() else {
-                    break;
-                };
+            let mut sent = window.len() as u64;
+            while let Some(pending) = window.pop_front() {
                 match pending.wait()? {
-                    Reply::Tensor(reply) if options.verify => verify_echo(message, &reply)?,
-                    Reply::Tensor(reply) if reply.total_bytes() == total => {}
+                    Reply::Tensor(reply) => check_echo(options, message, &reply)?,
                     other => return Err(anyhow!("echo answered {other:?}")),
                 }
                 sample.ops += 1;
                 sample.payload_bytes += total;
-                window.push_back(ask());
+                if options.more(started, sent, at_least) {
+                    window.push_back(ask());
+                    sent += 1;
+                }
             }
             sample.elapsed = started.elapsed();
             sample.verified = options.verify;
-            for pending in window {
-                pending.wait()?;
-            }
             Ok(sample)
         }
     }

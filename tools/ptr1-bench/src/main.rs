@@ -18,18 +18,14 @@
 
 mod blocking;
 mod cli;
-mod compare;
-mod compare_http2;
-mod compare_local;
-mod compare_shm;
 mod engine_side;
 mod environment;
 mod measure;
 mod memcpy;
-mod peers;
 mod progress;
 mod report;
 mod seed;
+mod suite;
 mod svg;
 mod tls;
 mod units;
@@ -64,7 +60,7 @@ fn dispatch(cli: &cli::Cli) -> Result<()> {
             }
             Ok(())
         }
-        cli::Command::Compare(args) => compare::compare(&Options::from(args)),
+        cli::Command::Compare(args) => suite::suite(&Options::from(args)),
     }
 }
 
@@ -189,8 +185,10 @@ pub(crate) struct Options {
     pub(crate) quick: bool,
     pub(crate) reps: usize,
     pub(crate) json: Option<String>,
-    /// compare: only this part; all of them when unset.
-    pub(crate) only: Option<cli::Part>,
+    /// suite: only these parts; all of them when unset.
+    pub(crate) only: Option<Vec<cli::Part>>,
+    /// suite: seconds per cell (its default depends on --quick / --smoke).
+    pub(crate) seconds: Option<f64>,
     /// run: exactly this many messages instead of `duration`.
     pub(crate) messages: Option<u64>,
     /// run: check every echoed payload.
@@ -214,25 +212,79 @@ pub(crate) struct Options {
 
 fn serve(options: &Options) -> Result<()> {
     match options.transport {
+        // The engine fixture serves PTR1, h2c and shared memory on one port, and TLS with a
+        // certificate.
         Transport::Engine | Transport::Tokio => engine_side::serve(options),
-        Transport::H2c | Transport::Tls | Transport::Shm => {
-            bail!("serve --transport engine (or tokio) serves PTR1, h2c, TLS and shared memory")
-        }
+        Transport::H2c | Transport::Shm => engine_side::serve(&Options {
+            transport: Transport::Engine,
+            ..options.clone()
+        }),
+        Transport::Tls => engine_side::serve(&tls_only(options)),
         Transport::Seed => seed::serve(options.listen),
         Transport::Std => blocking::serve(options.listen),
+    }
+}
+
+/// `serve --transport tls`: TLS only (plaintext refused), with `--cert/--key` or, without
+/// them, a generated test CA whose path is printed before the address.
+fn tls_only(options: &Options) -> Options {
+    let mut options = Options {
+        transport: Transport::Engine,
+        require_tls: true,
+        ..options.clone()
+    };
+    if options.cert.is_none() && options.tls_self_signed.is_none() {
+        let dir = std::env::temp_dir().join(format!("ptr1-bench-tls-{}", std::process::id()));
+        options.tls_self_signed = Some(dir.display().to_string());
+        println!(
+            "test CA (pass it to run --ca): {}",
+            dir.join("ca.pem").display()
+        );
+    }
+    options
+}
+
+impl Options {
+    /// Every setting at its default; each command fills in its own.
+    pub(crate) fn defaults() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            connect: None,
+            transport: Transport::Engine,
+            cores: None,
+            handlers: Handlers::Core,
+            busy_poll: None,
+            mode: Mode::OneWay,
+            size: 0,
+            buffers: 1,
+            duration: Duration::ZERO,
+            inflight: 64,
+            quick: false,
+            reps: 1,
+            json: None,
+            only: None,
+            seconds: None,
+            messages: None,
+            verify: false,
+            smoke: false,
+            out: None,
+            cert: None,
+            key: None,
+            client_ca: None,
+            ca: None,
+            tls_self_signed: None,
+            require_tls: false,
+        }
     }
 }
 
 /// Runs one measurement against a server and returns it as JSON.
 pub(crate) fn run(options: &Options) -> Result<serde_json::Value> {
     let peer = options.connect.context("run needs --connect ADDR")?;
-    if options.verify
-        && (options.mode == Mode::OneWay
-            || matches!(options.transport, Transport::Seed | Transport::Std))
-    {
+    if options.verify && matches!(options.mode, Mode::OneWay | Mode::Tell) {
         bail!(
-            "--verify checks echoed payloads: it needs --mode rtt or inflight and a tensorwire \
-             client (engine, tokio, h2c, tls, shm)"
+            "--verify checks echoed payloads: it needs --mode rtt or inflight (a sink only \
+             acknowledges the byte count, which every mode checks)"
         );
     }
     if options.mode == Mode::Tell && matches!(options.transport, Transport::Seed | Transport::Std) {

@@ -144,6 +144,31 @@ impl Options {
     }
 }
 
+/// The fewest round trips a timed sequential or in-flight run makes: enough for percentiles
+/// when messages are small, three when each takes milliseconds.
+pub(crate) fn min_round_trips(bytes_per_op: u64) -> u64 {
+    if bytes_per_op <= 1 << 20 { 100 } else { 3 }
+}
+
+/// Checks an echo's reply: every byte with `options.verify`, else its length.
+pub(crate) fn check_echo(
+    options: &Options,
+    sent: &TensorMessage,
+    got: &TensorMessage,
+) -> Result<()> {
+    if options.verify {
+        return verify_echo(sent, got);
+    }
+    if got.total_bytes() != sent.total_bytes() {
+        bail!(
+            "echo answered {} bytes, {} were sent",
+            got.total_bytes(),
+            sent.total_bytes()
+        );
+    }
+    Ok(())
+}
+
 /// Checks an echoed message against what was sent (`--verify`): every byte of every buffer.
 pub(crate) fn verify_echo(sent: &TensorMessage, got: &TensorMessage) -> Result<()> {
     if got.buffers.len() != sent.buffers.len() {

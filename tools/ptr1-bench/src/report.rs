@@ -10,8 +10,8 @@ pub(crate) struct Report {
     pub(crate) text: String,
     /// One-way throughput: (series, message size in bytes, GB/s).
     pub(crate) throughput: Vec<(String, usize, f64)>,
-    /// 4 KiB ask latency p50: (series, µs).
-    pub(crate) latency: Vec<(String, f64)>,
+    /// Ask round-trip p50: (series, message size in bytes, µs).
+    pub(crate) latency: Vec<(String, usize, f64)>,
     /// Horizontal references on the throughput plot: (name, GB/s).
     pub(crate) references: Vec<(String, f64)>,
 }
@@ -50,10 +50,10 @@ pub(crate) fn throughput(series: &str, size: usize, gb_per_s: f64) {
     }
 }
 
-/// Records a 4 KiB ask p50 latency.
-pub(crate) fn latency(series: &str, micros: f64) {
+/// Records an ask round-trip p50.
+pub(crate) fn latency(series: &str, size: usize, micros: f64) {
     if micros.is_finite() && micros > 0.0 {
-        with(|r| r.latency.push((series.to_owned(), micros)));
+        with(|r| r.latency.push((series.to_owned(), size, micros)));
     }
 }
 

@@ -15,7 +15,9 @@ use tensorwire_proto::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::measure::{Sample, WriteCursor, check_sink_ack, sequential};
+use crate::measure::{
+    Sample, WriteCursor, check_echo, check_sink_ack, min_round_trips, sequential,
+};
 use crate::{Mode, Options};
 
 /// Most slices one `write_vectored` call takes in the seed design.
@@ -159,7 +161,7 @@ impl Client {
                 let (path, min_ops) = if options.mode == Mode::OneWay {
                     ("/actors/sink", 3)
                 } else {
-                    ("/actors/echo", 100)
+                    ("/actors/echo", min_round_trips(total))
                 };
                 sequential(options, min_ops, total, || {
                     runtime.block_on(async {
@@ -171,10 +173,14 @@ impl Client {
                             Frame::SingleResponse { msg_type, data, .. } => {
                                 check_sink_ack(&msg_type, &data, total)
                             }
-                            Frame::TensorResponse(reply) if reply.total_bytes() == total => Ok(()),
+                            Frame::TensorResponse(reply) => check_echo(options, message, &reply),
                             other => Err(anyhow!("unexpected reply {other:?}")),
                         }
                     })
+                })
+                .map(|mut sample| {
+                    sample.verified = options.verify && options.mode == Mode::Rtt;
+                    sample
                 })
             }
             Mode::Tell => anyhow::bail!("tell mode needs a tensorwire client"),
@@ -190,15 +196,16 @@ async fn in_flight(peer: SocketAddr, options: &Options, message: &TensorMessage)
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..options.inflight {
-        let message = message.clone();
+        let (message, options) = (message.clone(), options.clone());
         tasks.push(tokio::spawn(async move {
             let mut stream = connect(peer).await?;
             let mut ops = 0u64;
             while Instant::now() < deadline {
                 match ask(&mut stream, "/actors/echo", &message).await? {
-                    Frame::TensorResponse(reply) if reply.total_bytes() == total => ops += 1,
+                    Frame::TensorResponse(reply) => check_echo(&options, &message, &reply)?,
                     other => return Err(anyhow!("unexpected reply {other:?}")),
                 }
+                ops += 1;
             }
             Ok::<u64, anyhow::Error>(ops)
         }));
@@ -209,6 +216,7 @@ async fn in_flight(peer: SocketAddr, options: &Options, message: &TensorMessage)
     }
     sample.elapsed = started.elapsed();
     sample.payload_bytes = sample.ops * total;
+    sample.verified = options.verify;
     Ok(sample)
 }
 

@@ -1,5 +1,5 @@
-//! Two plots as plain SVG: one-way throughput against message size per transport (log-log,
-//! with iperf3/memcpy as dashed references), and 4 KiB ask latency per transport (bars).
+//! Two plots as plain SVG, both log-log against message size with a line per transport:
+//! one-way throughput (iperf3 as a dashed reference) and ask round-trip p50.
 //!
 //! Written by hand rather than with plotters: plotters lays text out with a font backend
 //! (font-kit and the system's fonts, or an embedded TTF) even for SVG; here the viewer renders
@@ -21,6 +21,31 @@ const COLOURS: [&str; 10] = [
 
 /// Throughput against size, one line per series, log axes.
 pub(crate) fn throughput(points: &[(String, usize, f64)], references: &[(String, f64)]) -> String {
+    lines(
+        "One-way throughput by message size (medians, higher is better)",
+        "GB/s",
+        points,
+        references,
+    )
+}
+
+/// Round-trip p50 against size, one line per series, log axes.
+pub(crate) fn latency(points: &[(String, usize, f64)]) -> String {
+    lines(
+        "Ask round trip p50 by message size (lower is better)",
+        "µs",
+        points,
+        &[],
+    )
+}
+
+/// `points` (series, size, value) as lines on log axes, `references` as dashed levels.
+fn lines(
+    title: &str,
+    unit: &str,
+    points: &[(String, usize, f64)],
+    references: &[(String, f64)],
+) -> String {
     let mut series: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
     for (name, size, gb) in points {
         series.entry(name).or_default().push((*size as f64, *gb));
@@ -40,8 +65,8 @@ pub(crate) fn throughput(points: &[(String, usize, f64)], references: &[(String,
     );
     let x = |v: f64| LEFT + (v.log10() - x0) / (x1 - x0) * (W - LEFT - RIGHT);
     let y = |v: f64| H - BOTTOM - (v.log10() - y0) / (y1 - y0) * (H - TOP - BOTTOM);
-    let mut svg = header("One-way throughput by message size (medians)", H);
-    axes(&mut svg, "message size (bytes)", "GB/s");
+    let mut svg = header(title, H);
+    axes(&mut svg, "message size (bytes)", unit);
     for d in dx0..=dx1 {
         let v = 10f64.powi(d);
         let _ = write!(
@@ -71,19 +96,25 @@ pub(crate) fn throughput(points: &[(String, usize, f64)], references: &[(String,
     for (i, (name, mut pts)) in series.into_iter().enumerate() {
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
         let colour = COLOURS[i % COLOURS.len()];
+        // Past ten series the colours repeat: dashed the second time round.
+        let dash = if i >= COLOURS.len() {
+            r#" stroke-dasharray="2 3""#
+        } else {
+            ""
+        };
         let path: Vec<String> = pts
             .iter()
             .map(|&(px, py)| format!("{:.1},{:.1}", x(px), y(py)))
             .collect();
         let _ = write!(
             svg,
-            r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#,
+            r#"<polyline fill="none" stroke="{colour}" stroke-width="2"{dash} points="{}"/>"#,
             path.join(" ")
         );
         for &(px, py) in &pts {
             let _ = write!(
                 svg,
-                r#"<circle cx="{:.1}" cy="{:.1}" r="3.5" fill="{colour}"><title>{} {}: {:.2} GB/s</title></circle>"#,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="3.5" fill="{colour}"><title>{} {}: {:.2} {unit}</title></circle>"#,
                 x(px),
                 y(py),
                 escape(name),
@@ -91,7 +122,7 @@ pub(crate) fn throughput(points: &[(String, usize, f64)], references: &[(String,
                 py
             );
         }
-        legend_entry(&mut svg, legend, colour, name, false);
+        legend_entry(&mut svg, legend, colour, name, dash);
         legend += 1;
     }
     for (name, gb) in references {
@@ -105,39 +136,10 @@ pub(crate) fn throughput(points: &[(String, usize, f64)], references: &[(String,
             &mut svg,
             legend,
             "#444",
-            &format!("{name} ({gb:.2} GB/s)"),
-            true,
+            &format!("{name} ({gb:.2} {unit})"),
+            r#" stroke-dasharray="6 4""#,
         );
         legend += 1;
-    }
-    svg.push_str("</svg>\n");
-    svg
-}
-
-/// Latency per series as horizontal bars.
-pub(crate) fn latency(points: &[(String, f64)]) -> String {
-    let row = 34.0;
-    let mut svg = header(
-        "4 KiB ask round trip, p50 (µs, lower is better)",
-        TOP + 30.0 + row * points.len() as f64,
-    );
-    let max = points.iter().map(|p| p.1).fold(1.0f64, f64::max) * 1.15;
-    let width = W - LEFT - RIGHT - 80.0;
-    for (i, (name, us)) in points.iter().enumerate() {
-        let top = TOP + 10.0 + row * i as f64;
-        let len = us / max * width;
-        let colour = COLOURS[i % COLOURS.len()];
-        let _ = write!(
-            svg,
-            r#"<text x="{0}" y="{1:.1}" text-anchor="end" font-size="13">{2}</text><rect x="{3}" y="{4:.1}" width="{5:.1}" height="22" fill="{colour}"/><text x="{6:.1}" y="{1:.1}" font-size="13">{us:.1} µs</text>"#,
-            LEFT + 110.0,
-            top + 16.0,
-            escape(name),
-            LEFT + 120.0,
-            top,
-            len,
-            LEFT + 126.0 + len
-        );
     }
     svg.push_str("</svg>\n");
     svg
@@ -164,14 +166,10 @@ fn axes(svg: &mut String, x_label: &str, y_label: &str) {
     );
 }
 
-fn legend_entry(svg: &mut String, i: usize, colour: &str, name: &str, dashed: bool) {
+/// A legend line: `dash` is the line's `stroke-dasharray` attribute, or empty.
+fn legend_entry(svg: &mut String, i: usize, colour: &str, name: &str, dash: &str) {
     let y = TOP + 12.0 + 22.0 * i as f64;
     let x = W - RIGHT + 16.0;
-    let dash = if dashed {
-        r#" stroke-dasharray="6 4""#
-    } else {
-        ""
-    };
     let _ = write!(
         svg,
         r#"<line x1="{x}" y1="{y}" x2="{}" y2="{y}" stroke="{colour}" stroke-width="2"{dash}/><text x="{}" y="{}" font-size="12">{}</text>"#,
@@ -242,10 +240,18 @@ mod tests {
     }
 
     #[test]
-    fn a_latency_plot_has_a_bar_per_series_and_empty_input_still_renders() {
-        let svg = latency(&[("engine".into(), 21.0), ("std".into(), 30.5)]);
-        assert_eq!(svg.matches("<rect").count(), 3); // background + 2 bars
-        assert!(svg.contains("30.5 µs"));
+    fn a_latency_plot_has_a_line_per_series_and_empty_input_still_renders() {
+        let points: Vec<(String, usize, f64)> = (0..12)
+            .map(|i| (format!("series {i:02}"), 4096, 20.0 + f64::from(i)))
+            .collect();
+        let svg = latency(&points);
+        assert_eq!(svg.matches("<polyline").count(), 12);
+        assert!(svg.contains("series 11 4 kB: 31.00 µs"));
+        assert_eq!(
+            svg.matches(r#"stroke-dasharray="2 3""#).count(),
+            4,
+            "series 10 and 11 (past ten colours) dashed, line and legend"
+        );
         assert!(throughput(&[], &[]).ends_with("</svg>\n"));
     }
 }

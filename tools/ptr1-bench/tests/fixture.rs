@@ -20,23 +20,27 @@ struct Server(Child, SocketAddr);
 
 impl Server {
     fn start(transport: &str, extra: &[&str]) -> Self {
+        Self::start_saying(transport, extra).0
+    }
+
+    /// The server, and the lines it printed before `listening on ADDR`.
+    fn start_saying(transport: &str, extra: &[&str]) -> (Self, Vec<String>) {
         let mut child = Command::new(BIN)
             .args(["serve", "--transport", transport, "--listen", "127.0.0.1:0"])
             .args(extra)
             .stdout(Stdio::piped())
             .spawn()
             .expect("ptr1-bench starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .expect("ready line")
-            .parse()
-            .unwrap();
-        Self(child, addr)
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut before = Vec::new();
+        let addr = loop {
+            let line = lines.next().expect("a ready line").unwrap();
+            if let Some(addr) = line.trim().strip_prefix("listening on ") {
+                break addr.parse().unwrap();
+            }
+            before.push(line);
+        };
+        (Self(child, addr), before)
     }
 }
 
@@ -295,6 +299,110 @@ fn run_measures_tells_and_refuses_them_for_clients_without_tells() {
 }
 
 #[test]
+fn serve_transport_tls_generates_a_test_ca_and_refuses_plaintext() {
+    let (server, said) = Server::start_saying("tls", &[]);
+    let ca_path = said
+        .iter()
+        .find_map(|l| l.strip_prefix("test CA (pass it to run --ca): "))
+        .unwrap_or_else(|| panic!("the CA's path is printed first: {said:?}"));
+    let ca = std::fs::read(ca_path).expect("the fixture wrote its CA");
+    let tls = TlsConfig::builder().trust_pem(ca).build().unwrap();
+    let tls = Node::builder("127.0.0.1:0".parse().unwrap())
+        .in_process_delivery(false)
+        .transport(Arc::new(Http2::new(Http2Config::tls(tls, false))))
+        .build()
+        .unwrap();
+    check_answers("serve --transport tls", &server, &tls);
+    let plaintext = client()
+        .ask(server.1, "/actors/echo", message(), TIMEOUT)
+        .wait();
+    assert!(
+        plaintext.is_err(),
+        "PTR1 in clear text is refused: {plaintext:?}"
+    );
+    if let Some(dir) = std::path::Path::new(ca_path).parent() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+#[test]
+fn serve_transport_h2c_and_shm_answer_over_their_paths() {
+    let server = Server::start("h2c", &[]);
+    let h2c = Node::builder("127.0.0.1:0".parse().unwrap())
+        .in_process_delivery(false)
+        .preference(Preference::Http2)
+        .transport(Arc::new(Http2::new(Http2Config::h2c())))
+        .build()
+        .unwrap();
+    check_answers("serve --transport h2c", &server, &h2c);
+    let server = Server::start("shm", &[]);
+    let shm = Node::builder("127.0.0.1:0".parse().unwrap())
+        .in_process_delivery(false)
+        .preference(Preference::SharedMemory)
+        .build()
+        .unwrap();
+    check_answers("serve --transport shm", &server, &shm);
+    let route = shm.route_to(server.1, None).unwrap();
+    assert_eq!(
+        route.route,
+        tensorwire_engine::Route::SharedMemory,
+        "{}",
+        route.reason
+    );
+}
+
+#[test]
+fn the_suite_keeps_every_sample_verified_with_the_environment_in_its_json() {
+    let path = std::env::temp_dir().join(format!("ptr1-bench-suite-{}.json", std::process::id()));
+    let out = Command::new(BIN)
+        .args(["suite", "--smoke", "--only", "ptr1", "--json"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let columns: Vec<&str> = json["columns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(columns, ["engine", "tokio", "seed", "std"]);
+    let cases = json["cases"].as_array().unwrap();
+    assert_eq!(
+        cases.len(),
+        3 * 2 * 2,
+        "modes × smoke sizes × buffer counts"
+    );
+    for case in cases {
+        for column in &columns {
+            let samples = case["columns"][column]["samples"].as_array().unwrap();
+            assert_eq!(samples.len(), 1, "{case}");
+            assert!(samples[0]["ops"].as_u64().unwrap() > 0);
+            let echoed = case["mode"] != "oneway";
+            assert_eq!(
+                samples[0]["verified"].as_bool(),
+                Some(echoed),
+                "{column} {case}"
+            );
+        }
+    }
+    let env = &json["environment"];
+    for key in ["kernel", "cpu", "cores", "commit", "packages"] {
+        assert!(!env[key].is_null(), "environment has {key}: {env}");
+    }
+    assert!(
+        json["peers"]["skipped"].is_string(),
+        "peers are said to be skipped"
+    );
+}
+
+#[test]
 fn bad_arguments_are_usage_errors_naming_the_choices() {
     let run = |args: &[&str]| {
         let out = Command::new(BIN).args(args).output().unwrap();
@@ -313,6 +421,8 @@ fn bad_arguments_are_usage_errors_naming_the_choices() {
     assert!(err.contains("unknown size unit"), "{err}");
     let err = run(&["run", "--to", "127.0.0.1:1", "--mode", "sideways"]);
     assert!(err.contains("oneway") && err.contains("inflight"), "{err}");
+    let err = run(&["suite", "--only", "ptr1,pigeons"]);
+    assert!(err.contains("http2") && err.contains("peers"), "{err}");
     let help = Command::new(BIN).args(["run", "--help"]).output().unwrap();
     assert!(help.status.success());
     assert!(String::from_utf8_lossy(&help.stdout).contains("--verify"));

@@ -1,0 +1,360 @@
+//! The suite's columns: every path a tensorwire message can take, and the baselines, each a
+//! client with the fixture it talks to. A column that cannot be set up here (no io_uring, no
+//! shared memory, a router that would not take the path) is listed with the reason.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use tensorwire_engine::{Node, Reply, Route, TensorMessage};
+
+use crate::cli::Part;
+use crate::measure::{self, Sample};
+use crate::suite::server::Server;
+use crate::{Handlers, Options, Transport, blocking, engine_side, seed};
+
+/// One column of the tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Column {
+    /// Both nodes in the suite's process: the receiver aliases the sender's buffers.
+    Local,
+    /// Same host, buffers in sealed loaned slots (no copy).
+    ShmLoaned,
+    /// Same host, buffers copied into a slot (one copy).
+    ShmCopied,
+    /// PTR1 on the io_uring driver.
+    Engine,
+    /// PTR1 on the tokio fallback driver (the same sessions).
+    Tokio,
+    /// The seed design (tokio, a fresh zero-filled `Vec` per buffer).
+    Seed,
+    /// Blocking `std::net`, a thread per connection.
+    Std,
+    /// PTM1 over clear-text HTTP/2.
+    H2c,
+    /// PTM1 over HTTP/2 + TLS 1.3.
+    Tls,
+}
+
+impl Column {
+    pub(crate) const ALL: [Self; 9] = [
+        Self::Local,
+        Self::ShmLoaned,
+        Self::ShmCopied,
+        Self::Engine,
+        Self::Tokio,
+        Self::Seed,
+        Self::Std,
+        Self::H2c,
+        Self::Tls,
+    ];
+
+    /// The heading in tables and plots.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Local => "local mailbox",
+            Self::ShmLoaned => "shm loaned",
+            Self::ShmCopied => "shm copied in",
+            Self::Engine => "PTR1 io_uring",
+            Self::Tokio => "PTR1 tokio",
+            Self::Seed => "seed design",
+            Self::Std => "std blocking",
+            Self::H2c => "h2c",
+            Self::Tls => "TLS",
+        }
+    }
+
+    /// The key in results.json.
+    pub(crate) fn key(self) -> &'static str {
+        match self {
+            Self::Local => "local",
+            Self::ShmLoaned => "shm_loaned",
+            Self::ShmCopied => "shm_copied",
+            Self::Engine => "engine",
+            Self::Tokio => "tokio",
+            Self::Seed => "seed",
+            Self::Std => "std",
+            Self::H2c => "h2c",
+            Self::Tls => "tls",
+        }
+    }
+
+    /// The `--only` part it belongs to (the io_uring column is always measured: every ratio
+    /// refers to it).
+    pub(crate) fn part(self) -> Part {
+        match self {
+            Self::Local => Part::Local,
+            Self::ShmLoaned | Self::ShmCopied => Part::Shm,
+            Self::Engine | Self::Tokio | Self::Seed | Self::Std => Part::Ptr1,
+            Self::H2c | Self::Tls => Part::Http2,
+        }
+    }
+
+    /// Whether the bytes cross between processes (the local mailbox's do not).
+    pub(crate) fn crosses_processes(self) -> bool {
+        self != Self::Local
+    }
+
+    fn transport(self) -> Transport {
+        match self {
+            Self::Local | Self::Engine => Transport::Engine,
+            Self::ShmLoaned | Self::ShmCopied => Transport::Shm,
+            Self::Tokio => Transport::Tokio,
+            Self::Seed => Transport::Seed,
+            Self::Std => Transport::Std,
+            Self::H2c => Transport::H2c,
+            Self::Tls => Transport::Tls,
+        }
+    }
+
+    /// The route a tensorwire client of this column must take.
+    fn route(self) -> Option<Route> {
+        match self {
+            Self::Local => Some(Route::LocalMailbox),
+            Self::ShmLoaned | Self::ShmCopied => Some(Route::SharedMemory),
+            Self::Engine | Self::Tokio => Some(Route::RawTcp),
+            Self::H2c | Self::Tls => Some(Route::Http2),
+            Self::Seed | Self::Std => None,
+        }
+    }
+}
+
+/// A client and the fixture it measures.
+pub(crate) struct Lane {
+    pub(crate) column: Column,
+    client: Client,
+    addr: SocketAddr,
+    /// The fixture's process (`None`: this process).
+    server_pid: Option<u32>,
+}
+
+enum Client {
+    Node(Node),
+    Seed(seed::Client),
+    Std,
+}
+
+/// Every column that could be set up, the fixtures they talk to, and what could not.
+pub(crate) struct Lanes {
+    pub(crate) lanes: Vec<Lane>,
+    pub(crate) unavailable: Vec<(Column, String)>,
+    servers: Vec<(Transport, Server)>,
+    /// The local mailbox's fixture node, in this process.
+    _local_fixture: Option<Node>,
+    tls_dir: PathBuf,
+}
+
+impl Lanes {
+    /// Starts the fixtures and clients of the columns in `parts` (and always the io_uring
+    /// PTR1 column: every ratio refers to it).
+    pub(crate) fn start(exe: &Path, options: &Options, parts: &[Part]) -> Result<Self> {
+        let mut lanes = Self::empty();
+        let client_options = lanes.client_options(options);
+        for column in Column::ALL {
+            if column != Column::Engine && !parts.contains(&column.part()) {
+                continue;
+            }
+            match lanes.lane(exe, column, &client_options) {
+                Ok(lane) => lanes.lanes.push(lane),
+                Err(e) if column == Column::Engine => {
+                    return Err(e.context("the io_uring PTR1 column (every ratio refers to it)"));
+                }
+                Err(e) => lanes.unavailable.push((column, format!("{e:#}"))),
+            }
+        }
+        Ok(lanes)
+    }
+
+    /// `column` alone, with fixtures of its own.
+    pub(crate) fn single(exe: &Path, options: &Options, column: Column) -> Result<Self> {
+        let mut lanes = Self::empty();
+        let client_options = lanes.client_options(options);
+        let lane = lanes.lane(exe, column, &client_options)?;
+        lanes.lanes.push(lane);
+        Ok(lanes)
+    }
+
+    fn empty() -> Self {
+        static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self {
+            lanes: Vec::new(),
+            unavailable: Vec::new(),
+            servers: Vec::new(),
+            _local_fixture: None,
+            tls_dir: std::env::temp_dir()
+                .join(format!("ptr1-bench-suite-{}-{run}", std::process::id())),
+        }
+    }
+
+    /// Clients trust the CA the engine fixture generates into `tls_dir`.
+    fn client_options(&self, options: &Options) -> Options {
+        Options {
+            ca: Some(self.tls_dir.join("ca.pem").display().to_string()),
+            ..options.clone()
+        }
+    }
+
+    fn lane(&mut self, exe: &Path, column: Column, options: &Options) -> Result<Lane> {
+        let (client, addr, server_pid) = match column {
+            Column::Local => {
+                let fixture = Node::builder("127.0.0.1:0".parse()?)
+                    .shared_memory(false)
+                    .build()?;
+                engine_side::register_fixture(&fixture, Handlers::Core)?;
+                let addr = fixture.local_addr();
+                self._local_fixture = Some(fixture);
+                let client = Node::builder("127.0.0.1:0".parse()?)
+                    .shared_memory(false)
+                    .build()?;
+                (Client::Node(client), addr, None)
+            }
+            Column::Engine | Column::ShmLoaned | Column::ShmCopied | Column::H2c | Column::Tls => {
+                // The server first: the TLS client reads the CA it writes.
+                let (addr, pid) = self.server(exe, Transport::Engine, options)?;
+                let client = engine_side::client(column.transport(), options)?;
+                (Client::Node(client), addr, Some(pid))
+            }
+            Column::Tokio => {
+                let (addr, pid) = self.server(exe, Transport::Tokio, options)?;
+                let client = engine_side::client(Transport::Tokio, options)?;
+                (Client::Node(client), addr, Some(pid))
+            }
+            Column::Seed => {
+                let (addr, pid) = self.server(exe, Transport::Seed, options)?;
+                (Client::Seed(seed::Client::new()?), addr, Some(pid))
+            }
+            Column::Std => {
+                let (addr, pid) = self.server(exe, Transport::Std, options)?;
+                (Client::Std, addr, Some(pid))
+            }
+        };
+        if let (Client::Node(node), Some(expected)) = (&client, column.route()) {
+            check_route(node, addr, expected)?;
+        }
+        Ok(Lane {
+            column,
+            client,
+            addr,
+            server_pid,
+        })
+    }
+
+    /// The fixture of `transport`, started on first use.
+    fn server(
+        &mut self,
+        exe: &Path,
+        transport: Transport,
+        options: &Options,
+    ) -> Result<(SocketAddr, u32)> {
+        if let Some((_, server)) = self.servers.iter().find(|(t, _)| *t == transport) {
+            return Ok((server.addr, server.pid()));
+        }
+        // The engine fixture serves PTR1, h2c, TLS (a CA of its own) and shared memory.
+        let tls_dir = self.tls_dir.display().to_string();
+        let extra: &[&str] = if transport == Transport::Engine {
+            &["--tls-self-signed", &tls_dir]
+        } else {
+            &[]
+        };
+        let server = Server::start(exe, transport, options.handlers, extra)?;
+        let found = (server.addr, server.pid());
+        self.servers.push((transport, server));
+        Ok(found)
+    }
+
+    /// Resident memory of every fixture process now, by transport.
+    pub(crate) fn fixture_rss(&self) -> crate::suite::FixtureRss {
+        self.servers
+            .iter()
+            .filter_map(|(t, s)| measure::rss(s.pid()).ok().map(|rss| (t.name(), rss)))
+            .collect()
+    }
+}
+
+impl Drop for Lanes {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.tls_dir);
+    }
+}
+
+impl Lane {
+    /// The fixture's peak resident memory so far.
+    pub(crate) fn server_peak_rss(&self) -> Result<u64> {
+        let pid = self
+            .server_pid
+            .context("this column's fixture runs in this process")?;
+        measure::peak_rss(pid)
+    }
+
+    /// Measures `options.mode` with `message` (loaned columns send a message of loaned slots
+    /// of the same shape instead); the figures with the CPU both processes spent.
+    pub(crate) fn measure(
+        &mut self,
+        options: &Options,
+        message: &TensorMessage,
+    ) -> Result<(Sample, Duration)> {
+        let loaned;
+        let message = match (&self.client, self.column) {
+            (Client::Node(node), Column::ShmLoaned) => {
+                loaned = loaned_like(node, message)?;
+                &loaned
+            }
+            _ => message,
+        };
+        let cpu = || -> Result<Duration> {
+            let mut total = measure::cpu_time(None)?;
+            if let Some(pid) = self.server_pid {
+                total += measure::cpu_time(Some(pid))?;
+            }
+            Ok(total)
+        };
+        let before = cpu()?;
+        let sample = match &mut self.client {
+            Client::Node(node) => engine_side::measure(node, self.addr, options, message)?,
+            Client::Seed(client) => client.measure(self.addr, options, message)?,
+            Client::Std => blocking::run(self.addr, options, message)?,
+        };
+        let cpu_used = cpu()?.saturating_sub(before);
+        Ok((sample, cpu_used))
+    }
+}
+
+/// A message of `node`'s loaned, sealed slots with the same version, metadata and buffers.
+fn loaned_like(node: &Node, message: &TensorMessage) -> Result<TensorMessage> {
+    let buffers = message
+        .buffers
+        .iter()
+        .map(|buffer| {
+            let mut loan = node.shm().loan(buffer.len())?;
+            loan.as_mut_slice().copy_from_slice(buffer);
+            Ok(loan.freeze()?)
+        })
+        .collect::<Result<Vec<Bytes>>>()?;
+    Ok(TensorMessage::new(
+        message.version,
+        message.metadata.clone(),
+        buffers,
+    ))
+}
+
+/// One echo, then the route the node takes to `addr` must be `expected` (shared memory is
+/// chosen only after the first exchange proved the peer is on this host).
+fn check_route(node: &Node, addr: SocketAddr, expected: Route) -> Result<()> {
+    let probe = measure::message(64, 1);
+    match node.ask_blocking(addr, "/actors/echo", probe, Duration::from_secs(30))? {
+        Reply::Tensor(_) => {}
+        other => bail!("the fixture's echo answered {other:?}"),
+    }
+    let choice = node.route_to(addr, None)?;
+    if choice.route != expected {
+        bail!(
+            "the router takes {:?}, not {expected:?}: {}",
+            choice.route,
+            choice.reason
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,65 @@
+//! A fixture server in a child process (`ptr1-bench serve`), killed when dropped.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{Context, Result};
+
+use crate::{Handlers, Transport};
+
+pub(crate) struct Server {
+    child: Child,
+    pub(crate) addr: SocketAddr,
+}
+
+impl Server {
+    /// Starts `exe serve --transport T --handlers H EXTRA…` and waits for its address.
+    pub(crate) fn start(
+        exe: &Path,
+        transport: Transport,
+        handlers: Handlers,
+        extra: &[&str],
+    ) -> Result<Self> {
+        let mut child = Command::new(exe)
+            .args([
+                "serve",
+                "--transport",
+                transport.name(),
+                "--listen",
+                "127.0.0.1:0",
+                "--handlers",
+                handlers.name(),
+            ])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting a fixture server")?;
+        let stdout = child.stdout.take().context("server stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        // The TLS fixture says where its CA went before it says where it listens.
+        let addr = loop {
+            let line = lines
+                .next()
+                .transpose()?
+                .with_context(|| format!("the {} fixture exited", transport.name()))?;
+            if let Some(addr) = line.trim().strip_prefix("listening on ") {
+                break addr.parse()?;
+            }
+        };
+        Ok(Self { child, addr })
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
