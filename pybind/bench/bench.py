@@ -30,7 +30,8 @@ Every server is another process on loopback:
   store; in flight = K outstanding object refs.
 - iceoryx2: request-response of byte slices over its Python loan API: the client loans a
   request slice and copies the buffers in, the server answers from a loaned response slice
-  (the echo copies the request into it); both ends poll; a server process per cell.
+  (the echo copies the request into it); the client polls; the server polls, napping 1 ms
+  per poll after 1 ms without a request.
 
 A library that is not installed is reported as such, never faked. Cases rotate the peer
 order rep by rep; the table shows medians and how many times better tensorwire (Python, its
@@ -130,15 +131,16 @@ def sequential(case: Case, seconds: float, one: Callable[[], None]) -> float:
 
 
 def windowed(case: Case, seconds: float, send: Callable[[], Any], wait: Callable[[Any], None]) -> float:
-    """Keeps `case.inflight` requests outstanding (`send` starts one, `wait` finishes one),
-    timed from the first send to the last reply with the window drained; asks/s."""
+    """Keeps `case.inflight` requests outstanding (`send` starts one, `wait` finishes one; the
+    window refilled at least 3 times), timed from the first send to the last reply with the
+    window drained; asks/s."""
     start = time.perf_counter()
     window = deque(send() for _ in range(case.inflight))
     sent, done = len(window), 0
     while window:
         wait(window.popleft())
         done += 1
-        if time.perf_counter() - start < seconds or sent < 2 * case.inflight:
+        if time.perf_counter() - start < seconds or sent < case.inflight + 3:
             window.append(send())
             sent += 1
     return done / (time.perf_counter() - start)
@@ -256,8 +258,8 @@ class Tensorwire(Peer):
         return asyncio.run(self._in_flight(case, msg, seconds))
 
     async def _in_flight(self, case: Case, msg: tw.TensorMessage, seconds: float) -> float:
-        """`case.inflight` asks outstanding, each turning over at least twice; timed until
-        the last reply."""
+        """`case.inflight` asks outstanding (each worker asks at least twice); timed until the
+        last reply."""
         done, start = 0, time.perf_counter()
 
         async def worker() -> None:
@@ -456,83 +458,92 @@ class Iceoryx2(Peer):
     name = "iceoryx2"
     module = "iceoryx2"
     note = ("request-response over its Python loan API (a slice loaned per request, the buffers "
-            "copied into it), both ends polling; a server process per cell")
+            "copied into it); the client polls, the server polls and naps 1 ms when idle")
 
     def __init__(self) -> None:
-        import iceoryx2  # noqa: F401  (ImportError: not installed)
+        import iceoryx2 as iox2  # ImportError: not installed
 
-        self.cells = 0
+        self.iox2 = iox2
+        name = f"tensorwire-bench/{time.monotonic_ns()}"
+        self.child = subprocess.Popen(
+            [sys.executable, __file__, "--serve", "iceoryx2", name], stdout=subprocess.PIPE, text=True
+        )
+        assert self.child.stdout is not None
+        if self.child.stdout.readline().strip() != "ready":
+            raise RuntimeError("the iceoryx2 server did not start")
+        iox2.set_log_level_from_env_or(iox2.LogLevel.Error)
+        self.node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
+        self.clients = {
+            kind: iceoryx2_service(iox2, self.node, f"{name}/{kind}").client_builder()
+            .initial_max_slice_len(4096).allocation_strategy(iox2.AllocationStrategy.PowerOfTwo).create()
+            for kind in ("sink", "echo")
+        }
 
     def measure(self, case: Case, data: list[np.ndarray], seconds: float) -> float:
-        import iceoryx2 as iox2
+        kind = "sink" if case.mode == "oneway" else "echo"
+        client = self.clients[kind]
 
-        self.cells += 1
-        name = f"tensorwire-bench/{time.monotonic_ns()}-{self.cells}"
-        child = subprocess.Popen(
-            [sys.executable, __file__, "--serve", "iceoryx2", name, str(case.inflight)],
-            stdout=subprocess.PIPE, text=True,
-        )
-        try:
-            assert child.stdout is not None
-            if child.stdout.readline().strip() != "ready":
-                raise RuntimeError("the iceoryx2 server did not start")
-            node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
-            kind = "sink" if case.mode == "oneway" else "echo"
-            client = iceoryx2_service(iox2, node, f"{name}/{kind}", case.inflight).client_builder() \
-                .initial_max_slice_len(case.size).allocation_strategy(iox2.AllocationStrategy.PowerOfTwo).create()
+        def send() -> Any:
+            request = client.loan_slice_uninit(case.size)
+            target, at = np.asarray(request.payload().as_memory_view()), 0
+            for array in data:
+                target[at : at + array.size] = array
+                at += array.size
+            return request.assume_init().send()
 
-            def send() -> Any:
-                request = client.loan_slice_uninit(case.size)
-                target, at = np.asarray(request.payload().as_memory_view()), 0
-                for array in data:
-                    target[at : at + array.size] = array
-                    at += array.size
-                return request.assume_init().send()
+        def wait(pending: Any) -> None:
+            while (response := pending.receive()) is None:
+                pass
+            got = np.asarray(response.payload().as_memory_view())
+            n = int.from_bytes(got.tobytes(), "little") if kind == "sink" else got.size
+            expect(n, case.size, kind)
 
-            def wait(pending: Any) -> None:
-                while (response := pending.receive()) is None:
-                    pass
-                got = np.asarray(response.payload().as_memory_view())
-                n = int.from_bytes(got.tobytes(), "little") if kind == "sink" else got.size
-                expect(n, case.size, kind)
+        if case.mode == "inflight":
+            return windowed(case, seconds, send, wait)
+        return sequential(case, seconds, lambda: wait(send()))
 
-            if case.mode == "inflight":
-                return windowed(case, seconds, send, wait)
-            return sequential(case, seconds, lambda: wait(send()))
-        finally:
-            child.kill()
-            child.wait(timeout=30)
+    def close(self) -> None:
+        self.clients.clear()
+        self.child.kill()
+        self.child.wait(timeout=30)
 
 
-def iceoryx2_service(iox2: Any, node: Any, name: str, inflight: int) -> Any:
-    """A request-response service of byte slices (both ends open it with the same limits)."""
+def iceoryx2_service(iox2: Any, node: Any, name: str) -> Any:
+    """A request-response service of byte slices, as many requests in flight as the suite keeps
+    (both ends open it with the same limits)."""
+    iox2.set_log_level_from_env_or(iox2.LogLevel.Error)  # no "no config file" line per process
     u8 = iox2.Slice[ctypes.c_uint8]
     return (
         node.service_builder(iox2.ServiceName.new(name))
         .request_response(u8, u8)
-        .max_active_requests_per_client(max(inflight, 2))
+        .max_active_requests_per_client(64)
         .open_or_create()
     )
 
 
-def serve_iceoryx2(name: str, inflight: int) -> None:
+def serve_iceoryx2(name: str) -> None:
     """An iceoryx2 sink (answers the byte count, 8 bytes little-endian) and echo (copies the
-    request into a loaned response), polled in turn."""
+    request into a loaned response), polled in turn; after 1 ms without a request it naps 1 ms
+    per poll, so it does not take a core from the other peers' measurements."""
     import iceoryx2 as iox2
 
+    iox2.set_log_level_from_env_or(iox2.LogLevel.Error)
     node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
     servers = [
-        (kind, iceoryx2_service(iox2, node, f"{name}/{kind}", inflight).server_builder()
+        (kind, iceoryx2_service(iox2, node, f"{name}/{kind}").server_builder()
          .initial_max_slice_len(8 if kind == "sink" else 4096)
          .allocation_strategy(iox2.AllocationStrategy.PowerOfTwo).create())
         for kind in ("sink", "echo")
     ]
     print("ready", flush=True)
+    idle_since = time.perf_counter()
     while True:
+        served = False
         for kind, server in servers:
             request = server.receive()
             if request is None:
                 continue
+            served = True
             body = np.asarray(request.payload().as_memory_view())
             if kind == "sink":
                 response = request.loan_slice_uninit(8)
@@ -544,6 +555,10 @@ def serve_iceoryx2(name: str, inflight: int) -> None:
                 np.copyto(np.asarray(response.payload().as_memory_view()), body)
             response.assume_init().send()
             del body, request
+        if served:
+            idle_since = time.perf_counter()
+        elif time.perf_counter() - idle_since > 1e-3:
+            time.sleep(1e-3)
 
 
 # ---- the run -------------------------------------------------------------------------------
@@ -567,7 +582,7 @@ def main() -> None:
     if args.serve:
         what, *rest = args.serve
         if what == "iceoryx2":
-            return serve_iceoryx2(rest[0], int(rest[1]))
+            return serve_iceoryx2(rest[0])
         return {"zmq": serve_zmq, "grpc": serve_grpc, "mpshm": serve_mpshm}[what]()
     if not PTR1_BENCH.exists():
         raise SystemExit(f"{PTR1_BENCH} is missing: cargo build --release -p ptr1-bench")
@@ -621,21 +636,26 @@ def main() -> None:
 
     results: dict[Case, dict[str, list[float]]] = {c: {p.name: [] for p in peers} for c in cases}
     not_applicable: dict[tuple[Case, str], str] = {}
+    spent: dict[str, float] = {}  # seconds each peer took, set-up excluded
     try:
         for rep in range(args.reps):
             for c, case in enumerate(cases):
                 data = payload(case.size, case.buffers)
                 turn = (rep + c) % len(peers)
                 for peer in peers[turn:] + peers[:turn]:  # rotate the order
+                    began = time.perf_counter()
                     try:
                         value = peer.measure(case, data, args.seconds)
                     except NotApplicable as why:
                         not_applicable[(case, peer.name)] = str(why)
                         continue
+                    finally:
+                        spent[peer.name] = spent.get(peer.name, 0.0) + time.perf_counter() - began
                     results[case][peer.name].append(value)
                     emit({"kind": "sample", "peer": peer.name, "mode": case.mode, "size": case.size,
                           "buffers": case.buffers, "inflight": case.inflight, "rep": rep, "value": value})
-            print(f"peers: rep {rep + 1}/{args.reps} done", file=sys.stderr)
+            took = ", ".join(f"{name} {t:.1f} s" for name, t in spent.items())
+            print(f"peers: rep {rep + 1}/{args.reps} done ({took})", file=sys.stderr)
     finally:
         for peer in peers:
             peer.close()

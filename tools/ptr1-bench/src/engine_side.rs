@@ -144,9 +144,9 @@ pub(crate) fn measure(
         }
         Mode::InFlight => {
             // Timed from the first send to the last reply, the window drained at the end: every
-            // ask counted is an ask completed, and each window turns over at least twice.
+            // ask counted is an ask completed, and the window is refilled at least a few times.
             let ask = || node.ask(peer, "/actors/echo", message.clone(), TIMEOUT);
-            let at_least = min_round_trips(total).max(2 * options.inflight as u64);
+            let at_least = options.inflight as u64 + min_round_trips(total);
             let started = Instant::now();
             let first = options
                 .messages

@@ -113,6 +113,7 @@ impl Case {
         }
         match self.mode {
             Mode::OneWay | Mode::Tell if v >= 1000.0 => format!("{v:.0}"),
+            Mode::OneWay | Mode::Tell if v < 0.1 => format!("{v:.3}"),
             Mode::OneWay | Mode::Tell => format!("{v:.2}"),
             Mode::Rtt => format!("{v:.1}"),
             Mode::InFlight => format!("{v:.0}"),
