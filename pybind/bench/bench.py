@@ -422,9 +422,9 @@ class Ray(Peer):
     def __init__(self) -> None:
         import ray
 
-        # The object store holds the largest in-flight case (4 × 256 MiB, each way).
+        # 2 GiB holds the largest in-flight case (4 × 256 MiB each way); Ray spills beyond it.
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                 object_store_memory=4 * GiB)
+                 object_store_memory=2 * GiB)
 
         @ray.remote
         class Fixture:
@@ -637,10 +637,20 @@ def main() -> None:
     results: dict[Case, dict[str, list[float]]] = {c: {p.name: [] for p in peers} for c in cases}
     not_applicable: dict[tuple[Case, str], str] = {}
     spent: dict[str, float] = {}  # seconds each peer took, set-up excluded
+    failed: list[Peer] = []
     try:
         for rep in range(args.reps):
             for c, case in enumerate(cases):
                 data = payload(case.size, case.buffers)
+                for peer in failed:
+                    if peer in peers:
+                        peers.remove(peer)
+                        try:
+                            peer.close()
+                        except Exception as e:
+                            print(f"{peer.name}: close failed: {e}", file=sys.stderr)
+                if not peers:
+                    break
                 turn = (rep + c) % len(peers)
                 for peer in peers[turn:] + peers[:turn]:  # rotate the order
                     began = time.perf_counter()
@@ -648,6 +658,12 @@ def main() -> None:
                         value = peer.measure(case, data, args.seconds)
                     except NotApplicable as why:
                         not_applicable[(case, peer.name)] = str(why)
+                        continue
+                    except Exception as e:  # one peer failing leaves the others measured
+                        reason = f"{case.label}: {type(e).__name__}: {e}"
+                        emit({"kind": "failed", "peer": peer.name, "reason": reason})
+                        print(f"{peer.name} failed, left out from here on: {reason}", file=sys.stderr)
+                        failed.append(peer)
                         continue
                     finally:
                         spent[peer.name] = spent.get(peer.name, 0.0) + time.perf_counter() - began
@@ -658,7 +674,10 @@ def main() -> None:
             print(f"peers: rep {rep + 1}/{args.reps} done ({took})", file=sys.stderr)
     finally:
         for peer in peers:
-            peer.close()
+            try:
+                peer.close()
+            except Exception as e:  # closing a broken peer must not hide the results
+                print(f"{peer.name}: close failed: {e}", file=sys.stderr)
         fixture.kill()
     for (case, name), why in not_applicable.items():
         emit({"kind": "not_applicable", "peer": name, "mode": case.mode, "size": case.size,

@@ -96,6 +96,7 @@ pub(crate) fn to_json(r: &Results, options: &Options) -> Value {
             "unavailable": pairs(&r.peers.unavailable, "peer", "reason"),
             "notes": pairs(&r.peers.notes, "peer", "how"),
             "not_applicable": pairs(&r.peers.not_applicable, "peer", "reason"),
+            "failed": pairs(&r.peers.failed, "peer", "reason"),
         },
     })
 }

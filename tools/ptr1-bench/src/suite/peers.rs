@@ -28,6 +28,9 @@ pub(crate) struct Peers {
     pub(crate) notes: Vec<(String, String)>,
     /// Cases a peer has no way to run: (peer, case label, reason), deduplicated by reason.
     pub(crate) not_applicable: Vec<(String, String)>,
+    /// Peers that failed part-way, with the case and the error (their samples until then
+    /// are kept).
+    pub(crate) failed: Vec<(String, String)>,
     /// Python and package versions.
     pub(crate) versions: BTreeMap<String, String>,
 }
@@ -80,11 +83,17 @@ impl Peers {
             .stderr(Stdio::inherit())
             .output();
         match output {
-            Ok(out) if out.status.success() => Self::parse(&String::from_utf8_lossy(&out.stdout)),
-            Ok(out) => skipped(&format!(
-                "bench.py failed ({}); its stderr is above",
-                out.status
-            )),
+            // What it measured before a failure still counts; the failure is listed.
+            Ok(out) => {
+                let mut peers = Self::parse(&String::from_utf8_lossy(&out.stdout));
+                if !out.status.success() {
+                    peers.failed.push((
+                        "bench.py".into(),
+                        format!("exited with {} (its stderr is above)", out.status),
+                    ));
+                }
+                peers
+            }
             Err(e) => skipped(&format!("bench.py could not start: {e}")),
         }
     }
@@ -109,6 +118,7 @@ impl Peers {
                 }
                 Some("unavailable") => peers.unavailable.push((s("peer"), s("reason"))),
                 Some("note") => peers.notes.push((s("peer"), s("text"))),
+                Some("failed") => peers.failed.push((s("peer"), s("reason"))),
                 Some("not_applicable") => {
                     let entry = (s("peer"), s("reason"));
                     if !peers.not_applicable.contains(&entry) {
@@ -220,6 +230,7 @@ mod tests {
 {"kind": "sample", "peer": "pyzmq", "mode": "oneway", "size": 4096, "buffers": 1, "inflight": 1, "rep": 0, "value": 0.2}
 {"kind": "sample", "peer": "pyzmq", "mode": "oneway", "size": 4096, "buffers": 1, "inflight": 1, "rep": 1, "value": 0.3}
 {"kind": "not_applicable", "peer": "gRPC (Python)", "mode": "oneway", "size": 4096, "buffers": 16, "reason": "one bytes object per call"}
+{"kind": "failed", "peer": "Ray", "reason": "one-way 256 MiB × 1: the actor died"}
 not json: ignored"#;
         let peers = Peers::parse(text);
         let case = Case {
@@ -233,6 +244,7 @@ not json: ignored"#;
         assert_eq!(peers.versions["pyzmq"], "26.2.0");
         assert_eq!(peers.unavailable.len(), 1);
         assert_eq!(peers.not_applicable.len(), 1);
+        assert_eq!(peers.failed[0].0, "Ray");
         assert_eq!(
             peers.others().collect::<Vec<_>>(),
             vec![&"pyzmq".to_owned()]

@@ -197,6 +197,9 @@ fn peers_table(r: &Results) {
     for (name, why) in &peers.not_applicable {
         say!("  {name}: some cases not measured: {why}");
     }
+    for (name, why) in &peers.failed {
+        say!("  {name}: FAILED part-way (its later cases are missing): {why}");
+    }
     if peers.names.is_empty() {
         return;
     }
