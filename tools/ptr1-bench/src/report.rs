@@ -14,6 +14,8 @@ pub(crate) struct Report {
     pub(crate) latency: Vec<(String, usize, f64)>,
     /// Horizontal references on the throughput plot: (name, GB/s).
     pub(crate) references: Vec<(String, f64)>,
+    /// Series drawn dashed (measured from Python).
+    pub(crate) dashed: Vec<String>,
 }
 
 static REPORT: Mutex<Report> = Mutex::new(Report {
@@ -21,6 +23,7 @@ static REPORT: Mutex<Report> = Mutex::new(Report {
     throughput: Vec::new(),
     latency: Vec::new(),
     references: Vec::new(),
+    dashed: Vec::new(),
 });
 
 fn with<T>(f: impl FnOnce(&mut Report) -> T) -> T {
@@ -64,22 +67,35 @@ pub(crate) fn reference(name: &str, gb_per_s: f64) {
     }
 }
 
+/// Draws `series` dashed on the plots.
+pub(crate) fn dashed(series: &str) {
+    with(|r| {
+        if !r.dashed.iter().any(|d| d == series) {
+            r.dashed.push(series.to_owned());
+        }
+    });
+}
+
 /// Writes `table.md`, `throughput.svg` and `latency.svg` into `dir`; returns the paths.
 pub(crate) fn write(dir: &std::path::Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
     std::fs::create_dir_all(dir)?;
-    let (text, throughput, latency, references) = with(|r| {
+    let (text, throughput, latency, references, dashed) = with(|r| {
         (
             r.text.clone(),
             r.throughput.clone(),
             r.latency.clone(),
             r.references.clone(),
+            r.dashed.clone(),
         )
     });
     let table = dir.join("table.md");
     std::fs::write(&table, text)?;
     let through = dir.join("throughput.svg");
-    std::fs::write(&through, crate::svg::throughput(&throughput, &references))?;
+    std::fs::write(
+        &through,
+        crate::svg::throughput(&throughput, &references, &dashed),
+    )?;
     let lat = dir.join("latency.svg");
-    std::fs::write(&lat, crate::svg::latency(&latency))?;
+    std::fs::write(&lat, crate::svg::latency(&latency, &dashed))?;
     Ok(vec![table, through, lat])
 }

@@ -1,17 +1,17 @@
-//! Two plots as plain SVG, both log-log against message size with a line per transport:
-//! one-way throughput (iperf3 as a dashed reference) and ask round-trip p50.
+//! Two plots as plain SVG, both log-log against message size with a line per transport in
+//! the order the tables list them: one-way throughput (iperf3 as a grey dashed level) and ask
+//! round-trip p50. Series named in `dashed` (what was measured from Python) are dashed.
 //!
 //! Written by hand rather than with plotters: plotters lays text out with a font backend
 //! (font-kit and the system's fonts, or an embedded TTF) even for SVG; here the viewer renders
 //! the text, and nothing beyond std is needed.
 
-use std::collections::BTreeMap;
 use std::fmt::Write;
 
-const W: f64 = 900.0;
+const W: f64 = 980.0;
 const H: f64 = 540.0;
 const LEFT: f64 = 80.0;
-const RIGHT: f64 = 220.0;
+const RIGHT: f64 = 280.0;
 const TOP: f64 = 50.0;
 const BOTTOM: f64 = 60.0;
 const COLOURS: [&str; 10] = [
@@ -19,36 +19,52 @@ const COLOURS: [&str; 10] = [
     "#bcbd22", "#17becf",
 ];
 
+/// The dash pattern of the series in `dashed`.
+const PEER_DASH: &str = r#" stroke-dasharray="7 4""#;
+
 /// Throughput against size, one line per series, log axes.
-pub(crate) fn throughput(points: &[(String, usize, f64)], references: &[(String, f64)]) -> String {
+pub(crate) fn throughput(
+    points: &[(String, usize, f64)],
+    references: &[(String, f64)],
+    dashed: &[String],
+) -> String {
     lines(
         "One-way throughput by message size (medians, higher is better)",
         "GB/s",
         points,
         references,
+        dashed,
     )
 }
 
 /// Round-trip p50 against size, one line per series, log axes.
-pub(crate) fn latency(points: &[(String, usize, f64)]) -> String {
+pub(crate) fn latency(points: &[(String, usize, f64)], dashed: &[String]) -> String {
     lines(
         "Ask round trip p50 by message size (lower is better)",
         "µs",
         points,
         &[],
+        dashed,
     )
 }
 
-/// `points` (series, size, value) as lines on log axes, `references` as dashed levels.
+/// `points` (series, size, value) as lines on log axes, `references` as grey dashed levels,
+/// the series named in `dashed` dashed.
 fn lines(
     title: &str,
     unit: &str,
     points: &[(String, usize, f64)],
     references: &[(String, f64)],
+    dashed: &[String],
 ) -> String {
-    let mut series: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
-    for (name, size, gb) in points {
-        series.entry(name).or_default().push((*size as f64, *gb));
+    // In the order of first appearance: the tables' order.
+    let mut series: Vec<(&str, Vec<(f64, f64)>)> = Vec::new();
+    for (name, size, value) in points {
+        let point = (*size as f64, *value);
+        match series.iter_mut().find(|(n, _)| n == name) {
+            Some((_, pts)) => pts.push(point),
+            None => series.push((name, vec![point])),
+        }
     }
     let xs = points.iter().map(|p| p.1 as f64);
     let ys = points
@@ -66,6 +82,13 @@ fn lines(
     let x = |v: f64| LEFT + (v.log10() - x0) / (x1 - x0) * (W - LEFT - RIGHT);
     let y = |v: f64| H - BOTTOM - (v.log10() - y0) / (y1 - y0) * (H - TOP - BOTTOM);
     let mut svg = header(title, H);
+    if !dashed.is_empty() {
+        let _ = write!(
+            svg,
+            r#"<text x="{}" y="44" text-anchor="middle" font-size="12">solid: measured from Rust (ptr1-bench) · dashed: from Python (pybind/bench/bench.py)</text>"#,
+            W / 2.0
+        );
+    }
     axes(&mut svg, "message size (bytes)", unit);
     for d in dx0..=dx1 {
         let v = 10f64.powi(d);
@@ -93,14 +116,25 @@ fn lines(
         );
     }
     let mut legend = 0usize;
-    for (i, (name, mut pts)) in series.into_iter().enumerate() {
+    let (mut solid, mut peer) = (0usize, 0usize);
+    for (name, mut pts) in series {
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let colour = COLOURS[i % COLOURS.len()];
-        // Past ten series the colours repeat: dashed the second time round.
-        let dash = if i >= COLOURS.len() {
-            r#" stroke-dasharray="2 3""#
+        // Solid and dashed series each go round the colours; a solid series past the tenth
+        // is dotted so that no two lines look alike.
+        let (colour, dash) = if dashed.iter().any(|d| d == name) {
+            peer += 1;
+            (COLOURS[(peer - 1) % COLOURS.len()], PEER_DASH)
         } else {
-            ""
+            solid += 1;
+            let dotted = solid > COLOURS.len();
+            (
+                COLOURS[(solid - 1) % COLOURS.len()],
+                if dotted {
+                    r#" stroke-dasharray="2 3""#
+                } else {
+                    ""
+                },
+            )
         };
         let path: Vec<String> = pts
             .iter()
@@ -231,7 +265,7 @@ mod tests {
             ("tokio <fallback>".to_owned(), 4096, 0.1),
             ("tokio <fallback>".to_owned(), 64 << 20, 3.0),
         ];
-        let svg = throughput(&points, &[("iperf3".to_owned(), 5.0)]);
+        let svg = throughput(&points, &[("iperf3".to_owned(), 5.0)], &[]);
         assert_eq!(svg.matches("<polyline").count(), 2);
         assert_eq!(svg.matches("<circle").count(), 4);
         assert!(svg.contains("iperf3 (5.00 GB/s)"));
@@ -244,14 +278,25 @@ mod tests {
         let points: Vec<(String, usize, f64)> = (0..12)
             .map(|i| (format!("series {i:02}"), 4096, 20.0 + f64::from(i)))
             .collect();
-        let svg = latency(&points);
+        let svg = latency(&points, &["series 03".to_owned()]);
         assert_eq!(svg.matches("<polyline").count(), 12);
         assert!(svg.contains("series 11 4 kB: 31.00 µs"));
         assert_eq!(
             svg.matches(r#"stroke-dasharray="2 3""#).count(),
-            4,
-            "series 10 and 11 (past ten colours) dashed, line and legend"
+            2,
+            "the eleventh solid series (series 11) is dotted, line and legend"
         );
-        assert!(throughput(&[], &[]).ends_with("</svg>\n"));
+        assert_eq!(
+            svg.matches(PEER_DASH).count(),
+            2,
+            "series 03 is dashed, line and legend"
+        );
+        assert!(svg.contains("dashed: from Python"));
+        let first = svg.find("series 00").unwrap_or(usize::MAX);
+        assert!(
+            first < svg.find("series 01").unwrap_or(0),
+            "in the order given"
+        );
+        assert!(throughput(&[], &[], &[]).ends_with("</svg>\n"));
     }
 }

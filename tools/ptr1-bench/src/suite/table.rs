@@ -99,6 +99,7 @@ fn record_points(r: &Results, case: &Case, values: &[f64]) {
                 }
             }
             for peer in &r.peers.names {
+                report::dashed(peer);
                 report::throughput(peer, case.size, r.peers.median(peer, case));
             }
             let memcpy = r.references.memcpy_median(case.size);
@@ -109,6 +110,7 @@ fn record_points(r: &Results, case: &Case, values: &[f64]) {
                 report::latency(column.name(), case.size, *v);
             }
             for peer in &r.peers.names {
+                report::dashed(peer);
                 report::latency(peer, case.size, r.peers.median(peer, case));
             }
         }
