@@ -422,7 +422,7 @@ class Ray(Peer):
     def __init__(self) -> None:
         import ray
 
-        # 2 GiB holds the largest in-flight case (4 × 256 MiB each way); Ray spills beyond it.
+        # 2 GiB holds the largest in-flight case (2 × 256 MiB each way); Ray spills beyond it.
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
                  object_store_memory=2 * GiB)
 
@@ -575,7 +575,7 @@ def main() -> None:
     parser.add_argument("--modes", default="oneway,rtt,inflight")
     parser.add_argument("--buffers", default="1")
     parser.add_argument("--inflight", type=int, default=64)
-    parser.add_argument("--inflight-bytes", type=parse_size, default=GiB)
+    parser.add_argument("--inflight-bytes", type=parse_size, default=512 * MiB)
     parser.add_argument("--skip", default="", help="peers to leave out: tw,twshm,rust,zmq,grpc,mpshm,ray,iceoryx2")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     args = parser.parse_args()

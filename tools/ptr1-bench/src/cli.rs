@@ -31,6 +31,19 @@ pub(crate) enum Command {
     /// multiprocessing.shared_memory, Ray, iceoryx2) where installed.
     #[command(alias = "suite")]
     Compare(CompareArgs),
+    /// Redraws the plots (throughput.svg, latency.svg) of a saved suite run from its
+    /// results.json.
+    Plot(PlotArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PlotArgs {
+    /// A suite run's results.json.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) from: std::path::PathBuf,
+    /// Where to write the plots.
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    pub(crate) out: std::path::PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -171,7 +184,7 @@ pub(crate) struct CompareArgs {
     /// ratio refers to it).
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Option<Vec<Part>>,
-    /// Asks outstanding in the in-flight cases (at most 1 GiB of payload outstanding).
+    /// Asks outstanding in the in-flight cases (at most 512 MiB of payload outstanding).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     inflight: u32,
 }

@@ -4,7 +4,9 @@
 //! ptr1-bench serve   [--listen ADDR] [--transport T] [--handlers core|threads] [TLS options]
 //! ptr1-bench run     --to ADDR [--transport T] [--mode oneway|rtt|inflight] [--size 4KiB]
 //!                    [--buffers N] [--duration 5s | --messages N] [--inflight K] [--verify] [--json]
-//! ptr1-bench compare [--quick] [--reps N] [--json FILE] [--only ptr1|http2|shm]   (alias: suite)
+//! ptr1-bench suite   [--quick | --smoke] [--reps N] [--seconds S] [--out DIR] [--json FILE]
+//!                    [--only local,shm,ptr1,http2,peers]                          (alias: compare)
+//! ptr1-bench plot    --from DIR/results.json [--out DIR]
 //! ```
 //! (`--help` on each for everything.)
 //!
@@ -13,8 +15,9 @@
 //! tell → Ack). On the engine and tokio transports they run on the driver thread that received
 //! the request (`--handlers core`, the default) or on handler threads (`--handlers threads`).
 //! It prints `listening on ADDR` once ready. `run` measures one transport against one address
-//! and prints JSON. `compare` starts a server process per transport and measures them side by
-//! side (interleaved repetitions, medians), plus iperf3 when installed.
+//! (a table, or JSON). `suite` measures every path and baseline side by side over modes ×
+//! sizes × buffer counts, with iperf3, memcpy and the Python peers (see `suite/`); `plot`
+//! redraws a saved run's plots.
 
 mod blocking;
 mod cli;
@@ -22,11 +25,11 @@ mod engine_side;
 mod environment;
 mod measure;
 mod memcpy;
+mod plots;
 mod progress;
 mod report;
 mod seed;
 mod suite;
-mod svg;
 mod tls;
 mod units;
 
@@ -61,6 +64,7 @@ fn dispatch(cli: &cli::Cli) -> Result<()> {
             Ok(())
         }
         cli::Command::Compare(args) => suite::suite(&Options::from(args)),
+        cli::Command::Plot(args) => plots::replot(&args.from, &args.out),
     }
 }
 
@@ -193,9 +197,9 @@ pub(crate) struct Options {
     pub(crate) messages: Option<u64>,
     /// run: check every echoed payload.
     pub(crate) verify: bool,
-    /// compare: tiny sizes, one short repetition, payloads verified (a correctness check).
+    /// suite: tiny sizes, one short repetition, payloads verified (a correctness check).
     pub(crate) smoke: bool,
-    /// compare: write the table, JSON and plots into this directory.
+    /// suite: write the table, JSON and plots into this directory.
     pub(crate) out: Option<String>,
     /// TLS: this end's certificate chain and key (PEM files).
     pub(crate) cert: Option<String>,

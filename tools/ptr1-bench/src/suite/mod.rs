@@ -133,10 +133,12 @@ pub(crate) fn suite(options: &Options) -> Result<()> {
         say!("\nwrote {path}");
     }
     if let Some(dir) = &options.out {
-        let mut written = crate::report::write(Path::new(dir))?;
-        let path = Path::new(dir).join("results.json");
+        let dir = Path::new(dir);
+        let mut written = vec![crate::report::write(dir)?];
+        let path = dir.join("results.json");
         std::fs::write(&path, serde_json::to_string_pretty(&json)?)?;
         written.push(path);
+        written.extend(crate::plots::write(&json, dir)?);
         println!("\nwrote the table, the JSON and the plots:");
         for path in written {
             println!("  {}", path.display());

@@ -1,17 +1,17 @@
 //! The suite's tables (markdown, printed and kept for `table.md`) and the points of its plots.
 
 use crate::Mode;
-use crate::report::{self, say};
+use crate::report::say;
 use crate::suite::columns::Column;
 use crate::suite::peers::is_tensorwire;
-use crate::suite::{Case, Results, human};
+use crate::suite::{Results, human};
 
 pub(crate) fn print(r: &Results) {
     let plan = &r.plan;
     say!(
         "\nmedians of {} interleaved repetition(s), {} s per cell; one-way = asks to a sink \
          (GB/s of payload), RTT = asks to an echo (p50 µs), in flight = asks to the echo with K \
-         outstanding (asks/s, at most 1 GiB outstanding)",
+         outstanding (asks/s, at most 512 MiB outstanding)",
         plan.reps,
         plan.seconds
     );
@@ -43,7 +43,6 @@ fn main_table(r: &Results) {
     let iperf3 = r.references.iperf3_median();
     for (c, case) in r.plan.cases.iter().enumerate() {
         let values: Vec<f64> = (0..r.columns.len()).map(|l| r.median(c, l)).collect();
-        record_points(r, case, &values);
         let of = |column: Column| r.index(column).map_or(f64::NAN, |l| values[l]);
         let engine = of(Column::Engine);
         let baseline = case.best([Column::Tokio, Column::Seed, Column::Std].map(of));
@@ -85,39 +84,6 @@ fn main_table(r: &Results) {
     }
 }
 
-/// The plots: one-way throughput and RTT by size, one buffer, one line per column (the local
-/// mailbox copies nothing, so its "throughput" is left off that plot).
-fn record_points(r: &Results, case: &Case, values: &[f64]) {
-    if case.buffers != 1 {
-        return;
-    }
-    match case.mode {
-        Mode::OneWay => {
-            for (column, v) in r.columns.iter().zip(values) {
-                if column.crosses_processes() {
-                    report::throughput(column.name(), case.size, *v);
-                }
-            }
-            for peer in &r.peers.names {
-                report::dashed(peer);
-                report::throughput(peer, case.size, r.peers.median(peer, case));
-            }
-            let memcpy = r.references.memcpy_median(case.size);
-            report::throughput("memcpy (1 thread)", case.size, memcpy);
-        }
-        Mode::Rtt => {
-            for (column, v) in r.columns.iter().zip(values) {
-                report::latency(column.name(), case.size, *v);
-            }
-            for peer in &r.peers.names {
-                report::dashed(peer);
-                report::latency(peer, case.size, r.peers.median(peer, case));
-            }
-        }
-        Mode::InFlight | Mode::Tell => {}
-    }
-}
-
 /// CPU seconds both processes spent per GB of payload, one-way cases.
 fn cpu_table(r: &Results) {
     say!(
@@ -141,7 +107,6 @@ fn references(r: &Results) {
     match &r.references.iperf3 {
         Ok(_) => {
             let gb = r.references.iperf3_median();
-            report::reference("iperf3 loopback", gb);
             say!("\niperf3, one TCP stream over loopback: {gb:.2} GB/s");
         }
         Err(why) => say!("\niperf3: {why}"),
