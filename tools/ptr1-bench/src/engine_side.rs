@@ -151,18 +151,20 @@ pub(crate) fn measure(
             let first = options
                 .messages
                 .map_or(options.inflight as u64, |n| n.min(options.inflight as u64));
-            let mut window: VecDeque<_> = (0..first).map(|_| ask()).collect();
+            // Each ask with when it was sent: its latency includes its wait in the window.
+            let mut window: VecDeque<_> = (0..first).map(|_| (Instant::now(), ask())).collect();
             let mut sample = Sample::default();
             let mut sent = window.len() as u64;
-            while let Some(pending) = window.pop_front() {
+            while let Some((at, pending)) = window.pop_front() {
                 match pending.wait()? {
                     Reply::Tensor(reply) => check_echo(options, message, &reply)?,
                     other => return Err(anyhow!("echo answered {other:?}")),
                 }
+                sample.record(at.elapsed());
                 sample.ops += 1;
                 sample.payload_bytes += total;
                 if options.more(started, sent, at_least) {
-                    window.push_back(ask());
+                    window.push_back((Instant::now(), ask()));
                     sent += 1;
                 }
             }

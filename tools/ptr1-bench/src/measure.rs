@@ -43,8 +43,9 @@ pub(crate) struct Sample {
     pub(crate) ops: u64,
     pub(crate) payload_bytes: u64,
     pub(crate) elapsed: Duration,
-    /// Per-operation latency in nanoseconds (sequential modes only): an HDR histogram, 3
-    /// significant digits, 1 ns to 1 hour.
+    /// Per-operation latency in nanoseconds (tensorwire clients in every mode, seed and std in
+    /// the sequential ones; in flight, from send to reply): an HDR histogram, 3 significant
+    /// digits, 1 ns to 1 hour.
     pub(crate) latencies: Histogram<u64>,
     /// Whether every echoed payload was checked byte for byte.
     pub(crate) verified: bool,
@@ -80,7 +81,8 @@ impl Sample {
         self.latencies.value_at_quantile(quantile) as f64 / 1e3
     }
 
-    fn record(&mut self, latency: Duration) {
+    /// Records one operation's latency.
+    pub(crate) fn record(&mut self, latency: Duration) {
         let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
         self.latencies.saturating_record(ns.max(1));
     }
