@@ -46,6 +46,7 @@ import ctypes
 import importlib.metadata
 import json
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -61,7 +62,7 @@ import numpy as np
 import tensorwire as tw
 
 ROOT = Path(__file__).resolve().parents[2]
-PTR1_BENCH = ROOT / "target" / "release" / "ptr1-bench"
+PTR1_BENCH = ROOT / "target" / "release" / "ptr1-bench"  # --fixture overrides it
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 TIMEOUT = 120.0
 
@@ -131,9 +132,10 @@ def sequential(case: Case, seconds: float, one: Callable[[], None]) -> float:
 
 
 def windowed(case: Case, seconds: float, send: Callable[[], Any], wait: Callable[[Any], None]) -> float:
-    """Keeps `case.inflight` requests outstanding (`send` starts one, `wait` finishes one; the
-    window refilled at least 3 times), timed from the first send to the last reply with the
-    window drained; asks/s."""
+    """Keeps `case.inflight` requests outstanding (`send` starts one, `wait` finishes one; at
+    least 3 beyond the first window), timed from the first send to the last reply with the
+    window drained, after one untimed warm-up request; asks/s."""
+    wait(send())
     start = time.perf_counter()
     window = deque(send() for _ in range(case.inflight))
     sent, done = len(window), 0
@@ -260,6 +262,7 @@ class Tensorwire(Peer):
     async def _in_flight(self, case: Case, msg: tw.TensorMessage, seconds: float) -> float:
         """`case.inflight` asks outstanding (each worker asks at least twice); timed until the
         last reply."""
+        expect((await self.echo.ask_async(msg, timeout=TIMEOUT)).total_bytes, case.size, "echo")
         done, start = 0, time.perf_counter()
 
         async def worker() -> None:
@@ -404,12 +407,16 @@ class MpShm(Peer):
                 if what == "echo":
                     np.copyto(back, view[case.size : 2 * case.size])
 
-            figure = sequential(case, seconds, one)
-            del view
-            return figure
+            try:
+                return sequential(case, seconds, one)
+            finally:
+                del view  # before close(): a live view would make it raise BufferError
         finally:
             stdin.close()
-            child.wait(timeout=30)
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()
             segment.close()
             segment.unlink()
 
@@ -458,7 +465,8 @@ class Iceoryx2(Peer):
     name = "iceoryx2"
     module = "iceoryx2"
     note = ("request-response over its Python loan API (a slice loaned per request, the buffers "
-            "copied into it); the client polls, the server polls and naps 1 ms when idle")
+            "copied into it); the client polls, the server polls (napping 1 ms per poll only "
+            "after 100 ms without a request)")
 
     def __init__(self) -> None:
         import iceoryx2 as iox2  # ImportError: not installed
@@ -468,16 +476,21 @@ class Iceoryx2(Peer):
         self.child = subprocess.Popen(
             [sys.executable, __file__, "--serve", "iceoryx2", name], stdout=subprocess.PIPE, text=True
         )
-        assert self.child.stdout is not None
-        if self.child.stdout.readline().strip() != "ready":
-            raise RuntimeError("the iceoryx2 server did not start")
-        iox2.set_log_level_from_env_or(iox2.LogLevel.Error)
-        self.node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
-        self.clients = {
-            kind: iceoryx2_service(iox2, self.node, f"{name}/{kind}").client_builder()
-            .initial_max_slice_len(4096).allocation_strategy(iox2.AllocationStrategy.PowerOfTwo).create()
-            for kind in ("sink", "echo")
-        }
+        try:
+            assert self.child.stdout is not None
+            if self.child.stdout.readline().strip() != "ready":
+                raise RuntimeError("the iceoryx2 server did not start")
+            iox2.set_log_level_from_env_or(iox2.LogLevel.Error)
+            self.node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
+            self.clients = {
+                kind: iceoryx2_service(iox2, self.node, f"{name}/{kind}").client_builder()
+                .initial_max_slice_len(4096).allocation_strategy(iox2.AllocationStrategy.PowerOfTwo)
+                .create()
+                for kind in ("sink", "echo")
+            }
+        except BaseException:
+            self.child.kill()  # its server loop never ends by itself
+            raise
 
     def measure(self, case: Case, data: list[np.ndarray], seconds: float) -> float:
         kind = "sink" if case.mode == "oneway" else "echo"
@@ -523,8 +536,9 @@ def iceoryx2_service(iox2: Any, node: Any, name: str) -> Any:
 
 def serve_iceoryx2(name: str) -> None:
     """An iceoryx2 sink (answers the byte count, 8 bytes little-endian) and echo (copies the
-    request into a loaned response), polled in turn; after 1 ms without a request it naps 1 ms
-    per poll, so it does not take a core from the other peers' measurements."""
+    request into a loaned response), polled in turn. After 100 ms without a request (longer
+    than a 256 MiB copy between two requests) it naps 1 ms per poll, so it does not take a
+    core from the other peers' measurements, and a request in a cell never waits for a nap."""
     import iceoryx2 as iox2
 
     iox2.set_log_level_from_env_or(iox2.LogLevel.Error)
@@ -557,7 +571,7 @@ def serve_iceoryx2(name: str) -> None:
             del body, request
         if served:
             idle_since = time.perf_counter()
-        elif time.perf_counter() - idle_since > 1e-3:
+        elif time.perf_counter() - idle_since > 0.1:
             time.sleep(1e-3)
 
 
@@ -567,6 +581,7 @@ VERSIONS = ["numpy", "tensorwire", "pyzmq", "grpcio", "ray", "iceoryx2"]
 
 
 def main() -> None:
+    global PTR1_BENCH
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serve", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--reps", type=int, default=3)
@@ -578,14 +593,24 @@ def main() -> None:
     parser.add_argument("--inflight-bytes", type=parse_size, default=512 * MiB)
     parser.add_argument("--skip", default="", help="peers to leave out: tw,twshm,rust,zmq,grpc,mpshm,ray,iceoryx2")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument("--fixture", type=Path, default=PTR1_BENCH,
+                        help="the ptr1-bench binary whose fixture the tensorwire peers ask")
+    parser.add_argument("--cell-timeout", type=float, default=300.0,
+                        help="seconds one peer may take for one case before it counts as failed")
     args = parser.parse_args()
     if args.serve:
         what, *rest = args.serve
         if what == "iceoryx2":
             return serve_iceoryx2(rest[0])
         return {"zmq": serve_zmq, "grpc": serve_grpc, "mpshm": serve_mpshm}[what]()
+    PTR1_BENCH = args.fixture
     if not PTR1_BENCH.exists():
         raise SystemExit(f"{PTR1_BENCH} is missing: cargo build --release -p ptr1-bench")
+
+    def out_of_time(signum: int, frame: object) -> None:
+        raise TimeoutError(f"no result within --cell-timeout {args.cell_timeout} s")
+
+    signal.signal(signal.SIGALRM, out_of_time)
 
     def emit(record: dict[str, Any]) -> None:
         if args.json:
@@ -654,6 +679,7 @@ def main() -> None:
                 turn = (rep + c) % len(peers)
                 for peer in peers[turn:] + peers[:turn]:  # rotate the order
                     began = time.perf_counter()
+                    signal.setitimer(signal.ITIMER_REAL, args.cell_timeout)  # a wedged peer fails
                     try:
                         value = peer.measure(case, data, args.seconds)
                     except NotApplicable as why:
@@ -666,6 +692,7 @@ def main() -> None:
                         failed.append(peer)
                         continue
                     finally:
+                        signal.setitimer(signal.ITIMER_REAL, 0)
                         spent[peer.name] = spent.get(peer.name, 0.0) + time.perf_counter() - began
                     results[case][peer.name].append(value)
                     emit({"kind": "sample", "peer": peer.name, "mode": case.mode, "size": case.size,

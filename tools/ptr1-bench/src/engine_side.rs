@@ -147,13 +147,23 @@ pub(crate) fn measure(
             // ask counted is an ask completed, and the window is refilled at least a few times.
             let ask = || node.ask(peer, "/actors/echo", message.clone(), TIMEOUT);
             let at_least = options.inflight as u64 + min_round_trips(total);
+            // Warm-up, as in the sequential modes: connection set-up and first-touch memory
+            // are not measured.
+            match ask().wait()? {
+                Reply::Tensor(reply) => check_echo(options, message, &reply)?,
+                other => return Err(anyhow!("echo answered {other:?}")),
+            }
             let started = Instant::now();
             let first = options
                 .messages
                 .map_or(options.inflight as u64, |n| n.min(options.inflight as u64));
-            // Each ask with when it was sent: its latency includes its wait in the window.
+            // Each ask with when it was sent: its latency includes its wait in the window, and
+            // replies are taken in the order the asks were sent.
             let mut window: VecDeque<_> = (0..first).map(|_| (Instant::now(), ask())).collect();
-            let mut sample = Sample::default();
+            let mut sample = Sample {
+                untimed_bytes: total,
+                ..Sample::default()
+            };
             let mut sent = window.len() as u64;
             while let Some((at, pending)) = window.pop_front() {
                 match pending.wait()? {

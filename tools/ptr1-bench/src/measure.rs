@@ -42,6 +42,9 @@ pub(crate) fn check_sink_ack(msg_type: &str, data: &[u8], expected: u64) -> Resu
 pub(crate) struct Sample {
     pub(crate) ops: u64,
     pub(crate) payload_bytes: u64,
+    /// Payload bytes moved before the timing started (the warm-up): CPU readings taken around
+    /// the whole call count them too.
+    pub(crate) untimed_bytes: u64,
     pub(crate) elapsed: Duration,
     /// Per-operation latency in nanoseconds (tensorwire clients in every mode, seed and std in
     /// the sequential ones; in flight, from send to reply): an HDR histogram, 3 significant
@@ -56,6 +59,7 @@ impl Default for Sample {
         Self {
             ops: 0,
             payload_bytes: 0,
+            untimed_bytes: 0,
             elapsed: Duration::ZERO,
             latencies: Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
                 .unwrap_or_else(|_| Histogram::new(3).unwrap_or_else(|_| unreachable!())),
@@ -124,7 +128,10 @@ pub(crate) fn sequential(
 ) -> Result<Sample> {
     op()?; // warm-up: connection set-up and first-touch memory are not measured
     let started = Instant::now();
-    let mut sample = Sample::default();
+    let mut sample = Sample {
+        untimed_bytes: bytes_per_op,
+        ..Sample::default()
+    };
     while options.more(started, sample.ops, min_ops) {
         let t = Instant::now();
         op()?;

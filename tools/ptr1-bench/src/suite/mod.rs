@@ -209,7 +209,8 @@ impl Plan {
 
 impl Measurement {
     fn new(sample: &Sample, cpu: Duration) -> Self {
-        let gb = sample.payload_bytes as f64 / 1e9;
+        // The CPU reading spans the warm-up too, so its bytes count here.
+        let gb = (sample.payload_bytes + sample.untimed_bytes) as f64 / 1e9;
         Self {
             gb_per_s: sample.gb_per_s(),
             ops_per_s: sample.ops_per_s(),

@@ -58,8 +58,11 @@ impl Peers {
         let list = |values: &mut dyn Iterator<Item = String>| values.collect::<Vec<_>>().join(",");
         let mut modes: Vec<&str> = plan.cases.iter().map(Case::mode_key).collect();
         modes.dedup();
+        let exe = std::env::current_exe().map_or_else(|_| "?".into(), |p| p.display().to_string());
         let args = [
             "--json".to_owned(),
+            "--fixture".into(),
+            exe,
             "--skip".into(),
             "rust".into(),
             "--reps".into(),

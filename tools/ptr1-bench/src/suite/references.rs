@@ -86,8 +86,11 @@ fn iperf3_once(seconds: u32) -> Result<f64> {
             &seconds.to_string(),
             "-J",
         ])
-        .output()?;
+        .output();
+    // A one-off server (`-1`) whose client failed would wait for ever: it is ended either way.
+    let _ = server.kill();
     let _ = server.wait();
+    let output = output.context("running the iperf3 client")?;
     let json: serde_json::Value = serde_json::from_slice(&output.stdout)?;
     let bits = json["end"]["sum_received"]["bits_per_second"]
         .as_f64()

@@ -37,19 +37,33 @@ impl Server {
             .stderr(Stdio::inherit())
             .spawn()
             .context("starting a fixture server")?;
+        match Self::address(&mut child, transport) {
+            Ok(addr) => Ok(Self { child, addr }),
+            Err(e) => {
+                // A std `Child` is not killed when dropped.
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(e)
+            }
+        }
+    }
+
+    /// The address the fixture prints once it listens (the TLS fixture says where its CA
+    /// went first).
+    fn address(child: &mut Child, transport: Transport) -> Result<SocketAddr> {
         let stdout = child.stdout.take().context("server stdout")?;
         let mut lines = BufReader::new(stdout).lines();
-        // The TLS fixture says where its CA went before it says where it listens.
-        let addr = loop {
+        loop {
             let line = lines
                 .next()
                 .transpose()?
                 .with_context(|| format!("the {} fixture exited", transport.name()))?;
             if let Some(addr) = line.trim().strip_prefix("listening on ") {
-                break addr.parse()?;
+                return addr
+                    .parse()
+                    .with_context(|| format!("the fixture said {line:?}"));
             }
-        };
-        Ok(Self { child, addr })
+        }
     }
 
     pub(crate) fn pid(&self) -> u32 {
