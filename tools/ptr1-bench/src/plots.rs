@@ -85,43 +85,31 @@ fn series(results: &Value, mode: &str, with_local: bool) -> Vec<Series> {
                 .collect()
         })
         .unwrap_or_default();
-    let size = |case: &Value| case["size"].as_f64().unwrap_or(f64::NAN);
-    let mut out = Vec::new();
-    for column in results["columns"].as_array().into_iter().flatten() {
-        let (Some(key), Some(name)) = (column["key"].as_str(), column["name"].as_str()) else {
-            continue;
-        };
-        if key == "local" && !with_local {
-            continue;
-        }
-        let points = cases
+    // The medians of `section[key]` (a column's or a peer's) over those cases, by size.
+    let line = |section: &str, key: &str, name: &str, peer: bool| Series {
+        name: name.to_owned(),
+        points: cases
             .iter()
-            .filter_map(|c| Some((size(c), c["columns"][key]["median"].as_f64()?)))
-            .collect();
-        out.push(Series {
-            name: name.to_owned(),
-            points,
-            peer: false,
-        });
-    }
-    for peer in results["peers"]["measured"]
+            .filter_map(|c| Some((c["size"].as_f64()?, c[section][key]["median"].as_f64()?)))
+            .collect(),
+        peer,
+    };
+    let columns = results["columns"].as_array().into_iter().flatten();
+    let columns = columns
+        .filter_map(|c| Some((c["key"].as_str()?, c["name"].as_str()?)))
+        .filter(|(key, _)| with_local || *key != "local")
+        .map(|(key, name)| line("columns", key, name, false));
+    let peers = results["peers"]["measured"]
         .as_array()
         .into_iter()
-        .flatten()
-    {
-        let Some(name) = peer.as_str() else { continue };
-        let points = cases
-            .iter()
-            .filter_map(|c| Some((size(c), c["peers"][name]["median"].as_f64()?)))
-            .collect();
-        out.push(Series {
-            name: name.to_owned(),
-            points,
-            peer: true,
-        });
-    }
-    out.retain(|s| !s.points.is_empty());
-    out
+        .flatten();
+    let peers = peers
+        .filter_map(Value::as_str)
+        .map(|name| line("peers", name, name, true));
+    columns
+        .chain(peers)
+        .filter(|s| !s.points.is_empty())
+        .collect()
 }
 
 fn memcpy(results: &Value) -> Series {

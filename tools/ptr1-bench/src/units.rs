@@ -7,10 +7,7 @@ use std::time::Duration;
 /// case-insensitive, `K`/`M`/`G` meaning binary units).
 pub(crate) fn parse_size(text: &str) -> Result<usize, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
+    let (number, unit) = number_and_unit(text);
     let number: f64 = number
         .parse()
         .map_err(|_| format!("{text:?} is not a size (e.g. 4096, 4KiB, 64MiB, 1GiB)"))?;
@@ -39,14 +36,19 @@ pub(crate) fn parse_size(text: &str) -> Result<usize, String> {
     Ok(bytes as usize)
 }
 
+/// `text` split where its number (digits and dots) ends.
+fn number_and_unit(text: &str) -> (&str, &str) {
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    text.split_at(split)
+}
+
 /// Parses a duration: a number with an optional unit (`ns`, `us`, `ms`, `s`, `m`, `h`; plain
 /// numbers are seconds).
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
+    let (number, unit) = number_and_unit(text);
     let number: f64 = number
         .parse()
         .map_err(|_| format!("{text:?} is not a duration (e.g. 5s, 250ms, 2m)"))?;
