@@ -35,13 +35,13 @@ mod sys;
 mod uring;
 
 pub use endpoint::{Endpoint, Incoming, Recv, Replier, Request};
-pub use node::{Node, NodeBuilder, NodeStats, RouteChoice};
+pub use node::{Destination, Node, NodeBuilder, NodeStats, RouteChoice, ShmAccess, Via};
 pub use pending::Pending;
 pub use pool::{PoolBuffer, PoolConfig, PoolStats, ReceivePool};
 pub use tensorwire_proto::TensorMessage;
 pub use tensorwire_proto::route::{Preference, Route};
 pub use tensorwire_proto::session::SessionConfig;
-pub use tensorwire_proto::transport::{Error, Reply, RequestKind};
+pub use tensorwire_proto::transport::{Error, LocalPeer, Reply, RequestKind};
 pub use uring::ZeroCopy;
 
 /// Whether io_uring can be used in this process; `Err` says why not.

@@ -157,6 +157,35 @@ pub(crate) fn poll_one(fd: RawFd, events: i16, timeout: std::time::Duration) -> 
     }
 }
 
+/// Waits up to `timeout` for any of `fds`; returns how many have events (0 on timeout, and on
+/// a signal).
+pub(crate) fn poll_many(
+    fds: &mut [libc::pollfd],
+    timeout: std::time::Duration,
+) -> io::Result<usize> {
+    let ms = i32::try_from(timeout.as_millis().min(i32::MAX as u128)).unwrap_or(i32::MAX);
+    let ms = if ms == 0 && !timeout.is_zero() { 1 } else { ms };
+    let count = libc::nfds_t::try_from(fds.len()).map_err(|_| io::Error::other("too many fds"))?;
+    // SAFETY: `fds` is a live, writable array of `count` pollfd entries for the call.
+    match syscall!(poll(fds.as_mut_ptr(), count, ms)) {
+        Ok(n) => Ok(usize::try_from(n).unwrap_or(0)),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether a process with `pid` exists (a reused pid reads as existing).
+pub(crate) fn process_exists(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill with signal 0 sends nothing; it only checks that the process exists.
+    match syscall!(kill(pid, 0)) {
+        Ok(_) => true,
+        Err(e) => e.raw_os_error() == Some(libc::EPERM),
+    }
+}
+
 /// Sets `TCP_NODELAY`: frames end in partial segments that must not wait for an ACK.
 pub(crate) fn set_nodelay(fd: RawFd) -> io::Result<()> {
     set_int_option(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1)
@@ -204,6 +233,13 @@ pub(crate) fn eventfd_signal(fd: RawFd) {
     // closing; both are fine to ignore.
     // SAFETY: writes the 8 bytes of `one`, a live local.
     let _ = syscall!(write(fd, (&raw const one).cast(), size_of::<u64>()));
+}
+
+/// Resets an eventfd counter its poll reported readable.
+pub(crate) fn eventfd_drain(fd: RawFd) {
+    let mut value = 0u64;
+    // SAFETY: reads 8 bytes into `value`, a live local of 8 bytes.
+    let _ = syscall!(read(fd, (&raw mut value).cast(), size_of::<u64>()));
 }
 
 /// An address family constant in the width `sockaddr` stores it (they are small numbers).

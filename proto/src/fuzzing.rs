@@ -114,3 +114,30 @@ pub fn ptm1_decode(data: &[u8]) {
         );
     }
 }
+
+/// The shared-memory control datagram and the knock reply: no panic on any input, and every
+/// datagram that decodes encodes back to the same bytes (the format has one spelling), except
+/// error texts longer than the limit, which encoding cuts.
+pub fn shm_control_decode(data: &[u8]) {
+    use crate::shm::{Control, KnockReply, MAX_ERROR_TEXT, WireReply, decode, encode};
+
+    if let Ok(Some(reply)) = KnockReply::decode(data) {
+        assert_eq!(KnockReply::decode(&reply.encode()), Ok(Some(reply)));
+    }
+    let Ok(control) = decode(data) else {
+        return;
+    };
+    let long_error = matches!(
+        &control,
+        Control::Reply { reply: WireReply::Error(text), .. } if text.len() > MAX_ERROR_TEXT
+    );
+    let again = encode(&control).expect("a decoded datagram fits in one");
+    if !long_error {
+        assert_eq!(again, data, "a datagram re-encodes to the same bytes");
+    }
+    assert!(decode(&again).is_ok());
+    // Bounded work: the leases a body names are no more than its bytes allow.
+    if let Control::Request { body, .. } = &control {
+        assert!(body.leases().len() <= data.len() / 32 + 1);
+    }
+}

@@ -79,6 +79,9 @@ pub struct TransportStats {
     shm_bytes_copied: AtomicU64,
     shm_zero_copy_buffers: AtomicU64,
     shm_fd_failures: AtomicU64,
+    shm_credit_waits: AtomicU64,
+    shm_credit_fallbacks: AtomicU64,
+    shm_credit_refusals: AtomicU64,
     active_copy_model: AtomicU8,
 }
 
@@ -98,6 +101,9 @@ impl TransportStats {
             shm_bytes_copied: AtomicU64::new(0),
             shm_zero_copy_buffers: AtomicU64::new(0),
             shm_fd_failures: AtomicU64::new(0),
+            shm_credit_waits: AtomicU64::new(0),
+            shm_credit_fallbacks: AtomicU64::new(0),
+            shm_credit_refusals: AtomicU64::new(0),
             active_copy_model: AtomicU8::new(0),
         }
     }
@@ -147,6 +153,22 @@ impl TransportStats {
         self.shm_fd_failures.fetch_add(1, Relaxed);
     }
 
+    /// A same-host send found every slot held by receivers and waited for one to come back.
+    pub fn record_shm_credit_wait(&self) {
+        self.shm_credit_waits.fetch_add(1, Relaxed);
+    }
+
+    /// No credit came back in time and the send went over the remote path instead.
+    pub fn record_shm_credit_fallback(&self) {
+        self.shm_credit_fallbacks.fetch_add(1, Relaxed);
+    }
+
+    /// No credit came back in time and the send failed (the node refuses rather than falls
+    /// back).
+    pub fn record_shm_credit_refusal(&self) {
+        self.shm_credit_refusals.fetch_add(1, Relaxed);
+    }
+
     /// Records the path used last.
     pub fn set_active_copy_model(&self, model: CopyModel) {
         self.active_copy_model.store(model.to_u8(), Relaxed);
@@ -167,6 +189,9 @@ impl TransportStats {
             shm_bytes_copied: self.shm_bytes_copied.load(Relaxed),
             shm_zero_copy_buffers: self.shm_zero_copy_buffers.load(Relaxed),
             shm_fd_failures: self.shm_fd_failures.load(Relaxed),
+            shm_credit_waits: self.shm_credit_waits.load(Relaxed),
+            shm_credit_fallbacks: self.shm_credit_fallbacks.load(Relaxed),
+            shm_credit_refusals: self.shm_credit_refusals.load(Relaxed),
             active_copy_model: CopyModel::from_u8(self.active_copy_model.load(Relaxed)),
         }
     }
@@ -205,6 +230,12 @@ pub struct Snapshot {
     pub shm_zero_copy_buffers: u64,
     /// Passed descriptors lost or refused.
     pub shm_fd_failures: u64,
+    /// Same-host sends that found the shared memory all held and waited for credit.
+    pub shm_credit_waits: u64,
+    /// Of those, sends that went over the remote path after waiting.
+    pub shm_credit_fallbacks: u64,
+    /// Of those, sends that failed after waiting.
+    pub shm_credit_refusals: u64,
     /// The path used last.
     pub active_copy_model: CopyModel,
 }
@@ -212,7 +243,7 @@ pub struct Snapshot {
 impl Snapshot {
     /// The numeric counters under their report keys, in a fixed order
     /// (`active_copy_model` is separate: it is text).
-    pub fn counters(&self) -> [(&'static str, u64); 12] {
+    pub fn counters(&self) -> [(&'static str, u64); 15] {
         [
             ("raw_frames_sent", self.raw_frames_sent),
             ("raw_frames_received", self.raw_frames_received),
@@ -226,6 +257,9 @@ impl Snapshot {
             ("shm_bytes_copied", self.shm_bytes_copied),
             ("shm_zero_copy_buffers", self.shm_zero_copy_buffers),
             ("shm_fd_failures", self.shm_fd_failures),
+            ("shm_credit_waits", self.shm_credit_waits),
+            ("shm_credit_fallbacks", self.shm_credit_fallbacks),
+            ("shm_credit_refusals", self.shm_credit_refusals),
         ]
     }
 }
@@ -266,6 +300,9 @@ mod tests {
                 ("shm_bytes_copied", 0),
                 ("shm_zero_copy_buffers", 0),
                 ("shm_fd_failures", 0),
+                ("shm_credit_waits", 0),
+                ("shm_credit_fallbacks", 0),
+                ("shm_credit_refusals", 0),
             ]
         );
         assert_eq!(

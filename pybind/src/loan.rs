@@ -1,6 +1,12 @@
 //! `Node.loan(n)`: a writable shared-memory slot to fill in place, then `freeze()` into a
-//! read-only `Buffer` that travels to a same-host peer without a copy (sealed against writes
-//! first, so the receiver can never see it change).
+//! read-only `Buffer` that travels to a same-host peer without a copy.
+//!
+//! Exports are tracked exactly (the buffer protocol's get and release): `freeze()` refuses
+//! while any is alive (`memoryview`, `numpy.frombuffer`). Some consumers keep the address but
+//! release their export at once (`numpy.ndarray(buffer=)`, `torch.frombuffer`): Python's
+//! exports are made from the loan's own window (a second mapping of the slot), and freezing
+//! turns that window into a private copy-on-write mapping, so such leftovers still read the
+//! bytes but their writes never reach the frozen buffer or its receivers.
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,36 +15,45 @@ use std::sync::{Mutex, PoisonError};
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use pyo3::{Bound, ffi};
-use tensorwire_engine::shm::Loan;
+use tensorwire_engine::shm::{Loan, Window};
 
 use crate::buffers::{Buffer, drain_releases};
-use crate::errors::ShutDown;
-
-/// References to a loan object during `loan.freeze()` when nothing else holds it: the
-/// caller's name and the call's own reference to `self`.
-const FREEZE_REFERENCES: isize = 2;
+use crate::errors::{OutOfMemory, ShutDown};
 
 /// A shared-memory slot on loan: a writable buffer until [`PyLoan::freeze`].
 #[pyclass(frozen, module = "tensorwire._native", name = "Loan")]
 pub(crate) struct PyLoan {
-    loan: Mutex<Option<Loan>>,
-    /// Where the slot is mapped (stable while the loan lives) and its length.
+    state: Mutex<State>,
+    /// Where the window maps the loan (stable while this object lives) and its length.
     ptr: usize,
     len: usize,
-    /// Views exported now: `freeze` refuses while any is alive (like `mmap.close`).
+    /// Views exported now.
     exports: AtomicUsize,
 }
 
+enum State {
+    Open {
+        loan: Loan,
+        window: Window,
+    },
+    /// Frozen: the window stays (privatized) for whatever still points into it.
+    Frozen {
+        _window: Window,
+    },
+}
+
 impl PyLoan {
-    pub(crate) fn new(mut loan: Loan) -> Self {
-        let slice = loan.as_mut_slice();
-        let (ptr, len) = (slice.as_mut_ptr() as usize, slice.len());
-        Self {
-            loan: Mutex::new(Some(loan)),
+    pub(crate) fn new(loan: Loan) -> PyResult<Self> {
+        let window = loan
+            .window()
+            .map_err(|e| OutOfMemory::new_err(format!("mapping the loan: {e}")))?;
+        let (ptr, len) = (window.as_ptr() as usize, window.len());
+        Ok(Self {
+            state: Mutex::new(State::Open { loan, window }),
             ptr,
             len,
             exports: AtomicUsize::new(0),
-        }
+        })
     }
 }
 
@@ -53,17 +68,18 @@ impl PyLoan {
         flags: c_int,
     ) -> PyResult<()> {
         let me = slf.get();
-        let guard = me.loan.lock().unwrap_or_else(PoisonError::into_inner);
-        if guard.is_none() {
+        let state = me.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if matches!(*state, State::Frozen { .. }) {
             return Err(PyBufferError::new_err(
                 "this loan was frozen: use the Buffer freeze() returned",
             ));
         }
         let len = ffi::Py_ssize_t::try_from(me.len)
             .map_err(|_| PyBufferError::new_err("loan too large"))?;
-        // SAFETY: `ptr..ptr+len` is the loan's writable mapping, valid while the loan is held
-        // (it is: checked above, and `freeze` refuses while a view is exported); the view
-        // keeps a strong reference to `slf`.
+        // SAFETY: `ptr..ptr+len` is the loan's window, a writable mapping that lives as long
+        // as this object (it is dropped with it, never before, even once frozen); the view
+        // keeps a strong reference to `slf`. The loan is open (checked above, under the lock
+        // that `freeze` takes), and `freeze` refuses while the export this counts is alive.
         let res = unsafe {
             ffi::PyBuffer_FillInfo(view, slf.as_ptr(), me.ptr as *mut c_void, len, 0, flags)
         };
@@ -85,37 +101,58 @@ impl PyLoan {
         self.len
     }
 
-    /// Seals the slot against writes and returns it as a read-only `Buffer` to put in a
-    /// `TensorMessage`: sent to a same-host peer, it travels without a copy. Refused while
-    /// views of the loan are alive (release them first: `del`, `memoryview.release()`).
+    /// Whether it was frozen.
+    #[getter]
+    fn frozen(&self) -> bool {
+        matches!(
+            *self.state.lock().unwrap_or_else(PoisonError::into_inner),
+            State::Frozen { .. }
+        )
+    }
+
+    /// Ends the loan's writable life and returns it as a read-only `Buffer` to put in a
+    /// `TensorMessage`: sent to a same-host peer, it travels without a copy, and its bytes
+    /// never change again. Refused while a view of the loan is exported (release it first:
+    /// `del`, `memoryview.release()`); an object that kept only the address
+    /// (`numpy.ndarray(buffer=)`, `torch.frombuffer`) writes to a private copy from now on.
     fn freeze(slf: &Bound<'_, Self>) -> PyResult<Buffer> {
         drain_releases(slf.py());
-        // Freezing unmaps the writable mapping. Some consumers keep a pointer but not a
-        // buffer export (`torch.frombuffer`, `numpy.ndarray(buffer=...)`): they hold a
-        // reference to the loan instead, so any reference beyond the caller's is refused.
-        // SAFETY: `slf` is a live object; reading its reference count has no other effect.
-        let references = unsafe { ffi::Py_REFCNT(slf.as_ptr()) };
-        if references > FREEZE_REFERENCES {
-            return Err(PyBufferError::new_err(format!(
-                "{} other object(s) still refer to this loan (a tensor or array built on it?); \
-                 delete them before freeze(): the loan's writable memory goes away",
-                references - FREEZE_REFERENCES
-            )));
-        }
         let me = slf.get();
-        let mut guard = me.loan.lock().unwrap_or_else(PoisonError::into_inner);
-        if me.exports.load(Ordering::Acquire) != 0 {
+        let mut state = me.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let exports = me.exports.load(Ordering::Acquire);
+        if exports != 0 {
             return Err(PyBufferError::new_err(format!(
-                "{} view(s) of this loan are still alive; release them before freeze()",
-                me.exports.load(Ordering::Acquire)
+                "{exports} view(s) of this loan are still exported (memoryview, \
+                 numpy.frombuffer, …); release them before freeze()"
             )));
         }
-        let loan = guard
-            .take()
-            .ok_or_else(|| ShutDown::new_err("this loan was already frozen"))?;
-        let bytes = loan
-            .freeze()
-            .map_err(|e| PyBufferError::new_err(format!("freezing the loan: {e}")))?;
-        Ok(Buffer::new(bytes, false))
+        let taken = std::mem::replace(
+            &mut *state,
+            State::Frozen {
+                _window: Window::default(),
+            },
+        );
+        match taken {
+            State::Open { loan, mut window } => {
+                if let Err(e) = window.privatize() {
+                    *state = State::Open { loan, window };
+                    return Err(PyBufferError::new_err(format!("freezing the loan: {e}")));
+                }
+                *state = State::Frozen { _window: window };
+                Ok(Buffer::new(loan.freeze(), false))
+            }
+            frozen => {
+                *state = frozen;
+                Err(ShutDown::new_err("this loan was already frozen"))
+            }
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<tensorwire.Loan {} bytes, {}>",
+            self.len,
+            if self.frozen() { "frozen" } else { "writable" }
+        )
     }
 }

@@ -267,7 +267,7 @@ impl PyNode {
         let loan = self.node.shm().loan(nbytes).map_err(|e| {
             OutOfMemory::new_err(format!("a shared-memory loan of {nbytes} bytes: {e}"))
         })?;
-        Ok(PyLoan::new(loan))
+        PyLoan::new(loan)
     }
 
     /// The node's shared-memory regions and leases.

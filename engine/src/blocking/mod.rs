@@ -26,6 +26,9 @@ use tensorwire_proto::transport::{ActorPath, Answer, Deadline, Error, ReceiveMem
 
 use crate::sys;
 
+/// How often a waiting exchange asks its interrupt whether to give up.
+const INTERRUPT_SLICE: Duration = Duration::from_millis(100);
+
 /// Bodies with at least this left wait for a low-water mark instead of waking per segment.
 const LOW_WATER_MIN: u64 = 128 << 10;
 const LOW_WATER_MAX: u64 = 1 << 20;
@@ -71,6 +74,8 @@ impl BlockingPool {
     }
 
     /// Sends one request to `peer` and waits for its answer on the calling thread.
+    /// `interrupt` is asked every [`INTERRUPT_SLICE`] while waiting: `true` gives up (the
+    /// connection, mid-exchange, is closed, never reused).
     pub(crate) fn exchange(
         &self,
         peer: SocketAddr,
@@ -78,13 +83,14 @@ impl BlockingPool {
         path: &ActorPath,
         message: TensorMessage,
         deadline: Deadline,
+        interrupt: Option<&dyn Fn() -> bool>,
     ) -> Result<Answer, Error> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Shutdown);
         }
         let request = ClientRequest::encode(kind, path, message, &self.limits, deadline)?;
         let mut conn = self.take(peer, deadline)?;
-        let outcome = conn.run(request, self.busy_poll);
+        let outcome = conn.run(request, self.busy_poll, interrupt);
         if conn.session.is_reusable() && !self.closed.load(Ordering::Acquire) {
             let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
             let list = idle.entry(peer).or_default();
@@ -163,20 +169,30 @@ impl Conn {
     /// to `busy_poll` before it sleeps, if this connection's exchanges were that quick lately:
     /// a reply that comes within microseconds is then taken without a wake-up. A slower one
     /// costs at most that much polling.
-    fn run(&mut self, request: ClientRequest, busy_poll: Duration) -> Result<Answer, Error> {
+    fn run(
+        &mut self,
+        request: ClientRequest,
+        busy_poll: Duration,
+        interrupt: Option<&dyn Fn() -> bool>,
+    ) -> Result<Answer, Error> {
         let begun = Instant::now();
         let spin = if self.recent <= busy_poll * 2 {
             busy_poll
         } else {
             Duration::ZERO
         };
-        let outcome = self.exchange(request, spin);
+        let outcome = self.exchange(request, spin, interrupt);
         // A moving average over the last few exchanges (weight 1/4 for the newest).
         self.recent = (self.recent * 3 + begun.elapsed()) / 4;
         outcome
     }
 
-    fn exchange(&mut self, request: ClientRequest, spin: Duration) -> Result<Answer, Error> {
+    fn exchange(
+        &mut self,
+        request: ClientRequest,
+        spin: Duration,
+        interrupt: Option<&dyn Fn() -> bool>,
+    ) -> Result<Answer, Error> {
         let started = self.session.start(request, Instant::now());
         if started.is_err() {
             return Err(Error::Misuse("a pooled connection was not idle".into()));
@@ -259,14 +275,28 @@ impl Conn {
             if want_write {
                 events |= libc::POLLOUT;
             }
-            let wait = self
+            let until_timeout = self
                 .session
                 .poll_timeout()
                 .map_or(Duration::from_secs(3600), |at| {
                     at.saturating_duration_since(now)
                 });
+            let wait = match interrupt {
+                Some(_) => until_timeout.min(INTERRUPT_SLICE),
+                None => until_timeout,
+            };
             let ready = sys::poll_one(self.stream.as_raw_fd(), events, wait);
             match ready {
+                Ok(0) if wait < until_timeout => {
+                    if interrupt.is_some_and(|stop| stop()) {
+                        if let Some(buf) = read.take() {
+                            let nothing = Err(std::io::ErrorKind::WouldBlock.into());
+                            self.session.handle_read(buf, nothing, Instant::now());
+                        }
+                        self.session.cancel();
+                        return Err(Error::Cancelled);
+                    }
+                }
                 Ok(0) => self.session.handle_timeout(Instant::now()),
                 Ok(_) => {}
                 Err(e) => self.session.handle_write_error(e, Instant::now()),

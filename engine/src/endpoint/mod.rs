@@ -36,6 +36,9 @@ pub struct Request {
     pub peer: Option<SocketAddr>,
     /// The peer's authenticated identity (TLS client certificate), if any.
     pub identity: Option<String>,
+    /// The peer process, as the kernel reports it, when the request came over shared memory
+    /// from this host (its buffers are then read-only views of the peer's memory).
+    pub local_peer: Option<tensorwire_proto::transport::LocalPeer>,
 }
 
 impl From<InboundRequest> for Request {
@@ -46,6 +49,7 @@ impl From<InboundRequest> for Request {
             message: request.message,
             peer: request.peer,
             identity: request.identity,
+            local_peer: request.local_peer,
         }
     }
 }

@@ -16,8 +16,8 @@ use crate::blocking::BlockingPool;
 use crate::endpoint::Registry;
 use crate::node::{Node, NodeInner, local};
 use crate::pool::{PoolConfig, ReceivePool};
-use crate::shm::transport::{ShmConfig, ShmTransport};
-use crate::shm::{ShmBackend, ShmManager};
+use crate::shm::transport::{KnockDesk, KnockHandOff, ShmConfig, ShmTransport, WhenFull};
+use crate::shm::{Segments, SegmentsConfig, ShmBackend, ShmManager};
 use crate::uring::{UringConfig, UringDriver, ZeroCopy};
 use crate::{stats, uring};
 
@@ -39,10 +39,13 @@ pub struct NodeBuilder {
     fallback: Option<Arc<dyn DriverFactory>>,
     transport: Option<Arc<dyn TransportFactory>>,
     preference: Option<Preference>,
-    shared_memory: bool,
+    shm_access: ShmAccess,
     shm_backend: ShmBackend,
     shm_quota: Option<u64>,
-    shm_max_hold: Duration,
+    shm_credit_wait: Duration,
+    shm_when_full: WhenFull,
+    shm_idle_keep: u64,
+    shm_hello_timeout: Duration,
     force_fallback: bool,
     require_tls: bool,
     in_process_delivery: bool,
@@ -81,10 +84,13 @@ impl NodeBuilder {
             handoff: None,
             transport: None,
             preference: None,
-            shared_memory: true,
+            shm_access: ShmAccess::Auto,
             shm_backend: ShmBackend::Memfd,
             shm_quota: None,
-            shm_max_hold: Duration::from_secs(60),
+            shm_credit_wait: Duration::from_secs(1),
+            shm_when_full: WhenFull::FallBack,
+            shm_idle_keep: 128 << 20,
+            shm_hello_timeout: Duration::from_secs(1),
             fallback: None,
             force_fallback: false,
             require_tls: false,
@@ -233,11 +239,49 @@ impl NodeBuilder {
         self
     }
 
-    /// Serve and use the same-host shared-memory path (default on): peers on this host that
-    /// speak it get messages as memfds over a Unix socket instead of TCP, under the `auto` and
-    /// `shm` preferences. Off, the node neither listens for nor tries it.
+    /// Serve and use the same-host shared-memory path: `true` is [`ShmAccess::Auto`] (the
+    /// default), `false` is [`ShmAccess::Off`].
     pub fn shared_memory(mut self, enabled: bool) -> Self {
-        self.shared_memory = enabled;
+        self.shm_access = if enabled {
+            ShmAccess::Auto
+        } else {
+            ShmAccess::Off
+        };
+        self
+    }
+
+    /// Who may reach this node over shared memory, and whether it uses it (see
+    /// [`ShmAccess`]).
+    pub fn shm_access(mut self, access: ShmAccess) -> Self {
+        self.shm_access = access;
+        self
+    }
+
+    /// How long a same-host send waits for credit when receivers hold all of this node's
+    /// shared memory (default 1 s, within the send's own deadline).
+    pub fn shm_credit_wait(mut self, wait: Duration) -> Self {
+        self.shm_credit_wait = wait;
+        self
+    }
+
+    /// What a same-host send does when no credit came back in time (default: it goes over
+    /// the remote path, PTR1 — counted in `shm_credit_fallbacks`).
+    pub fn shm_when_full(mut self, when_full: WhenFull) -> Self {
+        self.shm_when_full = when_full;
+        self
+    }
+
+    /// Bytes of idle shared-memory segments kept for reuse (default 128 MiB); beyond that a
+    /// segment idle for 2 s is given back to the system.
+    pub fn shm_idle_keep(mut self, bytes: u64) -> Self {
+        self.shm_idle_keep = bytes;
+        self
+    }
+
+    /// How long the knock and hello that set up shared memory with a peer may take (default
+    /// 1 s). Sends to that peer wait for them (on the transport's threads).
+    pub fn shm_hello_timeout(mut self, timeout: Duration) -> Self {
+        self.shm_hello_timeout = timeout;
         self
     }
 
@@ -247,17 +291,11 @@ impl NodeBuilder {
         self
     }
 
-    /// Bytes of shared memory (regions, loans and slots lent to peers) at most; default a
-    /// quarter of the physical memory. A memfd is not bounded by `/dev/shm`: this is the bound.
+    /// Bytes of shared-memory segments (regions, loans, slots lent to peers, idle) at most;
+    /// default a quarter of the physical memory. A memfd is not bounded by `/dev/shm`: this is
+    /// the bound. Receivers that hold it all make further sends wait for credit.
     pub fn shm_quota(mut self, bytes: u64) -> Self {
         self.shm_quota = Some(bytes);
-        self
-    }
-
-    /// How long a peer may keep a message's shared memory mapped before it is revoked
-    /// (default 60 s): a pooled slot is then zeroed and retired, never reused under it.
-    pub fn shm_max_hold(mut self, hold: Duration) -> Self {
-        self.shm_max_hold = hold;
         self
     }
 
@@ -333,12 +371,37 @@ impl NodeBuilder {
             ))?),
             None => None,
         };
-        let handoff = self
+        let next_handoff = self
             .handoff
             .clone()
             .or_else(|| transport.as_ref().and_then(|t| t.handoff()));
         let require_tls =
             self.require_tls || transport.as_ref().is_some_and(|t| t.requires_encryption());
+        let encrypts = transport.as_ref().is_some_and(|t| t.encrypts());
+        let shm_quota = self
+            .shm_quota
+            .unwrap_or_else(|| crate::pool::physical_memory() / 4);
+        let segments = Segments::new(SegmentsConfig {
+            quota: shm_quota,
+            idle_keep: self.shm_idle_keep,
+            idle_after: Duration::from_secs(2),
+        });
+        let shm_manager = ShmManager::with_segments(self.shm_backend, segments.clone());
+        let (shm, shm_off) = self.start_shm(
+            local_addr,
+            &registry,
+            &session,
+            segments,
+            require_tls || encrypts,
+        );
+        let desk = shm.as_ref().map_or_else(
+            || Arc::new(KnockDesk::refusing(shm_off.clone())),
+            ShmTransport::desk,
+        );
+        let handoff: Option<Arc<dyn HandOff>> = Some(Arc::new(KnockHandOff {
+            desk,
+            next: next_handoff,
+        }));
         let setup = |listener| {
             let mut setup = DriverSetup::new(
                 listener,
@@ -390,28 +453,6 @@ impl NodeBuilder {
             self.pool.idle_per_peer,
             self.busy_poll,
         );
-        let shm_quota = self
-            .shm_quota
-            .unwrap_or_else(|| crate::pool::physical_memory() / 4);
-        let shm_manager = ShmManager::new(self.shm_backend, shm_quota);
-        let shm = if self.shared_memory {
-            let config = ShmConfig {
-                quota: shm_quota,
-                max_idle: usize::try_from(shm_quota / 4)
-                    .unwrap_or(usize::MAX)
-                    .min(1 << 30),
-                max_hold: self.shm_max_hold,
-            };
-            match ShmTransport::start(local_addr, registry.clone(), Arc::clone(&session), config) {
-                Ok(shm) => Some(shm),
-                Err(e) => {
-                    tracing::warn!(error = %e, "shared memory unavailable for this node; same-host peers use TCP");
-                    None
-                }
-            }
-        } else {
-            None
-        };
         let inner = Arc::new(NodeInner {
             local_addr,
             driver,
@@ -422,18 +463,80 @@ impl NodeBuilder {
             preference,
             in_process_delivery: self.in_process_delivery,
             require_tls,
-            encrypts: transport.as_ref().is_some_and(|t| t.encrypts()),
+            encrypts,
             transport,
             shm,
+            shm_off,
+            shm_hello_timeout: self.shm_hello_timeout,
             shm_manager,
+            busy_poll: self.busy_poll,
             handler_threads: Mutex::new(Vec::new()),
             shut_down: AtomicBool::new(false),
         });
+        if let Some(shm) = &inner.shm {
+            let node = Arc::downgrade(&inner);
+            shm.set_elsewhere(Box::new(move |request| match node.upgrade() {
+                Some(node) => node.send_remote(request),
+                None => request.completion.complete(Err(Error::Shutdown)),
+            }));
+        }
         local::register(local_addr, Arc::downgrade(&inner));
         stats::register_node(local_addr, inner.driver.name());
         maintain(Arc::downgrade(&inner), self.receive_pool.idle_ttl);
         Ok(Node { inner })
     }
+}
+
+impl NodeBuilder {
+    /// The same-host transport, if this node's access allows it and it starts; else why not.
+    fn start_shm(
+        &self,
+        node: SocketAddr,
+        registry: &Arc<Registry>,
+        session: &Arc<SessionConfig>,
+        segments: Segments,
+        tls: bool,
+    ) -> (Option<ShmTransport>, String) {
+        let off = match (self.shm_access, tls) {
+            (ShmAccess::Off, _) => "shared memory is off on this node".to_owned(),
+            (ShmAccess::Auto, true) => "this node uses TLS: it serves and uses shared memory \
+                 only when allowed explicitly (NodeBuilder::shm_access(ShmAccess::SameUser), \
+                 shared_memory=\"same-user\" in Python)"
+                .to_owned(),
+            (ShmAccess::Auto | ShmAccess::SameUser, _) => {
+                let config = ShmConfig {
+                    credit_wait: self.shm_credit_wait,
+                    when_full: self.shm_when_full,
+                    hello_timeout: self.shm_hello_timeout,
+                };
+                let inbound: Arc<dyn tensorwire_proto::transport::Inbound> = registry.clone();
+                match ShmTransport::start(node, inbound, Arc::clone(session), config, segments) {
+                    Ok(shm) => return (Some(shm), String::new()),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "shared memory unavailable for this node; same-host peers use TCP");
+                        format!("shared memory could not start on this node: {e}")
+                    }
+                }
+            }
+        };
+        (None, off)
+    }
+}
+
+/// Who may reach a node over shared memory (and whether it uses it for its own sends).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ShmAccess {
+    /// Processes of this user on this host — unless the node uses TLS (requires it, or sends
+    /// with it): such a node keeps its security setting on every path and serves no shared
+    /// memory. The default.
+    Auto,
+    /// Processes of this user on this host, even when the node uses TLS: an explicit opt-in,
+    /// under which handlers see the peer's uid and pid (`Request::local_peer`) instead of a
+    /// certificate.
+    SameUser,
+    /// Nobody: the node neither serves nor uses shared memory.
+    Off,
 }
 
 /// 20 µs where there is more than one CPU to poll on, else nothing.

@@ -6,6 +6,7 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
 
 use tensorwire_proto::TensorMessage;
+use tensorwire_proto::route::Route;
 use tensorwire_proto::transport::{
     ActorPath, Deadline, Delivery, Error, Inbound, InboundRequest, Reply, RequestKind,
 };
@@ -71,6 +72,7 @@ pub(crate) fn ask(
     deadline: Deadline,
 ) -> Pending<Reply> {
     let (completer, pending) = pair();
+    completer.set_route(Route::LocalMailbox);
     completer.expire_at(deadline, move || deadline.error("ask"));
     let shared: SharedCompleter<Reply> = Arc::new(Mutex::new(Some(completer)));
     let responder = LocalResponder::Ask(Arc::clone(&shared));
@@ -95,6 +97,7 @@ pub(crate) fn tell(
     deadline: Deadline,
 ) -> Pending<()> {
     let (completer, pending) = pair();
+    completer.set_route(Route::LocalMailbox);
     completer.expire_at(deadline, move || deadline.error("tell"));
     let shared: SharedCompleter<()> = Arc::new(Mutex::new(Some(completer)));
     let responder = LocalResponder::Tell(Arc::clone(&shared));

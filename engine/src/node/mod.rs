@@ -12,15 +12,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use tensorwire_proto::route::Preference;
+use tensorwire_proto::route::{Preference, Route};
 use tensorwire_proto::transport::{
     ActorPath, Answer, Completion, Deadline, Driver, DriverGauges, Error, OutboundRequest, Reply,
     RequestKind, Transport,
 };
 use tensorwire_proto::{Limits, TensorMessage};
 
-pub use builder::NodeBuilder;
-pub use routing::RouteChoice;
+pub use builder::{NodeBuilder, ShmAccess};
+pub use routing::{RouteChoice, Via};
 
 use crate::blocking::BlockingPool;
 use crate::endpoint::{Endpoint, Registry, Request, Served, spawn_handler_threads};
@@ -55,7 +55,13 @@ pub(crate) struct NodeInner {
     transport: Option<Arc<dyn Transport>>,
     /// The same-host shared-memory path, unless off or unavailable.
     shm: Option<ShmTransport>,
+    /// Why there is no shared-memory path, when there is none.
+    shm_off: String,
+    /// How long a shared-memory probe may take (`route()` waits for one that runs).
+    shm_hello_timeout: Duration,
     shm_manager: ShmManager,
+    /// How long a blocking call polls for its reply before it sleeps.
+    busy_poll: Duration,
     handler_threads: Mutex<Vec<JoinHandle<()>>>,
     shut_down: AtomicBool,
 }
@@ -89,6 +95,12 @@ pub struct NodeStats {
     pub shm_connections: usize,
     /// Leases of this node's shared memory held by peers now.
     pub shm_leases: usize,
+    /// Bytes of the slots those leases hold.
+    pub shm_lent_bytes: u64,
+    /// Shared-memory segments alive, and their bytes (slots lent, held here, idle).
+    pub shm_segments: usize,
+    /// Bytes of those segments.
+    pub shm_segment_bytes: u64,
 }
 
 impl Node {
@@ -109,6 +121,12 @@ impl Node {
 
     /// The driver, its gauges and the receive pool's counters.
     pub fn stats(&self) -> NodeStats {
+        let shm = self
+            .inner
+            .shm
+            .as_ref()
+            .map(ShmTransport::gauges)
+            .unwrap_or_default();
         NodeStats {
             driver: self.inner.driver.name(),
             fallback_reason: stats::fallback_reason(),
@@ -116,8 +134,11 @@ impl Node {
             pool: self.inner.pool.stats(),
             transport: self.inner.transport.as_ref().map(|t| t.name()),
             transport_connections: self.inner.transport.as_ref().map_or(0, |t| t.connections()),
-            shm_connections: self.inner.shm.as_ref().map_or(0, |s| s.gauges().0),
-            shm_leases: self.inner.shm.as_ref().map_or(0, |s| s.gauges().1),
+            shm_connections: shm.connections,
+            shm_leases: shm.leases,
+            shm_lent_bytes: shm.lent_bytes,
+            shm_segments: shm.segments,
+            shm_segment_bytes: shm.segment_bytes,
         }
     }
 
@@ -202,6 +223,25 @@ impl Node {
         Ok(())
     }
 
+    /// An endpoint of a peer and the paths sends to it may take, resolved once (the path
+    /// parsed, the address given) so that repeated sends pay only for routing and the send.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidPath`].
+    pub fn destination(
+        &self,
+        peer: SocketAddr,
+        path: &str,
+        via: Via,
+    ) -> Result<Destination, Error> {
+        Ok(Destination {
+            peer,
+            path: ActorPath::parse(path)?,
+            via,
+        })
+    }
+
     /// Sends `message` to the endpoint `path` (a name or an actor path) on `peer` and returns
     /// its reply, to await or [`Pending::wait`] on, within `timeout`. A target in this process
     /// gets the message through its mailbox without a copy.
@@ -225,29 +265,21 @@ impl Node {
         timeout: Duration,
         force: Option<Preference>,
     ) -> Pending<Reply> {
-        let deadline = Deadline::after(Instant::now(), timeout);
-        let path = match self.check(path) {
-            Ok(path) => path,
-            Err(e) => return Pending::ready(Err(e)),
-        };
-        match self.route(peer, force) {
-            Ok(Target::Local(target)) => local::ask(&target, &path, message, deadline),
-            Ok(target) => {
-                let (completer, pending) = pair();
-                let completion = Box::new(AskCompletion(completer));
-                self.send_remote(
-                    target,
-                    peer,
-                    path,
-                    RequestKind::Ask,
-                    message,
-                    deadline,
-                    completion,
-                );
-                pending
-            }
+        match self.destination(peer, path, Via::from_force(force)) {
+            Ok(to) => self.ask_to(&to, message, timeout),
             Err(e) => Pending::ready(Err(e)),
         }
+    }
+
+    /// [`Node::ask`] to a resolved [`Destination`]. The send never waits on this thread: a
+    /// copy into shared memory, a connection or a hello happens on the transport's threads.
+    pub fn ask_to(
+        &self,
+        to: &Destination,
+        message: TensorMessage,
+        timeout: Duration,
+    ) -> Pending<Reply> {
+        self.start::<Ask>(to, message, timeout, false)
     }
 
     /// Sends `message` and completes once the receiver has it in the endpoint's mailbox (a
@@ -271,34 +303,27 @@ impl Node {
         timeout: Duration,
         force: Option<Preference>,
     ) -> Pending<()> {
-        let deadline = Deadline::after(Instant::now(), timeout);
-        let path = match self.check(path) {
-            Ok(path) => path,
-            Err(e) => return Pending::ready(Err(e)),
-        };
-        match self.route(peer, force) {
-            Ok(Target::Local(target)) => local::tell(&target, &path, message, deadline),
-            Ok(target) => {
-                let (completer, pending) = pair();
-                let completion = Box::new(TellCompletion(completer));
-                self.send_remote(
-                    target,
-                    peer,
-                    path,
-                    RequestKind::Tell,
-                    message,
-                    deadline,
-                    completion,
-                );
-                pending
-            }
+        match self.destination(peer, path, Via::from_force(force)) {
+            Ok(to) => self.tell_to(&to, message, timeout),
             Err(e) => Pending::ready(Err(e)),
         }
     }
 
-    /// The blocking form of [`Node::ask`]: the exchange runs on the calling thread with plain
-    /// system calls (non-blocking `sendmsg`, `poll`, `recvmsg` into the receive pool), so no
-    /// driver thread is woken on the way out or back.
+    /// [`Node::tell`] to a resolved [`Destination`].
+    pub fn tell_to(
+        &self,
+        to: &Destination,
+        message: TensorMessage,
+        timeout: Duration,
+    ) -> Pending<()> {
+        self.start::<Tell>(to, message, timeout, false)
+    }
+
+    /// The blocking form of [`Node::ask`]: the exchange runs on the calling thread where that
+    /// is fastest — PTR1 with plain system calls (non-blocking `sendmsg`, `poll`, `recvmsg`
+    /// into the receive pool, so no driver thread is woken on the way out or back), a
+    /// shared-memory copy into the slot — and the wait for the reply polls briefly before it
+    /// sleeps ([`NodeBuilder::busy_poll`]).
     ///
     /// # Errors
     ///
@@ -310,27 +335,26 @@ impl Node {
         message: TensorMessage,
         timeout: Duration,
     ) -> Result<Reply, Error> {
-        let deadline = Deadline::after(Instant::now(), timeout);
-        let path = self.check(path)?;
-        match self.route(peer, None)? {
-            Target::Local(target) => local::ask(&target, &path, message, deadline).wait(),
-            Target::Transport | Target::Shm => {
-                self.ask(peer, path.as_str(), message, timeout).wait()
-            }
-            Target::Driver => {
-                let answer = self.inner.blocking.exchange(
-                    peer,
-                    RequestKind::Ask,
-                    &path,
-                    message,
-                    deadline,
-                )?;
-                match answer {
-                    Answer::Reply(reply) => Ok(reply),
-                    Answer::Ack => Err(Error::Misuse("an ask was answered with an Ack".into())),
-                }
-            }
-        }
+        let to = self.destination(peer, path, Via::Preferred)?;
+        self.ask_blocking_to(&to, message, timeout, None)
+            .map(|(reply, _)| reply)
+    }
+
+    /// [`Node::ask_blocking`] to a resolved [`Destination`]; also says which path carried it.
+    /// `interrupt` is asked every 100 ms while waiting: `true` gives up (the request is
+    /// cancelled, [`Error::Cancelled`]).
+    ///
+    /// # Errors
+    ///
+    /// As the result of [`Node::ask`].
+    pub fn ask_blocking_to(
+        &self,
+        to: &Destination,
+        message: TensorMessage,
+        timeout: Duration,
+        interrupt: Option<&dyn Fn() -> bool>,
+    ) -> Result<(Reply, Route), Error> {
+        self.blocking::<Ask>(to, message, timeout, interrupt)
     }
 
     /// The blocking form of [`Node::tell`], run on the calling thread like
@@ -346,19 +370,25 @@ impl Node {
         message: TensorMessage,
         timeout: Duration,
     ) -> Result<(), Error> {
-        let deadline = Deadline::after(Instant::now(), timeout);
-        let path = self.check(path)?;
-        match self.route(peer, None)? {
-            Target::Local(target) => local::tell(&target, &path, message, deadline).wait(),
-            Target::Transport | Target::Shm => {
-                self.tell(peer, path.as_str(), message, timeout).wait()
-            }
-            Target::Driver => self
-                .inner
-                .blocking
-                .exchange(peer, RequestKind::Tell, &path, message, deadline)
-                .map(|_| ()),
-        }
+        let to = self.destination(peer, path, Via::Preferred)?;
+        self.tell_blocking_to(&to, message, timeout, None)
+            .map(|_| ())
+    }
+
+    /// [`Node::tell_blocking`] to a resolved [`Destination`], interruptible like
+    /// [`Node::ask_blocking_to`].
+    ///
+    /// # Errors
+    ///
+    /// As the result of [`Node::tell`].
+    pub fn tell_blocking_to(
+        &self,
+        to: &Destination,
+        message: TensorMessage,
+        timeout: Duration,
+        interrupt: Option<&dyn Fn() -> bool>,
+    ) -> Result<((), Route), Error> {
+        self.blocking::<Tell>(to, message, timeout, interrupt)
     }
 
     /// Stops accepting, fails every request in flight, closes every connection and endpoint,
@@ -367,31 +397,175 @@ impl Node {
         self.inner.shutdown();
     }
 
-    /// Hands a remote send to the PTR1 driver or the transport beside it.
-    #[allow(clippy::too_many_arguments)]
-    fn send_remote(
+    /// Routes and starts one send; `here`: the caller waits for it anyway, so a copy may run
+    /// on its thread.
+    fn start<C: Call>(
         &self,
-        target: Target,
-        peer: SocketAddr,
-        path: ActorPath,
-        kind: RequestKind,
+        to: &Destination,
         message: TensorMessage,
-        deadline: Deadline,
-        completion: Box<dyn Completion>,
-    ) {
-        let request = OutboundRequest::new(peer, path, kind, message, deadline, completion);
-        match (target, &self.inner.transport, &self.inner.shm) {
-            (Target::Transport, Some(transport), _) => transport.send(request),
-            (Target::Shm, _, Some(shm)) => shm.send(request),
-            _ => self.inner.driver.send(request),
+        timeout: Duration,
+        here: bool,
+    ) -> Pending<C::Output> {
+        let deadline = Deadline::after(Instant::now(), timeout);
+        if self.inner.is_shut_down() {
+            return Pending::ready(Err(Error::Shutdown));
+        }
+        match self.inner.choose(to.peer, to.via, false) {
+            Ok((Target::Local(target), _)) => C::local(&target, &to.path, message, deadline),
+            Ok((target, _)) => {
+                let (completion, pending) = C::pair();
+                let request = OutboundRequest::new(
+                    to.peer,
+                    to.path.clone(),
+                    C::KIND,
+                    message,
+                    deadline,
+                    completion,
+                );
+                self.inner.dispatch(target, request, here);
+                pending
+            }
+            Err(e) => Pending::ready(Err(e)),
         }
     }
 
-    fn check(&self, path: &str) -> Result<ActorPath, Error> {
-        if self.inner.shut_down.load(Ordering::Acquire) {
+    fn blocking<C: Call>(
+        &self,
+        to: &Destination,
+        message: TensorMessage,
+        timeout: Duration,
+        interrupt: Option<&dyn Fn() -> bool>,
+    ) -> Result<(C::Output, Route), Error> {
+        let deadline = Deadline::after(Instant::now(), timeout);
+        if self.inner.is_shut_down() {
             return Err(Error::Shutdown);
         }
-        ActorPath::parse(path)
+        let (target, _) = self.inner.choose(to.peer, to.via, false)?;
+        let mut pending = match target {
+            Target::Driver => {
+                let answer = self.inner.blocking.exchange(
+                    to.peer,
+                    C::KIND,
+                    &to.path,
+                    message,
+                    deadline,
+                    interrupt,
+                )?;
+                return C::answer(to.peer, answer).map(|out| (out, Route::RawTcp));
+            }
+            Target::Local(target) => C::local(&target, &to.path, message, deadline),
+            target => {
+                let (completion, pending) = C::pair();
+                let request = OutboundRequest::new(
+                    to.peer,
+                    to.path.clone(),
+                    C::KIND,
+                    message,
+                    deadline,
+                    completion,
+                );
+                self.inner.dispatch(target, request, true);
+                pending
+            }
+        };
+        pending.spin(self.inner.busy_poll);
+        loop {
+            let slice = if interrupt.is_some() {
+                INTERRUPT_SLICE
+            } else {
+                Duration::MAX
+            };
+            if let Some(result) = pending.wait_timeout(slice) {
+                let route = pending.route().unwrap_or(Route::LocalMailbox);
+                return result.map(|out| (out, route));
+            }
+            if interrupt.is_some_and(|stop| stop()) {
+                return Err(Error::Cancelled); // dropping `pending` cancels the request
+            }
+        }
+    }
+}
+
+/// How often a blocking call asks its interrupt whether to give up.
+const INTERRUPT_SLICE: Duration = Duration::from_millis(100);
+
+/// An endpoint of a peer, and the paths sends to it may take: made once with
+/// [`Node::destination`], used for any number of sends from any thread.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Destination {
+    peer: SocketAddr,
+    path: ActorPath,
+    via: Via,
+}
+
+impl Destination {
+    /// The peer's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// The endpoint's actor path.
+    pub fn path(&self) -> &str {
+        self.path.as_str()
+    }
+
+    /// The paths a send may take.
+    pub fn via(&self) -> Via {
+        self.via
+    }
+}
+
+/// An ask or a tell, for the code both share.
+trait Call {
+    type Output: Send + 'static;
+    const KIND: RequestKind;
+    fn pair() -> (Box<dyn Completion>, Pending<Self::Output>);
+    fn local(
+        target: &NodeInner,
+        path: &ActorPath,
+        message: TensorMessage,
+        deadline: Deadline,
+    ) -> Pending<Self::Output>;
+    fn answer(peer: SocketAddr, answer: Answer) -> Result<Self::Output, Error>;
+}
+
+struct Ask;
+struct Tell;
+
+impl Call for Ask {
+    type Output = Reply;
+    const KIND: RequestKind = RequestKind::Ask;
+    fn pair() -> (Box<dyn Completion>, Pending<Reply>) {
+        let (completer, pending) = pair();
+        (Box::new(AskCompletion(completer)), pending)
+    }
+    fn local(t: &NodeInner, p: &ActorPath, m: TensorMessage, d: Deadline) -> Pending<Reply> {
+        local::ask(t, p, m, d)
+    }
+    fn answer(peer: SocketAddr, answer: Answer) -> Result<Reply, Error> {
+        match answer {
+            Answer::Reply(reply) => Ok(reply),
+            Answer::Ack => Err(Error::UnexpectedReply {
+                peer,
+                request: "ask",
+                reply: "Ack",
+            }),
+        }
+    }
+}
+
+impl Call for Tell {
+    type Output = ();
+    const KIND: RequestKind = RequestKind::Tell;
+    fn pair() -> (Box<dyn Completion>, Pending<()>) {
+        let (completer, pending) = pair();
+        (Box::new(TellCompletion(completer)), pending)
+    }
+    fn local(t: &NodeInner, p: &ActorPath, m: TensorMessage, d: Deadline) -> Pending<()> {
+        local::tell(t, p, m, d)
+    }
+    fn answer(_: SocketAddr, _: Answer) -> Result<(), Error> {
+        Ok(())
     }
 }
 
@@ -400,10 +574,37 @@ enum Target {
     Local(Arc<NodeInner>),
     Driver,
     Transport,
-    Shm,
+    /// Shared memory; `insist`: the caller allows no other path.
+    Shm {
+        insist: bool,
+    },
 }
 
 impl NodeInner {
+    /// Hands a routed send to its transport, telling its completion which path it took.
+    fn dispatch(&self, target: Target, request: OutboundRequest, here: bool) {
+        let route = match target {
+            Target::Local(_) | Target::Driver => Route::RawTcp,
+            Target::Transport => Route::Http2,
+            Target::Shm { .. } => Route::SharedMemory,
+        };
+        request.completion.routed(route);
+        match (target, &self.transport, &self.shm) {
+            (Target::Transport, Some(transport), _) => transport.send(request),
+            (Target::Shm { insist }, _, Some(shm)) => shm.send(request, insist, here),
+            _ => self.driver.send(request),
+        }
+    }
+
+    /// A send shared memory handed back (the peer is not on this host, or the memory is
+    /// full): the remote path.
+    fn send_remote(&self, request: OutboundRequest) {
+        if self.is_shut_down() {
+            return request.completion.complete(Err(Error::Shutdown));
+        }
+        self.dispatch(self.remote_target(), request, false);
+    }
+
     fn is_shut_down(&self) -> bool {
         self.shut_down.load(Ordering::Acquire)
     }

@@ -6,7 +6,30 @@ use std::net::SocketAddr;
 use tensorwire_proto::route::{self, Capabilities, Locality, Preference, Route};
 use tensorwire_proto::transport::Error;
 
-use super::{Node, Target, local};
+use super::{Node, NodeInner, Target, local};
+use crate::shm::transport::Reach;
+
+/// Which paths one send may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Via {
+    /// The node's preference (`PULSING_TENSOR_TRANSPORT` or [`NodeBuilder::preference`]).
+    ///
+    /// [`NodeBuilder::preference`]: crate::NodeBuilder::preference
+    Preferred,
+    /// This preference, for this send.
+    Prefer(Preference),
+    /// This path and no other: if the router cannot take it to this peer, the send fails
+    /// with [`Error::RouteUnavailable`] saying why (no silent fallback).
+    Only(Route),
+}
+
+impl Via {
+    /// The `Via` of the older `force: Option<Preference>` arguments.
+    pub fn from_force(force: Option<Preference>) -> Self {
+        force.map_or(Self::Preferred, Self::Prefer)
+    }
+}
 
 /// The path a send to a peer takes, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -14,15 +37,14 @@ use super::{Node, Target, local};
 pub struct RouteChoice {
     /// The path.
     pub route: Route,
-    /// Why: the preference and where it came from, the peer's locality, TLS.
+    /// Why: the preference and where it came from, the peer's locality, shared memory, TLS.
     pub reason: String,
 }
 
 impl Node {
     /// The path a send to `peer` takes now (with `force`, as [`Node::ask_via`] would send),
-    /// and why. Shared memory is chosen only once the peer proved it is on this host (its
-    /// first same-host hello), so the answer can change from PTR1 to shared memory after the
-    /// first exchange.
+    /// and why. Shared memory is chosen only once the peer proved it is on this host; if that
+    /// is being found out, this waits for the answer (at most the hello timeout).
     ///
     /// # Errors
     ///
@@ -32,46 +54,59 @@ impl Node {
         peer: SocketAddr,
         force: Option<Preference>,
     ) -> Result<RouteChoice, Error> {
-        let (_, decision) = self.choose(peer, force)?;
+        self.route_for(peer, Via::from_force(force))
+    }
+
+    /// [`Node::route_to`] for a send made with `via`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DriverUnavailable`], or [`Error::RouteUnavailable`] for a [`Via::Only`] path
+    /// the router cannot take.
+    pub fn route_for(&self, peer: SocketAddr, via: Via) -> Result<RouteChoice, Error> {
+        let (_, decision) = self.inner.choose(peer, via, true)?;
         Ok(RouteChoice {
             route: decision.route,
-            reason: explain(&decision, force.is_some()),
+            reason: explain(&decision, via),
         })
     }
+}
 
-    /// Where a send to `peer` goes: the pure route function of proto, applied per send.
-    pub(super) fn route(
+impl NodeInner {
+    /// Where a send to `peer` goes: the pure route function of proto, applied per send. With
+    /// `settle`, a probe of the peer that is under way is waited for (for explanations).
+    pub(super) fn choose(
         &self,
         peer: SocketAddr,
-        force: Option<Preference>,
-    ) -> Result<Target, Error> {
-        self.choose(peer, force).map(|(target, _)| target)
-    }
-
-    /// The route function's inputs for `peer`, and where they lead (the explanation is
-    /// formatted only when asked for, by [`Node::route_to`]: not on every send).
-    fn choose(
-        &self,
-        peer: SocketAddr,
-        force: Option<Preference>,
+        via: Via,
+        settle: bool,
     ) -> Result<(Target, Decision), Error> {
-        let preference = force.unwrap_or(self.inner.preference);
-        // A forced network path skips the in-process shortcut.
-        let local =
-            if self.inner.in_process_delivery && matches!(force, None | Some(Preference::Auto)) {
-                local::lookup(peer)
-            } else {
-                None
-            };
-        // Same host only once the peer proved it on the shared-memory socket.
+        let preference = match via {
+            Via::Preferred => self.preference,
+            Via::Prefer(preference) => preference,
+            Via::Only(Route::RawTcp) => Preference::Raw,
+            Via::Only(Route::Http2) => Preference::Http2,
+            Via::Only(Route::SharedMemory) => Preference::SharedMemory,
+            Via::Only(Route::LocalMailbox) => Preference::Auto,
+        };
+        // A network path asked for skips the in-process shortcut.
+        let in_process = matches!(
+            via,
+            Via::Preferred | Via::Prefer(Preference::Auto) | Via::Only(Route::LocalMailbox)
+        );
+        let local = (self.in_process_delivery && in_process)
+            .then(|| local::lookup(peer))
+            .flatten();
         let wants_shm = matches!(preference, Preference::Auto | Preference::SharedMemory);
-        let shm_ok = local.is_none()
-            && wants_shm
-            && self
-                .inner
-                .shm
-                .as_ref()
-                .is_some_and(|shm| shm.reachable(peer));
+        let reach = match (&local, wants_shm, &self.shm) {
+            (Some(_), ..) | (None, false, _) => None,
+            (None, true, Some(shm)) if settle => {
+                Some(shm.reach_settled(peer, self.shm_hello_timeout))
+            }
+            (None, true, Some(shm)) => Some(shm.reach(peer)),
+            (None, true, None) => Some(Reach::NotLocal(self.shm_off.clone())),
+        };
+        let shm_ok = matches!(reach, Some(Reach::Local | Reach::Probing));
         let locality = if local.is_some() {
             Locality::SameProcess
         } else if shm_ok {
@@ -83,21 +118,36 @@ impl Node {
             raw: true,
             shared_memory: shm_ok,
         };
-        let tls = self.inner.encrypts || self.inner.require_tls;
+        let tls = self.encrypts || self.require_tls;
         let route = route::select(preference, locality, caps, tls);
         let decision = Decision {
             route,
             preference,
             locality,
             tls,
+            reach,
         };
+        if let Via::Only(wanted) = via
+            && wanted != route
+        {
+            return Err(Error::RouteUnavailable {
+                route: route_name(wanted),
+                reason: format!(
+                    "the router picks {} for {peer}: {}",
+                    route_name(route),
+                    explain(&decision, via)
+                ),
+            });
+        }
         let target = match route {
             Route::LocalMailbox => local
                 .map(Target::Local)
                 .ok_or(Error::ConnectionClosed { peer, detail: None })?,
             Route::RawTcp => Target::Driver,
-            Route::SharedMemory => Target::Shm,
-            Route::Http2 if self.inner.transport.is_some() => Target::Transport,
+            Route::SharedMemory => Target::Shm {
+                insist: matches!(via, Via::Only(Route::SharedMemory)),
+            },
+            Route::Http2 if self.transport.is_some() => Target::Transport,
             Route::Http2 => {
                 return Err(Error::DriverUnavailable {
                     driver: "http2",
@@ -111,33 +161,64 @@ impl Node {
         };
         Ok((target, decision))
     }
+
+    /// Where a send goes that shared memory could not take (the peer is not on this host, or
+    /// its memory is full): the remote path the preference allows.
+    pub(super) fn remote_target(&self) -> Target {
+        if (self.encrypts || self.require_tls) && self.transport.is_some() {
+            Target::Transport
+        } else {
+            Target::Driver
+        }
+    }
 }
 
 /// What the route function was given and what it chose.
-struct Decision {
-    route: Route,
+pub(super) struct Decision {
+    pub(super) route: Route,
     preference: Preference,
     locality: Locality,
     tls: bool,
+    /// What shared memory said of the peer, when it was asked.
+    reach: Option<Reach>,
 }
 
-fn explain(decision: &Decision, forced: bool) -> String {
+/// The name of a path (`local`, `shm`, `raw`, `http2`).
+pub(crate) fn route_name(route: Route) -> &'static str {
+    match route {
+        Route::LocalMailbox => "local",
+        Route::SharedMemory => "shm",
+        Route::RawTcp => "raw",
+        Route::Http2 => "http2",
+    }
+}
+
+fn explain(decision: &Decision, via: Via) -> String {
     let Decision {
         preference,
         locality,
         tls,
+        ref reach,
         ..
     } = *decision;
-    let source = if forced {
-        "forced for this send"
-    } else {
-        "the node's preference (PULSING_TENSOR_TRANSPORT or NodeBuilder::preference)"
+    let source = match via {
+        Via::Preferred => {
+            "the node's preference (PULSING_TENSOR_TRANSPORT or NodeBuilder::preference)"
+        }
+        Via::Prefer(_) => "asked for this send",
+        Via::Only(_) => "the only path allowed for this send",
     };
-    let locality = match locality {
-        Locality::SameProcess => "the peer is in this process",
-        Locality::SameHost => "the peer proved it is on this host (shared-memory hello)",
-        Locality::Remote => "the peer is not known to share this process or host",
+    let locality = match (locality, reach) {
+        (Locality::SameProcess, _) => "the peer is in this process".to_owned(),
+        (_, Some(Reach::Local)) => {
+            "the peer proved it is on this host (knock and shared-memory hello)".to_owned()
+        }
+        (_, Some(Reach::Probing)) => {
+            "shared memory with the peer is being set up (sends wait for it)".to_owned()
+        }
+        (_, Some(Reach::NotLocal(why))) => format!("no shared memory: {why}"),
+        (_, None) => "shared memory was not considered for this preference".to_owned(),
     };
-    let tls = if tls { ", TLS is on" } else { "" };
+    let tls = if tls { "; TLS is on" } else { "" };
     format!("preference {preference:?} ({source}); {locality}{tls}")
 }

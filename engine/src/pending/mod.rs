@@ -5,10 +5,12 @@ mod timer;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use tensorwire_proto::route::Route;
 use tensorwire_proto::transport::{Answer, Completion, Deadline, Error, Reply};
 
 pub(crate) use timer::{cancel as cancel_timer, schedule as schedule_timer};
@@ -39,6 +41,8 @@ pub(crate) struct Completer<T> {
 struct Slot<T> {
     state: Mutex<State<T>>,
     ready: Condvar,
+    /// Set once the result is there: what a spinning waiter watches (no lock).
+    done: AtomicBool,
 }
 
 struct State<T> {
@@ -54,6 +58,8 @@ struct State<T> {
     /// Threads blocked in `wait`/`wait_timeout`: the condition variable is signalled only if
     /// there are any (a signal is a system call even when nobody waits).
     waiting: usize,
+    /// The path the request was last handed to.
+    route: Option<Route>,
 }
 
 impl<T> std::fmt::Debug for State<T> {
@@ -75,8 +81,10 @@ pub(crate) fn pair<T>() -> (Completer<T>, Pending<T>) {
             on_cancel: None,
             timer: None,
             waiting: 0,
+            route: None,
         }),
         ready: Condvar::new(),
+        done: AtomicBool::new(false),
     });
     (
         Completer {
@@ -158,6 +166,37 @@ impl<T> Pending<T> {
     /// Whether the result is there (`wait` would not block).
     pub fn is_ready(&self) -> bool {
         lock(&self.slot.state).result.is_some()
+    }
+
+    /// Polls for the result for at most `budget` without sleeping; whether it is there. A
+    /// reply that comes within microseconds is then taken without paying a sleeping thread's
+    /// wake-up; a later one costs at most `budget` of CPU.
+    pub fn spin(&self, budget: Duration) -> bool {
+        if self.slot.done.load(Ordering::Acquire) {
+            return true;
+        }
+        if budget.is_zero() {
+            return false;
+        }
+        let start = Instant::now();
+        loop {
+            for _ in 0..64 {
+                if self.slot.done.load(Ordering::Acquire) {
+                    return true;
+                }
+                std::hint::spin_loop();
+            }
+            if start.elapsed() >= budget {
+                return false;
+            }
+        }
+    }
+
+    /// The path the request was handed to: the local mailbox, shared memory, PTR1 or HTTP/2
+    /// (`None` before it was routed, or for a result known at once). Its reply's memory follows
+    /// from it: receive memory of this process (PTR1, HTTP/2) or a read-only view (the others).
+    pub fn route(&self) -> Option<Route> {
+        lock(&self.slot.state).route
     }
 }
 
@@ -242,6 +281,11 @@ impl<T> Completer<T> {
         lock(&self.slot.state).cancelled
     }
 
+    /// Records the path the request is handed to.
+    pub(crate) fn set_route(&self, route: Route) {
+        lock(&self.slot.state).route = Some(route);
+    }
+
     /// Runs `hook` when the caller gives up (at once if it already has).
     pub(crate) fn on_cancel(&self, hook: Box<dyn FnOnce() + Send>) {
         let mut state = lock(&self.slot.state);
@@ -261,6 +305,7 @@ impl<T> Completer<T> {
             }
             state.done = true;
             state.result = Some(result.unwrap_or(Err(Error::Shutdown)));
+            self.slot.done.store(true, Ordering::Release);
             (
                 state.waker.take(),
                 state.timer.take(),
@@ -310,6 +355,10 @@ impl Completion for AskCompletion {
     fn on_cancel(&self, hook: Box<dyn FnOnce() + Send>) {
         self.0.on_cancel(hook);
     }
+
+    fn routed(&self, route: Route) {
+        self.0.set_route(route);
+    }
 }
 
 impl Completion for TellCompletion {
@@ -324,6 +373,10 @@ impl Completion for TellCompletion {
     fn on_cancel(&self, hook: Box<dyn FnOnce() + Send>) {
         self.0.on_cancel(hook);
     }
+
+    fn routed(&self, route: Route) {
+        self.0.set_route(route);
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -332,8 +385,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicBool, Ordering};
-
     use super::*;
 
     /// The deadline thread is process-wide: tests that count its entries run one at a time.
@@ -428,6 +479,16 @@ mod tests {
         let flag = Arc::clone(&late);
         completer.on_cancel(Box::new(move || flag.store(true, Ordering::SeqCst)));
         assert!(late.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn a_spinning_waiter_sees_a_result_completed_on_another_thread() {
+        let (completer, pending) = pair::<u32>();
+        assert!(!pending.spin(Duration::from_micros(50)));
+        let done = std::thread::spawn(move || completer.complete(Ok(9)));
+        assert!(pending.spin(Duration::from_secs(5)));
+        done.join().unwrap();
+        assert_eq!(pending.wait().unwrap(), 9);
     }
 
     #[test]

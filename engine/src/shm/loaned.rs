@@ -1,38 +1,46 @@
-//! Which `Bytes` of this process live in sealed shared-memory regions: the data path sends
-//! such a buffer as (region, offset, length) instead of copying it.
+//! Which `Bytes` of this process live in its own shared-memory slots: the data path sends such
+//! a buffer as (segment, offset, length) instead of copying it.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use crate::shm::region::Sealed;
+use crate::shm::segments::{Segment, Slot};
 
-/// Regions by start address; entries whose region is gone are skipped and pruned.
-static REGIONS: Mutex<BTreeMap<usize, (usize, Weak<Sealed>)>> = Mutex::new(BTreeMap::new());
+/// Segments by the start address of their owner's mapping; entries whose segment is gone are
+/// skipped and pruned.
+static SEGMENTS: Mutex<BTreeMap<usize, (usize, Weak<Segment>)>> = Mutex::new(BTreeMap::new());
 
-/// Records `region` so buffers inside it are recognised.
-pub(crate) fn register(region: &Arc<Sealed>) {
-    let bytes = region.as_slice();
+/// Records `segment` so buffers inside its slots are recognised.
+pub(crate) fn register(segment: &Arc<Segment>) {
+    let bytes = segment.as_slice();
     if bytes.is_empty() {
         return;
     }
     let start = bytes.as_ptr() as usize;
-    let mut regions = REGIONS.lock().unwrap_or_else(PoisonError::into_inner);
-    regions.retain(|_, (_, weak)| weak.strong_count() > 0);
-    regions.insert(start, (start + bytes.len(), Arc::downgrade(region)));
+    let mut segments = SEGMENTS.lock().unwrap_or_else(PoisonError::into_inner);
+    segments.retain(|_, (_, weak)| weak.strong_count() > 0);
+    segments.insert(start, (start + bytes.len(), Arc::downgrade(segment)));
 }
 
-/// The sealed region holding all of `buffer`, and where in it `buffer` starts.
-pub(crate) fn lookup(buffer: &[u8]) -> Option<(Arc<Sealed>, u64)> {
+/// The frozen slot holding all of `buffer`, and where in its segment `buffer` starts.
+///
+/// Only a frozen slot has `Bytes`, and a live `Bytes` keeps its slot, so a buffer that points
+/// into a slot always finds that slot here.
+pub(crate) fn lookup(buffer: &[u8]) -> Option<(Arc<Slot>, u64)> {
     if buffer.is_empty() {
         return None;
     }
     let start = buffer.as_ptr() as usize;
     let end = start.checked_add(buffer.len())?;
-    let regions = REGIONS.lock().unwrap_or_else(PoisonError::into_inner);
-    let (&region_start, (region_end, weak)) = regions.range(..=start).next_back()?;
-    if end > *region_end {
-        return None;
-    }
-    let region = weak.upgrade()?;
-    Some((region, (start - region_start) as u64))
+    let segment = {
+        let segments = SEGMENTS.lock().unwrap_or_else(PoisonError::into_inner);
+        let (&segment_start, (segment_end, weak)) = segments.range(..=start).next_back()?;
+        if end > *segment_end {
+            return None;
+        }
+        (weak.upgrade()?, start - segment_start)
+    };
+    let (segment, offset) = segment;
+    let slot = segment.slot_at(offset, buffer.len())?;
+    Some((slot, offset as u64))
 }

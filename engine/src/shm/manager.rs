@@ -4,19 +4,21 @@
 //! place.
 //!
 //! Two backends: `in_process` aliases the same `Bytes` (no copy, this process only), `memfd`
-//! keeps each region in a sealed memfd (copied in once, or filled in place through a loan),
-//! which the data path can hand to another process.
+//! keeps each region in a slot of the node's shared-memory segments (copied in once, or filled
+//! in place through a loan), which the data path hands to another process by reference.
+//! Loans always come from the segments, whatever the backend.
+//!
+//! A lease bounds when a region may be *mapped*; a view already mapped keeps its bytes, which
+//! never change, after the lease ends, the name is unpublished, or the manager is cleared.
 
-use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use tensorwire_proto::shm::{Descriptor, Leases, ShmError, ShmStats};
 
-use crate::shm::loaned;
-use crate::shm::quota::Quota;
-use crate::shm::region::{Sealed, Slot};
+use crate::shm::segments::{Segments, SegmentsConfig, SlotMut};
+use crate::shm::window::Window;
 
 /// Where regions live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,7 +26,7 @@ use crate::shm::region::{Sealed, Slot};
 pub enum ShmBackend {
     /// Aliases of the same `Bytes` in this process.
     InProcess,
-    /// One sealed memfd per region: shareable with other processes.
+    /// Slots of the node's memfd segments: shareable with other processes.
     Memfd,
 }
 
@@ -60,28 +62,38 @@ pub struct ShmManager {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
 struct Inner {
     backend: ShmBackend,
-    leases: Mutex<Leases<Payload>>,
-    quota: Quota,
+    leases: Mutex<Leases<Bytes>>,
+    segments: Segments,
 }
 
-/// What a region holds.
-#[derive(Debug)]
-enum Payload {
-    Bytes(Bytes),
-    Sealed(Arc<Sealed>),
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmManager")
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ShmManager {
-    /// A manager with `backend` and a quota of `quota_bytes` for memfd regions.
+    /// A manager with `backend` and segments of its own, at most `quota_bytes` of them.
     pub fn new(backend: ShmBackend, quota_bytes: u64) -> Self {
+        let segments = Segments::new(SegmentsConfig {
+            quota: quota_bytes,
+            idle_keep: quota_bytes.min(64 << 20),
+            idle_after: Duration::from_secs(2),
+        });
+        Self::with_segments(backend, segments)
+    }
+
+    /// A manager over a node's segments (shared with its same-host data path).
+    pub(crate) fn with_segments(backend: ShmBackend, segments: Segments) -> Self {
         Self {
             inner: Arc::new(Inner {
                 backend,
                 leases: Mutex::new(Leases::new()),
-                quota: Quota::new(quota_bytes),
+                segments,
             }),
         }
     }
@@ -142,10 +154,7 @@ impl ShmManager {
         let start = usize::try_from(descriptor.offset).map_err(|_| ShmError::RangeInvalid)?;
         let end = usize::try_from(descriptor.offset + descriptor.len)
             .map_err(|_| ShmError::RangeInvalid)?;
-        Ok(match payload {
-            Payload::Bytes(bytes) => bytes.slice(start..end),
-            Payload::Sealed(region) => region.bytes(start..end),
-        })
+        Ok(payload.slice(start..end))
     }
 
     /// Ends the descriptor's lease (idempotent). Returns whether a lease ended.
@@ -196,73 +205,74 @@ impl ShmManager {
         }
     }
 
-    /// Bytes of memfd regions alive (including loans and views still mapped).
+    /// Bytes of shared-memory segments alive (slots lent, held, filling and idle).
     pub fn quota_used(&self) -> u64 {
-        self.inner.quota.used()
+        self.inner.segments.used_bytes()
+    }
+
+    /// Bytes of slots held now: loans, frozen buffers and regions still referenced here or by
+    /// a peer.
+    pub fn held_bytes(&self) -> u64 {
+        self.inner.segments.held_bytes()
     }
 
     /// A writable slot of `len` bytes to fill in place (no copy), then to offer, publish or
-    /// send as `Bytes` — sealed from then on.
+    /// send as `Bytes`; nothing writes it once it is handed on. It comes from the node's
+    /// segments whatever the backend (`len` 0 is a valid, empty loan).
     ///
     /// # Errors
     ///
     /// [`ShmError::Quota`] or [`ShmError::Os`].
     pub fn loan(&self, len: usize) -> Result<Loan, ShmError> {
-        let memory = match self.inner.backend {
-            ShmBackend::InProcess => LoanMemory::Heap(BytesMut::zeroed(len)),
-            ShmBackend::Memfd => {
-                let charge = self.inner.quota.charge(len as u64)?;
-                LoanMemory::Slot(Slot::create(len, charge)?)
-            }
+        let slot = if len == 0 {
+            None
+        } else {
+            Some(self.inner.segments.take(len)?)
         };
         Ok(Loan {
-            memory,
+            slot,
+            len,
             manager: self.clone(),
         })
     }
 
-    fn payload(&self, bytes: Bytes) -> Result<(Payload, u64), ShmError> {
+    fn payload(&self, bytes: Bytes) -> Result<(Bytes, u64), ShmError> {
         let len = bytes.len() as u64;
         match self.inner.backend {
-            ShmBackend::InProcess => Ok((Payload::Bytes(bytes), len)),
+            ShmBackend::InProcess => Ok((bytes, len)),
+            ShmBackend::Memfd if bytes.is_empty() => Ok((bytes, 0)),
             ShmBackend::Memfd => {
-                let mut slot = Slot::create(bytes.len(), self.inner.quota.charge(len)?)?;
-                slot.as_mut_slice().copy_from_slice(&bytes);
-                Ok((Payload::Sealed(Arc::new(slot.seal()?)), len))
+                let mut slot = self.inner.segments.take(bytes.len())?;
+                slot.as_mut_slice()[..bytes.len()].copy_from_slice(&bytes);
+                Ok((slot.freeze().bytes(0..bytes.len()), len))
             }
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Leases<Payload>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Leases<Bytes>> {
         self.inner
             .leases
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn reclaim(leases: &mut Leases<Payload>, now: Instant) {
+    fn reclaim(leases: &mut Leases<Bytes>, now: Instant) {
         let mut freed = Vec::new();
         leases.reclaim(now, &mut freed);
     }
 }
 
 /// A writable slot on loan from a manager.
-#[derive(Debug)]
 pub struct Loan {
-    memory: LoanMemory,
+    slot: Option<SlotMut>,
+    len: usize,
     manager: ShmManager,
 }
 
-#[derive(Debug)]
-enum LoanMemory {
-    Heap(BytesMut),
-    Slot(Slot),
-}
-
-impl std::fmt::Debug for Slot {
+impl std::fmt::Debug for Loan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Slot")
-            .field("len", &self.len())
+        f.debug_struct("Loan")
+            .field("len", &self.len)
             .finish_non_exhaustive()
     }
 }
@@ -270,87 +280,71 @@ impl std::fmt::Debug for Slot {
 impl Loan {
     /// The slot's bytes, to fill in place.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        match &mut self.memory {
-            LoanMemory::Heap(bytes) => bytes,
-            LoanMemory::Slot(slot) => slot.as_mut_slice(),
+        match &mut self.slot {
+            Some(slot) => &mut slot.as_mut_slice()[..self.len],
+            None => &mut [],
         }
     }
 
     /// Its length.
     pub fn len(&self) -> usize {
-        match &self.memory {
-            LoanMemory::Heap(bytes) => bytes.len(),
-            LoanMemory::Slot(slot) => slot.len(),
-        }
+        self.len
     }
 
     /// Whether it has no bytes.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.len == 0
     }
 
-    /// The memfd behind it (memfd backend), for handing to other code. Once the loan is
-    /// offered, published or frozen, the kernel refuses every write through it.
-    pub fn as_fd(&self) -> Option<BorrowedFd<'_>> {
-        match &self.memory {
-            LoanMemory::Heap(_) => None,
-            LoanMemory::Slot(slot) => Some(slot.as_fd()),
-        }
-    }
-
-    /// Seals it and offers it to one recipient for `ttl` (no copy).
+    /// A second, writable mapping of the loan's bytes at an address of its own, for code that
+    /// hands raw pointers out (a Python buffer export) and so cannot be sure none is left when
+    /// the loan is frozen: [`Window::privatize`] turns whatever still points into it into a
+    /// private copy-on-write view, so no write through it can reach the frozen bytes.
     ///
     /// # Errors
     ///
-    /// [`ShmError::Os`] if it cannot be sealed.
+    /// [`ShmError::Os`] if the mapping cannot be made.
+    pub fn window(&self) -> Result<Window, ShmError> {
+        match &self.slot {
+            Some(slot) => Window::of(slot, self.len),
+            None => Ok(Window::default()),
+        }
+    }
+
+    /// Offers it to one recipient for `ttl` (no copy).
+    ///
+    /// # Errors
+    ///
+    /// As [`ShmManager::offer`].
     pub fn offer(self, ttl: Duration) -> Result<Descriptor, ShmError> {
         let manager = self.manager.clone();
-        let (payload, len) = self.into_payload()?;
+        let bytes = self.freeze();
+        let len = bytes.len() as u64;
         let now = Instant::now();
         let mut leases = manager.lock();
         ShmManager::reclaim(&mut leases, now);
-        leases.offer(payload, len, ttl, now)
+        leases.offer(bytes, len, ttl, now)
     }
 
-    /// Seals it and publishes it as `name` (no copy).
+    /// Publishes it as `name` (no copy).
     ///
     /// # Errors
     ///
     /// As [`ShmManager::publish`].
     pub fn publish(self, name: &str) -> Result<(), ShmError> {
         let manager = self.manager.clone();
-        let (payload, len) = self.into_payload()?;
-        manager.lock().publish(name, payload, len)
+        let bytes = self.freeze();
+        let len = bytes.len() as u64;
+        manager.lock().publish(name, bytes, len)
     }
 
-    /// Seals it and returns its bytes: a buffer for a `TensorMessage` that the same-host
-    /// data path sends without copying.
-    ///
-    /// # Errors
-    ///
-    /// [`ShmError::Os`] if it cannot be sealed.
-    pub fn freeze(self) -> Result<Bytes, ShmError> {
-        match self.into_payload()?.0 {
-            Payload::Bytes(bytes) => Ok(bytes),
-            Payload::Sealed(region) => {
-                let len = region.as_slice().len();
-                Ok(region.bytes(0..len))
-            }
-        }
-    }
-
-    fn into_payload(self) -> Result<(Payload, u64), ShmError> {
-        match self.memory {
-            LoanMemory::Heap(bytes) => {
-                let len = bytes.len() as u64;
-                Ok((Payload::Bytes(bytes.freeze()), len))
-            }
-            LoanMemory::Slot(slot) => {
-                let len = slot.len() as u64;
-                let region = Arc::new(slot.seal()?);
-                loaned::register(&region);
-                Ok((Payload::Sealed(region), len))
-            }
+    /// Its bytes, from now on only read: a buffer for a `TensorMessage` that the same-host
+    /// data path sends without copying. The slot is held as long as any view of the bytes
+    /// (here or at a peer) lives.
+    pub fn freeze(self) -> Bytes {
+        match self.slot {
+            Some(slot) => slot.freeze().bytes(0..self.len),
+            None => Bytes::new(),
         }
     }
 }

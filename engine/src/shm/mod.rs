@@ -1,17 +1,23 @@
-//! Shared memory on one host: the node's [`ShmManager`] (regions, names, leases, loaned
-//! slots) and the memfd machinery under it.
+//! Shared memory on one host: the node's message memory (slots in a few large memfd segments,
+//! lent by credit), the same-host data path over it, and the [`ShmManager`] control plane
+//! (regions, names, leases, loaned slots).
 //!
-//! Nothing is ever created in `/dev/shm`: every region is an anonymous memfd, sized with
-//! `fallocate` (a full memory limit is an error, never a SIGBUS), charged to a byte quota
-//! (a memfd is not bounded by `/dev/shm`), and sealed so its size can never change; regions
-//! handed to readers are sealed against writes too, so no reader can see them change.
+//! Nothing is ever created in `/dev/shm`: every segment is an anonymous memfd, reserved with
+//! `fallocate` (a full memory limit is an error, never a SIGBUS), charged to a byte quota (a
+//! memfd is not bounded by `/dev/shm`), and sealed so its size can never change. Peers map it
+//! read-only. A slot a holder still references is never written, zeroed or reused.
 
 mod loaned;
 mod manager;
 mod os;
 mod quota;
-mod region;
+mod segments;
+mod socket;
 pub(crate) mod transport;
+mod window;
 
 pub use manager::{Loan, ShmBackend, ShmManager, ShmManagerStats};
+pub(crate) use segments::{Segments, SegmentsConfig};
 pub use tensorwire_proto::shm::{Descriptor, ShmError};
+pub use transport::WhenFull;
+pub use window::Window;

@@ -1,7 +1,9 @@
-//! The system calls of shared memory: memfds (create, reserve, seal, punch), file mappings,
-//! and `SOCK_SEQPACKET` Unix sockets in the abstract namespace that pass descriptors.
+//! The system calls of shared memory: memfds (create, reserve, seal), file mappings, and who
+//! this process is (boot, user namespace, user, random tickets). The Unix sockets that pass
+//! descriptors are in `socket.rs`.
 //!
-//! The only unsafe code of the shm module; every block says why it is sound.
+//! With `socket.rs` and the slot writes of `segments.rs`, the only unsafe code of the shm
+//! module; every block says why it is sound.
 
 use std::ffi::CString;
 use std::io;
@@ -13,8 +15,14 @@ const MFD_NOEXEC_SEAL: libc::c_uint = 0x0008;
 
 /// The seals every region carries: its size can never change under a reader.
 pub(crate) const SEALS_SIZE: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
-/// Added for immutable regions: nobody can write it again.
-pub(crate) const SEALS_IMMUTABLE: libc::c_int = SEALS_SIZE | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
+
+/// A shared-memory error for a failed system call.
+pub(crate) fn os_error(op: &'static str, e: &io::Error) -> tensorwire_proto::shm::ShmError {
+    tensorwire_proto::shm::ShmError::Os {
+        op,
+        reason: e.to_string(),
+    }
+}
 
 fn check(res: libc::c_int) -> io::Result<libc::c_int> {
     if res < 0 {
@@ -72,24 +80,6 @@ pub(crate) fn size(fd: RawFd) -> io::Result<u64> {
     u64::try_from(stat.st_size).map_err(|_| io::Error::other("negative file size"))
 }
 
-/// Frees the pages of `len` bytes from the start (the size stays): every mapping reads zeros.
-pub(crate) fn punch_hole(fd: RawFd, len: u64) -> io::Result<()> {
-    let len = libc::off_t::try_from(len).map_err(|_| io::Error::other("size too large"))?;
-    if len == 0 {
-        return Ok(());
-    }
-    // SAFETY: fallocate takes no pointers.
-    let res = unsafe {
-        libc::fallocate(
-            fd,
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            0,
-            len,
-        )
-    };
-    check(res).map(drop)
-}
-
 /// A read-only descriptor of the same file (reopened through `/proc/self/fd`): what is sent
 /// to peers, so their mappings cannot be writable by accident.
 pub(crate) fn read_only(fd: RawFd) -> io::Result<OwnedFd> {
@@ -101,22 +91,43 @@ pub(crate) fn read_only(fd: RawFd) -> io::Result<OwnedFd> {
 pub(crate) struct FileMap {
     ptr: NonNull<u8>,
     len: usize,
+    /// Turned into a private copy-on-write mapping ([`FileMap::privatize`]).
+    private: bool,
 }
 
 // SAFETY: the mapping is owned by this value alone; moving it between threads is like moving
-// a `Vec<u8>`; shared access hands out only `&[u8]` (writes go through `&mut self`).
+// a `Vec<u8>`. Shared access hands out `&[u8]` and a raw pointer; whoever writes through the
+// pointer (a segment's owner filling a slot it holds exclusively, a loan's window) says why
+// nothing else reads those bytes meanwhile.
 unsafe impl Send for FileMap {}
 // SAFETY: as above.
 unsafe impl Sync for FileMap {}
 
 impl FileMap {
-    /// Maps the first `len` bytes of `fd`: shared and writable for the owner, shared and
-    /// read-only for a holder. `populate` builds the page tables now (off the hot path).
-    pub(crate) fn new(fd: RawFd, len: usize, writable: bool, populate: bool) -> io::Result<Self> {
+    /// A mapping of nothing.
+    pub(crate) fn empty() -> Self {
+        Self {
+            ptr: NonNull::dangling(),
+            len: 0,
+            private: false,
+        }
+    }
+
+    /// Maps `len` bytes of `fd` from `offset` (page-aligned): shared and writable for the
+    /// owner, shared and read-only for a holder. `populate` builds the page tables now (off
+    /// the hot path).
+    pub(crate) fn new(
+        fd: RawFd,
+        offset: usize,
+        len: usize,
+        writable: bool,
+        populate: bool,
+    ) -> io::Result<Self> {
         if len == 0 {
             return Ok(Self {
                 ptr: NonNull::dangling(),
                 len: 0,
+                private: false,
             });
         }
         let prot = if writable {
@@ -125,9 +136,11 @@ impl FileMap {
             libc::PROT_READ
         };
         let flags = libc::MAP_SHARED | if populate { libc::MAP_POPULATE } else { 0 };
+        let offset =
+            libc::off_t::try_from(offset).map_err(|_| io::Error::other("offset too large"))?;
         // SAFETY: a new mapping with no address hint touches no existing memory; the kernel
-        // checks `fd`, `len` and the protection against the file.
-        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
+        // checks `fd`, `offset`, `len` and the protection against the file.
+        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, offset) };
         if ptr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
@@ -136,7 +149,47 @@ impl FileMap {
         // A forked child must not keep a peer's slot mapped after this process lets it go.
         // SAFETY: advice on the range just mapped; it changes no contents.
         unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_DONTFORK) };
-        Ok(Self { ptr, len })
+        Ok(Self {
+            ptr,
+            len,
+            private: false,
+        })
+    }
+
+    /// Replaces the mapping, in place, with a private copy-on-write mapping of the same file
+    /// range: every pointer into it still reads the same bytes, but a write through one now
+    /// lands in a page of this process only and never reaches the file (or its other readers).
+    /// Idempotent.
+    pub(crate) fn privatize(&mut self, fd: RawFd, offset: usize) -> io::Result<()> {
+        if self.len == 0 || self.private {
+            return Ok(());
+        }
+        let offset =
+            libc::off_t::try_from(offset).map_err(|_| io::Error::other("offset too large"))?;
+        // SAFETY: MAP_FIXED replaces exactly the range this value mapped (and owns) with a
+        // new mapping of the same length; the pages keep their contents (the same file
+        // range), so no pointer into the range sees different bytes, only that writes now
+        // copy instead of reaching the file. On failure the old mapping is left as it was.
+        let ptr = unsafe {
+            libc::mmap(
+                self.ptr.as_ptr().cast(),
+                self.len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_FIXED,
+                fd,
+                offset,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        self.private = true;
+        Ok(())
+    }
+
+    /// Where it starts.
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
     }
 
     pub(crate) fn as_slice(&self) -> &[u8] {
@@ -145,16 +198,6 @@ impl FileMap {
         }
         // SAFETY: the mapping is live and readable for `len` bytes while `self` exists.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-
-    /// The bytes, writable. Only for mappings made `writable` (else the first write faults,
-    /// which is why only the owner's slots call it).
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
-        if self.len == 0 {
-            return &mut [];
-        }
-        // SAFETY: as `as_slice`; `&mut self` gives exclusive access through this value.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -169,196 +212,6 @@ impl Drop for FileMap {
             unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
         }
     }
-}
-
-/// The abstract-namespace socket address `\0{name}` and its length.
-fn abstract_addr(name: &str) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
-    // SAFETY: sockaddr_un is plain old data; all-zero is valid.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::sa_family_t::try_from(libc::AF_UNIX).unwrap_or_default();
-    let bytes = name.as_bytes();
-    if bytes.len() + 1 > addr.sun_path.len() {
-        return Err(io::Error::other("socket name too long"));
-    }
-    // sun_path[0] stays 0: the abstract namespace.
-    for (dst, &src) in addr.sun_path[1..].iter_mut().zip(bytes) {
-        *dst = libc::c_char::from_ne_bytes([src]);
-    }
-    let len = size_of::<libc::sa_family_t>() + 1 + bytes.len();
-    Ok((
-        addr,
-        libc::socklen_t::try_from(len).unwrap_or(libc::socklen_t::MAX),
-    ))
-}
-
-fn seqpacket() -> io::Result<OwnedFd> {
-    let kind = libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK;
-    // SAFETY: socket() takes no pointers.
-    let fd = check(unsafe { libc::socket(libc::AF_UNIX, kind, 0) })?;
-    // SAFETY: socket() just returned this descriptor; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// A listening socket at `\0{name}` (`EADDRINUSE` if a live process holds the name: the
-/// name goes away with its holder, so there is nothing stale to remove).
-pub(crate) fn listen(name: &str) -> io::Result<OwnedFd> {
-    let fd = seqpacket()?;
-    let (addr, len) = abstract_addr(name)?;
-    // SAFETY: `addr` is a live sockaddr_un and `len` does not exceed its size.
-    check(unsafe { libc::bind(fd.as_raw_fd(), (&raw const addr).cast(), len) })?;
-    // SAFETY: listen() takes no pointers.
-    check(unsafe { libc::listen(fd.as_raw_fd(), 128) })?;
-    Ok(fd)
-}
-
-/// Connects to `\0{name}` (blocking connect on a Unix socket returns at once).
-pub(crate) fn connect(name: &str) -> io::Result<OwnedFd> {
-    let fd = seqpacket()?;
-    let (addr, len) = abstract_addr(name)?;
-    // SAFETY: `addr` is a live sockaddr_un and `len` does not exceed its size.
-    check(unsafe { libc::connect(fd.as_raw_fd(), (&raw const addr).cast(), len) })?;
-    Ok(fd)
-}
-
-/// Accepts one connection (non-blocking, close-on-exec); `None` if none is waiting.
-pub(crate) fn accept(listener: RawFd) -> io::Result<Option<OwnedFd>> {
-    let flags = libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK;
-    // SAFETY: no address is asked for (null pointers are allowed).
-    let res = unsafe { libc::accept4(listener, std::ptr::null_mut(), std::ptr::null_mut(), flags) };
-    match check(res) {
-        // SAFETY: accept4 just returned this descriptor; nothing else owns it.
-        Ok(fd) => Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) })),
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-/// The peer's user id (`SO_PEERCRED`).
-pub(crate) fn peer_uid(fd: RawFd) -> io::Result<u32> {
-    // SAFETY: ucred is plain old data.
-    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
-    let mut len = libc::socklen_t::try_from(size_of::<libc::ucred>()).unwrap_or(0);
-    // SAFETY: `cred` and `len` are live locals; `len` holds `cred`'s size.
-    check(unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&raw mut cred).cast(),
-            &raw mut len,
-        )
-    })?;
-    Ok(cred.uid)
-}
-
-/// Sends one datagram with `fds` beside it. `WouldBlock` if the socket's buffer is full.
-pub(crate) fn send(fd: RawFd, datagram: &[u8], fds: &[RawFd]) -> io::Result<()> {
-    let mut iov = libc::iovec {
-        iov_base: datagram.as_ptr().cast_mut().cast(),
-        iov_len: datagram.len(),
-    };
-    let space = cmsg_space(fds.len());
-    let mut control = vec![0u8; space];
-    // SAFETY: msghdr is plain old data; all-zero is a valid empty header.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &raw mut iov;
-    msg.msg_iovlen = 1;
-    if !fds.is_empty() {
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space;
-        // SAFETY: the control buffer has room for one header with `fds.len()` descriptors
-        // (`cmsg_space`), so the first header and its data lie inside it.
-        unsafe {
-            let header = libc::CMSG_FIRSTHDR(&raw const msg);
-            (*header).cmsg_level = libc::SOL_SOCKET;
-            (*header).cmsg_type = libc::SCM_RIGHTS;
-            (*header).cmsg_len =
-                libc::CMSG_LEN(u32::try_from(size_of_val(fds)).unwrap_or(0)) as usize;
-            std::ptr::copy_nonoverlapping(
-                fds.as_ptr(),
-                libc::CMSG_DATA(header).cast::<RawFd>(),
-                fds.len(),
-            );
-        }
-    }
-    // SAFETY: `msg` points to `iov` (the live datagram) and `control`, both alive for the call.
-    let res = unsafe { libc::sendmsg(fd, &raw const msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
-    if res < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// One received datagram.
-pub(crate) struct Received {
-    pub(crate) len: usize,
-    pub(crate) fds: Vec<OwnedFd>,
-    /// The kernel dropped descriptors (this process is at its descriptor limit).
-    pub(crate) truncated: bool,
-}
-
-/// Receives one datagram into `buf` with up to `max_fds` descriptors; `None` if none is
-/// waiting, `Some` with `len == 0` at end of stream.
-pub(crate) fn receive(fd: RawFd, buf: &mut [u8], max_fds: usize) -> io::Result<Option<Received>> {
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    let space = cmsg_space(max_fds);
-    let mut control = vec![0u8; space];
-    // SAFETY: msghdr is plain old data; all-zero is a valid empty header.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &raw mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space;
-    // SAFETY: `msg` points to `buf` (writable, unborrowed) and `control`, alive for the call.
-    let res = unsafe {
-        libc::recvmsg(
-            fd,
-            &raw mut msg,
-            libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT,
-        )
-    };
-    if res < 0 {
-        let e = io::Error::last_os_error();
-        return if e.kind() == io::ErrorKind::WouldBlock {
-            Ok(None)
-        } else {
-            Err(e)
-        };
-    }
-    let len = usize::try_from(res).unwrap_or(0);
-    let mut fds = Vec::new();
-    // SAFETY: the kernel filled `msg.msg_control` with `msg.msg_controllen` bytes of control
-    // headers; CMSG_FIRSTHDR/CMSG_NXTHDR walk only within them.
-    unsafe {
-        let mut header = libc::CMSG_FIRSTHDR(&raw const msg);
-        while !header.is_null() {
-            if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(header).cast::<RawFd>();
-                let header_len = libc::CMSG_LEN(0) as usize;
-                let count =
-                    ((*header).cmsg_len as usize).saturating_sub(header_len) / size_of::<RawFd>();
-                for i in 0..count {
-                    // Each descriptor the kernel installed belongs to this process now.
-                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
-                }
-            }
-            header = libc::CMSG_NXTHDR(&raw const msg, header);
-        }
-    }
-    Ok(Some(Received {
-        len,
-        fds,
-        truncated: msg.msg_flags & libc::MSG_CTRUNC != 0,
-    }))
-}
-
-fn cmsg_space(fds: usize) -> usize {
-    let bytes = u32::try_from(fds.max(1) * size_of::<RawFd>()).unwrap_or(u32::MAX);
-    // SAFETY: CMSG_SPACE only computes a size.
-    unsafe { libc::CMSG_SPACE(bytes) as usize }
 }
 
 /// This boot's id (`/proc/sys/kernel/random/boot_id`).
@@ -378,4 +231,23 @@ pub(crate) fn user_namespace() -> u64 {
 pub(crate) fn uid() -> u32 {
     // SAFETY: getuid has no preconditions and cannot fail.
     unsafe { libc::getuid() }
+}
+
+/// `N` random bytes from the kernel (`getrandom`).
+pub(crate) fn random<const N: usize>() -> io::Result<[u8; N]> {
+    let mut out = [0u8; N];
+    let mut filled = 0;
+    while filled < N {
+        // SAFETY: writes at most `N - filled` bytes into the live local array from `filled`.
+        let res = unsafe { libc::getrandom(out[filled..].as_mut_ptr().cast(), N - filled, 0) };
+        if res < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        filled += usize::try_from(res).unwrap_or(0);
+    }
+    Ok(out)
 }

@@ -1,23 +1,37 @@
-//! The same-host control protocol: one `SOCK_SEQPACKET` datagram per message, file descriptors
-//! beside it (`SCM_RIGHTS`). Payload travels in the memfds, and a datagram only says where
-//! (which descriptor, which lease, which range) — except bodies of at most 32 KiB (`Inline`), cheaper
-//! to copy through the socket than to map.
+//! The same-host control protocol: one `SOCK_SEQPACKET` datagram per message. Payload lives in
+//! the sender's shared-memory segments, which the receiver maps once per connection (`Map`,
+//! the segment's descriptor beside it); a message only names where its bytes are —
+//! `(segment, offset, length, lease)` — except small parts, which travel in the datagram.
 //!
 //! ```text
-//! datagram := "TWS1" tag:u8 fields…          little-endian; strings and byte strings are
+//! datagram := "TWS2" tag:u8 fields…          little-endian; strings and byte strings are
 //!                                            u32 length + bytes; lists are u32 count + items
-//! Hello   (1) boot_id:str user_ns:u64 uid:u32 pid:u32 node:str
-//! Request (2) id:u64 kind:u8(0 ask,1 tell) path:str body:BodyRef
+//! Hello   (1) boot_id:str user_ns:u64 uid:u32 pid:u32 node:str ticket:u64 via:str proof:[u8;16]
+//! Request (2) id:u64 kind:u8(0 ask,1 tell) path:str body:Body
 //! Reply   (3) id:u64 reply:WireReply
-//! Release (4) leases:[u64]
-//! BodyRef := 0 Packed  fd:u8 lease:u64 len:u64           a PTM1 body at offset 0 of that fd
-//!          | 1 Direct  version:u32 metadata:bytes segments:[fd:u8 lease:u64 offset:u64 len:u64]
-//!          | 2 Inline  body:bytes                          a small PTM1 body in the datagram
-//! WireReply := 0 Tensor BodyRef | 1 Single msg_type:str data:bytes | 2 Ack | 3 Error text:str
+//! Release (4) leases:[u64]                   the holder dropped its last view of each
+//! Map     (5) segment:u64 len:u64            one descriptor beside it: map it once, read-only
+//! Retire  (6) segment:u64                    no message will name it again: unmap it
+//! Unmapped(7) segment:u64                    (holder to owner) its descriptor was lost (the
+//!                                            holder is at its descriptor limit): announce it again
+//!
+//! Body    := 0 Inline  body:bytes            a whole PTM1 body in the datagram
+//!          | 1 Packed  Shared                a whole PTM1 body in shared memory
+//!          | 2 Parts   version:u32 metadata:Part buffers:[Part]
+//! Part    := 0 bytes                         in the datagram
+//!          | 1 Shared
+//! Shared  := segment:u64 offset:u64 len:u64 lease:u64
+//! WireReply := 0 Tensor Body | 1 Single msg_type:str data:bytes | 2 Ack | 3 Error text:str
 //! ```
 //!
+//! A lease is one hand-off of one slot to one holder; several parts may share it (a copied-in
+//! message puts all its buffers in one slot). The holder sends `Release` once it drops the last
+//! view of every part of that lease; until then the sender never writes the slot again.
+//!
 //! Decoding takes untrusted bytes: every length is checked against what is left before
-//! anything is allocated, and nothing panics.
+//! anything is allocated, and nothing panics. Encoding never produces a datagram over
+//! [`MAX_DATAGRAM`]: error texts are cut to [`MAX_ERROR_TEXT`], anything else too large is an
+//! [`EncodeError`] the sender handles (by putting the bytes in shared memory instead).
 
 use bytes::Bytes;
 
@@ -25,14 +39,17 @@ use crate::transport::RequestKind;
 
 /// The largest datagram either side sends or accepts.
 pub const MAX_DATAGRAM: usize = 64 << 10;
-/// Descriptors one datagram may carry (the kernel's `SCM_MAX_FD` is 253).
-pub const MAX_FDS: usize = 250;
-const MAGIC: &[u8; 4] = b"TWS1";
+/// Error texts are cut to this many bytes (a handler's 70 KiB message must not break the
+/// connection every other request shares).
+pub const MAX_ERROR_TEXT: usize = 4 << 10;
+/// Bytes a [`Shared`] part takes on the wire (tag included).
+pub const SHARED_PART_BYTES: usize = 33;
+const MAGIC: &[u8; 4] = b"TWS2";
 
 /// One control message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Control {
-    /// Who is on this end: the capability exchange that proves locality.
+    /// Who is on this end: the exchange that proves locality and identity.
     Hello(Hello),
     /// An ask or tell.
     Request {
@@ -43,7 +60,7 @@ pub enum Control {
         /// The actor path.
         path: String,
         /// Where the message is.
-        body: BodyRef,
+        body: Body,
     },
     /// The answer to request `id`.
     Reply {
@@ -52,72 +69,100 @@ pub enum Control {
         /// The answer.
         reply: WireReply,
     },
-    /// The holder no longer maps these leases.
+    /// The holder no longer has any view of these leases.
     Release {
         /// The leases.
         leases: Vec<u64>,
     },
+    /// A segment of the sender's, its descriptor beside this datagram: map it (read-only) and
+    /// keep it for the connection's life or until `Retire`.
+    Map {
+        /// The sender's id for it.
+        segment: u64,
+        /// Its length in bytes.
+        len: u64,
+    },
+    /// The sender dropped a segment: no message names it again.
+    Retire {
+        /// The segment.
+        segment: u64,
+    },
+    /// The holder could not map a segment (its descriptor was lost at the holder's descriptor
+    /// limit): the owner announces it again when it next uses it.
+    Unmapped {
+        /// The segment.
+        segment: u64,
+    },
 }
 
-/// The capability exchange.
+/// The capability exchange on a new connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Hello {
     /// `/proc/sys/kernel/random/boot_id`: same host, same boot.
     pub boot_id: String,
     /// The user namespace's inode (`/proc/self/ns/user`).
     pub user_ns: u64,
-    /// The sender's user id.
+    /// The sender's user id (checked against `SO_PEERCRED`, never trusted alone).
     pub uid: u32,
-    /// The sender's process id.
+    /// The sender's process id (checked against `SO_PEERCRED`).
     pub pid: u32,
-    /// The node's TCP address, as text: it must be the node the peer meant.
+    /// The sender node's TCP address, as text.
     pub node: String,
+    /// The knock ticket this connection redeems (client to server; 0 from the server).
+    pub ticket: u64,
+    /// The TCP address the client knocked from (client to server): a ticket is redeemed only
+    /// by whoever it was issued to.
+    pub via: String,
+    /// The ticket's secret, from the server: proof that it is the node the client knocked on
+    /// over TCP (zeros from the client, which never reveals it).
+    pub proof: [u8; 16],
 }
 
 /// Where a message's bytes are.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum BodyRef {
-    /// A whole PTM1 body at offset 0 of descriptor `fd` (copied in by the sender).
-    Packed {
-        /// Index of the descriptor in the datagram.
-        fd: u8,
-        /// The lease to release when done.
-        lease: u64,
-        /// The body's length.
-        len: u64,
-    },
-    /// A small PTM1 body carried in the datagram itself (below a few pages, mapping memory
-    /// costs more than copying it through the socket).
+pub enum Body {
+    /// A small PTM1 body carried in the datagram itself.
     Inline(Bytes),
-    /// Buffers that stayed where they were (loaned slots): no copy.
-    Direct {
+    /// A whole PTM1 body in shared memory (messages with more parts than a datagram lists).
+    Packed(Shared),
+    /// The message part by part: each buffer in the datagram or in shared memory.
+    Parts {
         /// The message's version.
         version: u32,
-        /// The metadata, inline.
-        metadata: Bytes,
-        /// Each buffer, in order.
-        segments: Vec<Segment>,
+        /// Its metadata.
+        metadata: Part,
+        /// Its buffers, in order.
+        buffers: Vec<Part>,
     },
 }
 
-/// One buffer of a [`BodyRef::Direct`] message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Segment {
-    /// Index of the descriptor in the datagram.
-    pub fd: u8,
-    /// The lease to release when done.
-    pub lease: u64,
-    /// Where the buffer starts in the file.
+/// One part of a [`Body::Parts`] message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// The bytes, in the datagram.
+    Inline(Bytes),
+    /// The bytes, in a segment of the sender's.
+    Shared(Shared),
+}
+
+/// A range of a sender's segment, held under a lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Shared {
+    /// The segment (announced earlier on this connection with `Map`).
+    pub segment: u64,
+    /// Where the bytes start in it.
     pub offset: u64,
-    /// Its length.
+    /// How many.
     pub len: u64,
+    /// The hand-off it belongs to: released as a whole.
+    pub lease: u64,
 }
 
 /// An answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WireReply {
     /// A tensor message.
-    Tensor(BodyRef),
+    Tensor(Body),
     /// A single message, inline.
     Single {
         /// Its type.
@@ -127,7 +172,7 @@ pub enum WireReply {
     },
     /// A tell got into the mailbox.
     Ack,
-    /// The request failed; the text says why.
+    /// The request failed; the text says why (at most [`MAX_ERROR_TEXT`] bytes).
     Error(String),
 }
 
@@ -136,9 +181,22 @@ pub enum WireReply {
 #[error("invalid shared-memory control datagram: {0}")]
 pub struct DecodeError(pub &'static str);
 
+/// Why a message does not fit in one datagram.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("a shared-memory control datagram of {len} bytes exceeds the limit of {MAX_DATAGRAM}")]
+pub struct EncodeError {
+    /// The size it would have had.
+    pub len: usize,
+}
+
 /// Encodes a message.
-pub fn encode(control: &Control) -> Vec<u8> {
-    let mut w = Writer(Vec::with_capacity(128));
+///
+/// # Errors
+///
+/// [`EncodeError`] if the datagram would exceed [`MAX_DATAGRAM`] (a long path, many parts or
+/// large inline bytes): the sender then moves bytes into shared memory or refuses.
+pub fn encode(control: &Control) -> Result<Vec<u8>, EncodeError> {
+    let mut w = Writer(Vec::with_capacity(128), 0);
     w.0.extend_from_slice(MAGIC);
     match control {
         Control::Hello(h) => {
@@ -148,6 +206,9 @@ pub fn encode(control: &Control) -> Vec<u8> {
             w.u32(h.uid);
             w.u32(h.pid);
             w.str(&h.node);
+            w.u64(h.ticket);
+            w.str(&h.via);
+            w.0.extend_from_slice(&h.proof);
         }
         Control::Request {
             id,
@@ -180,7 +241,7 @@ pub fn encode(control: &Control) -> Vec<u8> {
                 WireReply::Ack => w.u8(2),
                 WireReply::Error(text) => {
                     w.u8(3);
-                    w.str(text);
+                    w.str(truncated(text, MAX_ERROR_TEXT));
                 }
             }
         }
@@ -191,8 +252,25 @@ pub fn encode(control: &Control) -> Vec<u8> {
                 w.u64(*lease);
             }
         }
+        Control::Map { segment, len } => {
+            w.u8(5);
+            w.u64(*segment);
+            w.u64(*len);
+        }
+        Control::Retire { segment } => {
+            w.u8(6);
+            w.u64(*segment);
+        }
+        Control::Unmapped { segment } => {
+            w.u8(7);
+            w.u64(*segment);
+        }
     }
-    w.0
+    let len = w.0.len().max(w.1);
+    if len > MAX_DATAGRAM {
+        return Err(EncodeError { len });
+    }
+    Ok(w.0)
 }
 
 /// Decodes one datagram.
@@ -216,6 +294,9 @@ pub fn decode(datagram: &[u8]) -> Result<Control, DecodeError> {
             uid: r.u32()?,
             pid: r.u32()?,
             node: r.str()?,
+            ticket: r.u64()?,
+            via: r.str()?,
+            proof: r.array()?,
         }),
         2 => Control::Request {
             id: r.u64()?,
@@ -246,6 +327,12 @@ pub fn decode(datagram: &[u8]) -> Result<Control, DecodeError> {
             let leases = (0..count).map(|_| r.u64()).collect::<Result<_, _>>()?;
             Control::Release { leases }
         }
+        5 => Control::Map {
+            segment: r.u64()?,
+            len: r.u64()?,
+        },
+        6 => Control::Retire { segment: r.u64()? },
+        7 => Control::Unmapped { segment: r.u64()? },
         _ => return Err(DecodeError("unknown message tag")),
     };
     if !r.0.is_empty() {
@@ -254,27 +341,47 @@ pub fn decode(datagram: &[u8]) -> Result<Control, DecodeError> {
     Ok(control)
 }
 
-impl BodyRef {
-    /// The descriptor indexes it refers to.
-    pub fn fds(&self) -> Vec<u8> {
+impl Body {
+    /// The shared ranges it refers to, in order.
+    pub fn shared(&self) -> Vec<Shared> {
         match self {
             Self::Inline(_) => Vec::new(),
-            Self::Packed { fd, .. } => vec![*fd],
-            Self::Direct { segments, .. } => segments.iter().map(|s| s.fd).collect(),
+            Self::Packed(shared) => vec![*shared],
+            Self::Parts {
+                metadata, buffers, ..
+            } => std::iter::once(metadata)
+                .chain(buffers)
+                .filter_map(|part| match part {
+                    Part::Shared(shared) => Some(*shared),
+                    Part::Inline(_) => None,
+                })
+                .collect(),
         }
     }
 
-    /// The leases it holds.
+    /// The leases it holds, each once.
     pub fn leases(&self) -> Vec<u64> {
-        match self {
-            Self::Inline(_) => Vec::new(),
-            Self::Packed { lease, .. } => vec![*lease],
-            Self::Direct { segments, .. } => segments.iter().map(|s| s.lease).collect(),
-        }
+        let mut leases: Vec<u64> = self.shared().iter().map(|s| s.lease).collect();
+        leases.sort_unstable();
+        leases.dedup();
+        leases
     }
 }
 
-struct Writer(Vec<u8>);
+/// `text` cut to at most `max` bytes at a character boundary, marked when cut.
+fn truncated(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max.saturating_sub(3);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// The bytes so far, and the length the datagram would have had if it overflowed.
+struct Writer(Vec<u8>, usize);
 
 impl Writer {
     fn u8(&mut self, v: u8) {
@@ -291,37 +398,59 @@ impl Writer {
     }
     fn bytes(&mut self, b: &[u8]) {
         self.len(b.len());
-        self.0.extend_from_slice(b);
+        // Past the datagram limit the encoding fails anyway: count, do not copy.
+        if self.0.len() + b.len() <= MAX_DATAGRAM {
+            self.0.extend_from_slice(b);
+        } else {
+            self.1 = self.1.max(self.0.len() + b.len());
+        }
     }
     fn str(&mut self, s: &str) {
         self.bytes(s.as_bytes());
     }
-    fn body(&mut self, body: &BodyRef) {
-        match body {
-            BodyRef::Packed { fd, lease, len } => {
+    fn shared(&mut self, s: &Shared) {
+        self.u64(s.segment);
+        self.u64(s.offset);
+        self.u64(s.len);
+        self.u64(s.lease);
+    }
+    fn part(&mut self, part: &Part) {
+        match part {
+            Part::Inline(bytes) => {
                 self.u8(0);
-                self.u8(*fd);
-                self.u64(*lease);
-                self.u64(*len);
+                self.bytes(bytes);
             }
-            BodyRef::Inline(body) => {
-                self.u8(2);
+            Part::Shared(shared) => {
+                self.u8(1);
+                self.shared(shared);
+            }
+        }
+    }
+    fn body(&mut self, body: &Body) {
+        match body {
+            Body::Inline(body) => {
+                self.u8(0);
                 self.bytes(body);
             }
-            BodyRef::Direct {
+            Body::Packed(shared) => {
+                self.u8(1);
+                self.shared(shared);
+            }
+            Body::Parts {
                 version,
                 metadata,
-                segments,
+                buffers,
             } => {
-                self.u8(1);
+                self.u8(2);
                 self.u32(*version);
-                self.bytes(metadata);
-                self.len(segments.len());
-                for s in segments {
-                    self.u8(s.fd);
-                    self.u64(s.lease);
-                    self.u64(s.offset);
-                    self.u64(s.len);
+                self.part(metadata);
+                self.len(buffers.len());
+                for part in buffers {
+                    self.part(part);
+                    if self.0.len().max(self.1) > MAX_DATAGRAM {
+                        self.1 = self.1.max(self.0.len());
+                        return; // too large already: the caller reports it
+                    }
                 }
             }
         }
@@ -339,18 +468,19 @@ impl<'a> Reader<'a> {
         self.0 = rest;
         Ok(head)
     }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N)?);
+        Ok(out)
+    }
     fn u8(&mut self) -> Result<u8, DecodeError> {
         Ok(self.take(1)?[0])
     }
     fn u32(&mut self) -> Result<u32, DecodeError> {
-        let mut b = [0u8; 4];
-        b.copy_from_slice(self.take(4)?);
-        Ok(u32::from_le_bytes(b))
+        Ok(u32::from_le_bytes(self.array()?))
     }
     fn u64(&mut self) -> Result<u64, DecodeError> {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(self.take(8)?);
-        Ok(u64::from_le_bytes(b))
+        Ok(u64::from_le_bytes(self.array()?))
     }
     /// A list count whose items take at least `item` bytes each: checked against what is left
     /// before anything is allocated.
@@ -370,34 +500,37 @@ impl<'a> Reader<'a> {
             .map(str::to_owned)
             .map_err(|_| DecodeError("a string is not UTF-8"))
     }
-    fn body(&mut self) -> Result<BodyRef, DecodeError> {
+    fn shared(&mut self) -> Result<Shared, DecodeError> {
+        Ok(Shared {
+            segment: self.u64()?,
+            offset: self.u64()?,
+            len: self.u64()?,
+            lease: self.u64()?,
+        })
+    }
+    fn part(&mut self) -> Result<Part, DecodeError> {
         match self.u8()? {
-            0 => Ok(BodyRef::Packed {
-                fd: self.u8()?,
-                lease: self.u64()?,
-                len: self.u64()?,
-            }),
-            1 => {
+            0 => Ok(Part::Inline(Bytes::copy_from_slice(self.bytes()?))),
+            1 => Ok(Part::Shared(self.shared()?)),
+            _ => Err(DecodeError("unknown part kind")),
+        }
+    }
+    fn body(&mut self) -> Result<Body, DecodeError> {
+        match self.u8()? {
+            0 => Ok(Body::Inline(Bytes::copy_from_slice(self.bytes()?))),
+            1 => Ok(Body::Packed(self.shared()?)),
+            2 => {
                 let version = self.u32()?;
-                let metadata = Bytes::copy_from_slice(self.bytes()?);
-                let count = self.count(25)?;
-                let segments = (0..count)
-                    .map(|_| {
-                        Ok(Segment {
-                            fd: self.u8()?,
-                            lease: self.u64()?,
-                            offset: self.u64()?,
-                            len: self.u64()?,
-                        })
-                    })
-                    .collect::<Result<_, DecodeError>>()?;
-                Ok(BodyRef::Direct {
+                let metadata = self.part()?;
+                // Every part takes at least 5 bytes (tag + an empty inline length).
+                let count = self.count(5)?;
+                let buffers = (0..count).map(|_| self.part()).collect::<Result<_, _>>()?;
+                Ok(Body::Parts {
                     version,
                     metadata,
-                    segments,
+                    buffers,
                 })
             }
-            2 => Ok(BodyRef::Inline(Bytes::copy_from_slice(self.bytes()?))),
             _ => Err(DecodeError("unknown body kind")),
         }
     }

@@ -2,6 +2,15 @@ use proptest::prelude::*;
 
 use super::*;
 
+fn shared(segment: u64, offset: u64, len: u64, lease: u64) -> Shared {
+    Shared {
+        segment,
+        offset,
+        len,
+        lease,
+    }
+}
+
 fn samples() -> Vec<Control> {
     vec![
         Control::Hello(Hello {
@@ -10,37 +19,27 @@ fn samples() -> Vec<Control> {
             uid: 1000,
             pid: 4242,
             node: "127.0.0.1:9000".into(),
+            ticket: 31,
+            via: "127.0.0.1:51000".into(),
+            proof: [7; 16],
         }),
         Control::Request {
             id: 7,
             kind: RequestKind::Ask,
             path: "/actors/echo".into(),
-            body: BodyRef::Packed {
-                fd: 0,
-                lease: 11,
-                len: 4096,
-            },
+            body: Body::Packed(shared(2, 0, 4096, 11)),
         },
         Control::Request {
             id: 8,
             kind: RequestKind::Tell,
             path: "/actors/sink".into(),
-            body: BodyRef::Direct {
+            body: Body::Parts {
                 version: 3,
-                metadata: Bytes::from_static(b"{\"dtype\":\"f32\"}"),
-                segments: vec![
-                    Segment {
-                        fd: 0,
-                        lease: 1,
-                        offset: 0,
-                        len: 1 << 20,
-                    },
-                    Segment {
-                        fd: 1,
-                        lease: 2,
-                        offset: 4096,
-                        len: 7,
-                    },
+                metadata: Part::Inline(Bytes::from_static(b"{\"dtype\":\"f32\"}")),
+                buffers: vec![
+                    Part::Shared(shared(1, 0, 1 << 20, 1)),
+                    Part::Shared(shared(1, 1 << 20, 7, 1)),
+                    Part::Inline(Bytes::from_static(b"tail")),
                 ],
             },
         },
@@ -48,14 +47,14 @@ fn samples() -> Vec<Control> {
             id: 10,
             kind: RequestKind::Ask,
             path: "/actors/small".into(),
-            body: BodyRef::Inline(Bytes::from_static(b"PTM1-a-small-body")),
+            body: Body::Inline(Bytes::from_static(b"PTM1-a-small-body")),
         },
         Control::Reply {
             id: 7,
-            reply: WireReply::Tensor(BodyRef::Packed {
-                fd: 0,
-                lease: 3,
-                len: 99,
+            reply: WireReply::Tensor(Body::Parts {
+                version: 1,
+                metadata: Part::Shared(shared(4, 64, 99, 3)),
+                buffers: vec![],
             }),
         },
         Control::Reply {
@@ -76,52 +75,135 @@ fn samples() -> Vec<Control> {
         Control::Release {
             leases: vec![1, 2, 3],
         },
+        Control::Map {
+            segment: 4,
+            len: 64 << 20,
+        },
+        Control::Retire { segment: 4 },
+        Control::Unmapped { segment: 5 },
     ]
 }
 
 #[test]
 fn every_message_round_trips() {
     for control in samples() {
-        assert_eq!(
-            decode(&encode(&control)),
-            Ok(control.clone()),
-            "{control:?}"
-        );
+        let bytes = encode(&control).unwrap();
+        assert_eq!(decode(&bytes), Ok(control.clone()), "{control:?}");
     }
 }
 
 #[test]
 fn a_release_datagram_matches_its_golden_bytes() {
     let golden = [
-        b"TWS1".as_slice(),
+        b"TWS2".as_slice(),
         &[4],          // tag: Release
         &[2, 0, 0, 0], // two leases
         &[5, 0, 0, 0, 0, 0, 0, 0],
         &[6, 0, 0, 0, 0, 0, 0, 0],
     ]
     .concat();
-    assert_eq!(encode(&Control::Release { leases: vec![5, 6] }), golden);
+    assert_eq!(
+        encode(&Control::Release { leases: vec![5, 6] }).unwrap(),
+        golden
+    );
+}
+
+#[test]
+fn a_map_datagram_matches_its_golden_bytes() {
+    let golden = [
+        b"TWS2".as_slice(),
+        &[5],                      // tag: Map
+        &[9, 0, 0, 0, 0, 0, 0, 0], // segment 9
+        &[0, 0, 0, 4, 0, 0, 0, 0], // 64 MiB
+    ]
+    .concat();
+    let map = Control::Map {
+        segment: 9,
+        len: 64 << 20,
+    };
+    assert_eq!(encode(&map).unwrap(), golden);
 }
 
 #[test]
 fn malformed_datagrams_are_refused_with_a_reason() {
     assert_eq!(decode(b"XXXX\x04"), Err(DecodeError("bad magic")));
-    assert_eq!(decode(b"TWS1\x09"), Err(DecodeError("unknown message tag")));
+    assert_eq!(decode(b"TWS1\x04\0\0\0\0"), Err(DecodeError("bad magic")));
+    assert_eq!(decode(b"TWS2\x09"), Err(DecodeError("unknown message tag")));
     // A count that claims more items than bytes left: refused before allocating.
     assert_eq!(
-        decode(b"TWS1\x04\xff\xff\xff\xff"),
+        decode(b"TWS2\x04\xff\xff\xff\xff"),
         Err(DecodeError("a list runs past the end"))
     );
-    let mut extra = encode(&Control::Release { leases: vec![1] });
+    let mut extra = encode(&Control::Release { leases: vec![1] }).unwrap();
     extra.push(0);
     assert_eq!(decode(&extra), Err(DecodeError("bytes after the message")));
     assert!(decode(&vec![0u8; MAX_DATAGRAM + 1]).is_err());
 }
 
+#[test]
+fn a_long_error_text_is_cut_so_the_reply_still_fits() {
+    let text = "x".repeat(70 << 10);
+    let reply = Control::Reply {
+        id: 1,
+        reply: WireReply::Error(text),
+    };
+    let bytes = encode(&reply).expect("an error reply always fits");
+    let Ok(Control::Reply {
+        reply: WireReply::Error(cut),
+        ..
+    }) = decode(&bytes)
+    else {
+        panic!("not decoded");
+    };
+    assert!(cut.len() <= MAX_ERROR_TEXT && cut.len() > MAX_ERROR_TEXT - 8);
+    let multibyte = Control::Reply {
+        id: 1,
+        reply: WireReply::Error("é".repeat(MAX_ERROR_TEXT)),
+    };
+    assert!(decode(&encode(&multibyte).unwrap()).is_ok());
+}
+
+#[test]
+fn a_message_too_large_for_a_datagram_is_an_error_not_a_datagram() {
+    let request = |path_len: usize, parts: usize| Control::Request {
+        id: 1,
+        kind: RequestKind::Ask,
+        path: "p".repeat(path_len),
+        body: Body::Parts {
+            version: 1,
+            metadata: Part::Inline(Bytes::new()),
+            buffers: vec![Part::Shared(shared(1, 0, 1, 1)); parts],
+        },
+    };
+    assert!(encode(&request(60 << 10, 0)).is_ok());
+    assert!(matches!(
+        encode(&request(MAX_DATAGRAM, 0)),
+        Err(EncodeError { len }) if len > MAX_DATAGRAM
+    ));
+    let fits = (MAX_DATAGRAM - 64) / SHARED_PART_BYTES;
+    assert!(encode(&request(1, fits)).is_ok());
+    assert!(encode(&request(1, fits * 2)).is_err());
+}
+
+#[test]
+fn a_body_lists_each_lease_once() {
+    let body = Body::Parts {
+        version: 1,
+        metadata: Part::Shared(shared(1, 0, 8, 5)),
+        buffers: vec![
+            Part::Shared(shared(1, 64, 8, 5)),
+            Part::Shared(shared(2, 0, 8, 3)),
+            Part::Inline(Bytes::new()),
+        ],
+    };
+    assert_eq!(body.leases(), vec![3, 5]);
+    assert_eq!(body.shared().len(), 3);
+}
+
 proptest! {
     #[test]
     fn any_bytes_decode_without_panicking(data in prop::collection::vec(any::<u8>(), 0..256)) {
-        let mut datagram = b"TWS1".to_vec();
+        let mut datagram = b"TWS2".to_vec();
         datagram.extend_from_slice(&data);
         let _ = decode(&datagram);
     }
@@ -129,7 +211,7 @@ proptest! {
     #[test]
     fn every_truncation_of_a_valid_message_is_refused(cut in 0usize..200) {
         for control in samples() {
-            let bytes = encode(&control);
+            let bytes = encode(&control).unwrap();
             if cut < bytes.len() {
                 prop_assert!(decode(&bytes[..cut]).is_err());
             }

@@ -141,6 +141,22 @@ pub enum Error {
         /// Its capacity.
         capacity: usize,
     },
+    /// The caller asked for one path and the router cannot take it for this peer (no silent
+    /// fallback to another path): the reason says why.
+    #[error("the {route} path is not available: {reason}")]
+    RouteUnavailable {
+        /// The path asked for (`shm`, `raw`, `http2`, `local`).
+        route: &'static str,
+        /// Why not.
+        reason: String,
+    },
+    /// Every slot of this node's shared memory is held by receivers and no credit came back
+    /// in time (the node is configured to refuse rather than fall back to TCP).
+    #[error("shared memory is full: {reason}")]
+    SharedMemoryFull {
+        /// What is held, and for how long the send waited.
+        reason: String,
+    },
     /// The node is shutting down or has shut down.
     #[error("the node is shut down")]
     Shutdown,
@@ -186,7 +202,10 @@ impl Error {
     pub fn is_limit(&self) -> bool {
         matches!(
             self,
-            Self::Encode(WireError::LimitExceeded(_)) | Self::Memory(_) | Self::Overloaded { .. }
+            Self::Encode(WireError::LimitExceeded(_))
+                | Self::Memory(_)
+                | Self::Overloaded { .. }
+                | Self::SharedMemoryFull { .. }
         )
     }
 

@@ -25,7 +25,7 @@ pub use error::Error;
 pub(crate) use error::format_duration;
 pub use memory::{HeapMemory, ReceiveMemory, RecvBuffer, RecvStorage};
 pub use plugin::{Transport, TransportFactory, TransportSetup};
-pub use request::{ActorPath, Answer, Deadline, InboundRequest, Reply, RequestKind};
+pub use request::{ActorPath, Answer, Deadline, InboundRequest, LocalPeer, Reply, RequestKind};
 pub use seam::{
     Completion, Delivery, Driver, DriverFactory, DriverGauges, DriverSetup, HandOff, Inbound,
     Outbound, OutboundRequest, Responder, Withdraw,

@@ -177,6 +177,19 @@ pub struct InboundRequest {
     pub peer: Option<SocketAddr>,
     /// The authenticated identity of the peer (TLS client certificate), if any.
     pub identity: Option<String>,
+    /// The peer process on this host, as the kernel reports it (`SO_PEERCRED`), when the
+    /// request came over shared memory; its buffers are then read-only views of the peer's
+    /// memory.
+    pub local_peer: Option<LocalPeer>,
+}
+
+/// A process on this host, identified by the kernel (not by what it claims).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LocalPeer {
+    /// Its user id.
+    pub uid: u32,
+    /// Its process id.
+    pub pid: u32,
 }
 
 impl InboundRequest {
@@ -188,6 +201,7 @@ impl InboundRequest {
             message,
             peer: None,
             identity: None,
+            local_peer: None,
         }
     }
 }

@@ -140,6 +140,13 @@ pub trait Completion: Send + 'static {
     fn on_cancel(&self, hook: Box<dyn FnOnce() + Send>) {
         let _ = hook;
     }
+
+    /// Told which path carries the request (the node calls it when it hands the request to a
+    /// transport, again if the request moves to another): the caller learns from it what
+    /// memory the reply is in.
+    fn routed(&self, route: crate::route::Route) {
+        let _ = route;
+    }
 }
 
 /// Takes over connections whose first bytes are not `PTR1` (a TLS ClientHello, an HTTP/2

@@ -33,7 +33,11 @@ fn a_node_in_this_process_is_reached_through_its_mailbox_unless_a_path_is_forced
         .route_to(server.local_addr(), Some(Preference::Raw))
         .unwrap();
     assert_eq!(forced.route, Route::RawTcp);
-    assert!(forced.reason.contains("forced"), "{}", forced.reason);
+    assert!(
+        forced.reason.contains("asked for this send"),
+        "{}",
+        forced.reason
+    );
 
     // Same process: the reply aliases the buffer sent. Forced over PTR1: it is a copy that
     // crossed a socket into receive memory.

@@ -1,34 +1,86 @@
-//! One control connection: a `SOCK_SEQPACKET` socket, the capability exchange that proves
-//! the peer is on this host, and sends that wait (bounded) when the peer's buffer is full.
+//! One control connection: a `SOCK_SEQPACKET` socket whose peer's credentials were checked,
+//! the segments of ours it has mapped, the segments of its own we map, and an outbox so that
+//! no sender ever waits for room in the peer's socket buffer.
 
-use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tensorwire_proto::shm::{Control, Hello, MAX_DATAGRAM, decode, encode};
-use tensorwire_proto::transport::Error;
+use tensorwire_proto::shm::{Control, encode};
 
-use crate::shm::os;
-use crate::sys;
+use crate::shm::os::FileMap;
+use crate::shm::segments::Segment;
+use crate::shm::socket::{self, PeerCred};
+use crate::shm::transport::lock;
 
-/// How long a send may wait for room in the peer's socket buffer before the peer counts as
-/// stalled and the connection is closed (its leases go back).
-const SEND_WAIT: Duration = Duration::from_secs(5);
+/// Datagrams queued for a peer at most; past that (or after [`STALL_LIMIT`] without progress)
+/// the peer counts as stalled and the connection is closed.
+const MAX_QUEUED: usize = 8192;
+/// How long a queued datagram may wait for room before the peer counts as stalled.
+pub(crate) const STALL_LIMIT: Duration = Duration::from_secs(5);
 
-/// A control connection (either direction).
+/// A control connection (either direction), after its hello.
 pub(crate) struct Conn {
     pub(crate) id: u64,
-    pub(crate) fd: OwnedFd,
+    fd: OwnedFd,
+    /// The peer process, as the kernel recorded it.
+    pub(crate) peer: PeerCred,
+    /// A descriptor of the peer process (its exit is how held memory comes back).
+    pub(crate) pidfd: Mutex<Option<OwnedFd>>,
+    /// The peer node's TCP address, as it said.
+    pub(crate) node: String,
+    out: Mutex<Out>,
+    /// The peer's segments mapped here, by the peer's id for them.
+    pub(crate) mapped: Mutex<HashMap<u64, Arc<Mapped>>>,
+    /// The peer's segments whose descriptor was lost (this process at its descriptor limit).
+    pub(crate) lost: Mutex<HashSet<u64>>,
     closed: AtomicBool,
 }
 
+#[derive(Default)]
+struct Out {
+    queue: VecDeque<Outgoing>,
+    /// Our segments the peer has been told to map.
+    announced: HashSet<u64>,
+    /// When the oldest queued datagram was queued.
+    since: Option<Instant>,
+}
+
+/// One datagram to send, and the segment whose descriptor goes beside it (kept open until
+/// `sendmsg` has returned).
+struct Outgoing {
+    datagram: Vec<u8>,
+    fd: Option<Arc<Segment>>,
+}
+
+/// A peer's segment, mapped read-only here.
+pub(crate) struct Mapped {
+    pub(crate) map: FileMap,
+}
+
+/// What a send did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sent {
+    /// Handed to the kernel.
+    Now,
+    /// Queued behind others, or for room in the peer's buffer: the poll thread sends it.
+    Queued,
+}
+
 impl Conn {
-    pub(crate) fn new(fd: OwnedFd) -> Self {
+    pub(crate) fn new(fd: OwnedFd, peer: PeerCred, pidfd: Option<OwnedFd>, node: String) -> Self {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         Self {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             fd,
+            peer,
+            pidfd: Mutex::new(pidfd),
+            node,
+            out: Mutex::new(Out::default()),
+            mapped: Mutex::new(HashMap::new()),
+            lost: Mutex::new(HashSet::new()),
             closed: AtomicBool::new(false),
         }
     }
@@ -37,126 +89,137 @@ impl Conn {
         self.fd.as_raw_fd()
     }
 
-    /// Sends `control` with `fds`; waits (at most a few seconds) for room.
-    pub(crate) fn send(&self, control: &Control, fds: &[RawFd]) -> std::io::Result<()> {
+    /// Sends `control`, first telling the peer to map any of `segments` it has not mapped
+    /// yet; in order with every other send on this connection, never waiting for room.
+    ///
+    /// # Errors
+    ///
+    /// The connection is closed, broken, stalled, or the message does not fit a datagram
+    /// (`InvalidInput`).
+    pub(crate) fn transmit(
+        &self,
+        segments: &[&Arc<Segment>],
+        control: &Control,
+    ) -> std::io::Result<Sent> {
+        let datagram = encode(control)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        let mut out = lock(&self.out);
         if self.is_closed() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::BrokenPipe,
-                "connection closed",
-            ));
+            return Err(closed());
         }
-        let datagram = encode(control);
-        let deadline = Instant::now() + SEND_WAIT;
-        loop {
-            match os::send(self.raw(), &datagram, fds) {
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        self.close();
-                        return Err(std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            "peer stalled",
-                        ));
-                    }
-                    let _ = sys::poll_one(self.raw(), libc::POLLOUT, left);
-                }
-                Err(e) => {
-                    self.close();
-                    return Err(e);
-                }
-                Ok(()) => return Ok(()),
+        let mut batch = Vec::with_capacity(segments.len() + 1);
+        for segment in segments {
+            if out.announced.insert(segment.id) {
+                let map = Control::Map {
+                    segment: segment.id,
+                    len: segment.len() as u64,
+                };
+                let datagram = encode(&map).map_err(std::io::Error::other)?;
+                batch.push(Outgoing {
+                    datagram,
+                    fd: Some(Arc::clone(segment)),
+                });
             }
         }
+        batch.push(Outgoing { datagram, fd: None });
+        self.push(&mut out, batch)
+    }
+
+    /// Tells the peer to unmap `segment` if it was told to map it.
+    pub(crate) fn retire(&self, segment: u64) {
+        let mut out = lock(&self.out);
+        if self.is_closed() || !out.announced.remove(&segment) {
+            return;
+        }
+        if let Ok(datagram) = encode(&Control::Retire { segment }) {
+            let _ = self.push(&mut out, vec![Outgoing { datagram, fd: None }]);
+        }
+    }
+
+    /// The peer could not map `segment` (it was at its descriptor limit): announce it again
+    /// the next time a message uses it.
+    pub(crate) fn forget(&self, segment: u64) {
+        lock(&self.out).announced.remove(&segment);
+    }
+
+    /// Sends what is queued, as far as the peer's buffer allows (the poll thread calls this
+    /// when the socket is writable). `Err` once the peer stalled or the socket broke.
+    pub(crate) fn flush(&self) -> std::io::Result<()> {
+        let mut out = lock(&self.out);
+        let result = self.drain(&mut out);
+        if result.is_err() {
+            self.close();
+        }
+        result
+    }
+
+    /// Whether datagrams wait for room (the poll thread then watches for `POLLOUT`).
+    pub(crate) fn has_queued(&self) -> bool {
+        !lock(&self.out).queue.is_empty()
+    }
+
+    /// Whether queued datagrams have waited past [`STALL_LIMIT`].
+    pub(crate) fn is_stalled(&self, now: Instant) -> bool {
+        lock(&self.out)
+            .since
+            .is_some_and(|since| now.saturating_duration_since(since) > STALL_LIMIT)
     }
 
     /// Marks it closed and shuts the socket down (the poll thread sees the hang-up).
     pub(crate) fn close(&self) {
         if !self.closed.swap(true, Ordering::AcqRel) {
-            let _ = sys::shutdown(self.raw(), libc::SHUT_RDWR);
+            let _ = crate::sys::shutdown(self.raw(), libc::SHUT_RDWR);
         }
     }
 
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
-}
 
-/// This process's side of the capability exchange.
-pub(crate) fn hello(node: SocketAddr) -> Hello {
-    Hello {
-        boot_id: os::boot_id(),
-        user_ns: os::user_namespace(),
-        uid: os::uid(),
-        pid: std::process::id(),
-        node: node.to_string(),
-    }
-}
-
-/// Whether `theirs` is on this host, in this user namespace, under this user.
-pub(crate) fn same_host(ours: &Hello, theirs: &Hello) -> bool {
-    !ours.boot_id.is_empty()
-        && ours.boot_id == theirs.boot_id
-        && ours.user_ns == theirs.user_ns
-        && ours.uid == theirs.uid
-}
-
-/// Connects to the node listening at `peer`'s port and exchanges hellos: the connection, if
-/// that node is on this host and is the one at `peer`.
-pub(crate) fn connect(
-    name: &str,
-    peer: SocketAddr,
-    ours: &Hello,
-    timeout: Duration,
-) -> Result<Option<Conn>, Error> {
-    let Ok(fd) = os::connect(name) else {
-        return Ok(None); // no node of ours listens on that port here
-    };
-    let conn = Conn::new(fd);
-    conn.send(&Control::Hello(ours.clone()), &[])
-        .map_err(|e| Error::io("shm hello", e))?;
-    let deadline = Instant::now() + timeout;
-    let mut buf = vec![0u8; MAX_DATAGRAM];
-    let theirs = loop {
-        match os::receive(conn.raw(), &mut buf, 0) {
-            Ok(Some(received)) if received.len > 0 => match decode(&buf[..received.len]) {
-                Ok(Control::Hello(theirs)) => break theirs,
-                _ => return Ok(None),
-            },
-            Ok(Some(_)) => return Ok(None), // closed: refused
-            Ok(None) => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Ok(None);
-                }
-                let _ = sys::poll_one(conn.raw(), libc::POLLIN, left);
-            }
-            Err(_) => return Ok(None),
+    fn push(&self, out: &mut Out, batch: Vec<Outgoing>) -> std::io::Result<Sent> {
+        if out.queue.len() + batch.len() > MAX_QUEUED {
+            self.close();
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the shared-memory peer stopped reading (its queue is full)",
+            ));
         }
-    };
-    if !same_host(ours, &theirs) || !is_that_node(peer, &theirs.node) {
-        return Ok(None);
+        let was_empty = out.queue.is_empty();
+        out.queue.extend(batch);
+        if !was_empty {
+            return Ok(Sent::Queued);
+        }
+        match self.drain(out) {
+            Ok(()) if out.queue.is_empty() => Ok(Sent::Now),
+            Ok(()) => Ok(Sent::Queued),
+            Err(e) => {
+                self.close();
+                Err(e)
+            }
+        }
     }
-    Ok(Some(conn))
+
+    /// Sends queued datagrams until the socket is full or the queue is empty.
+    fn drain(&self, out: &mut Out) -> std::io::Result<()> {
+        while let Some(next) = out.queue.front() {
+            let fd = next.fd.as_ref().map(|s| s.read_only_fd());
+            let fds: Vec<RawFd> = fd.iter().map(|fd| fd.as_fd().as_raw_fd()).collect();
+            match socket::send(self.raw(), &next.datagram, &fds) {
+                Ok(()) => {
+                    out.queue.pop_front();
+                    out.since = (!out.queue.is_empty()).then(Instant::now);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    out.since.get_or_insert_with(Instant::now);
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
 }
 
-/// Whether the node that answered (listening at `theirs`) is the one at `peer`: same port,
-/// and `peer`'s address is one of this host's (loopback, the node's own address, or any
-/// address this host can bind when the node listens on all of them).
-fn is_that_node(peer: SocketAddr, theirs: &str) -> bool {
-    let Ok(theirs) = theirs.parse::<SocketAddr>() else {
-        return false;
-    };
-    if theirs.port() != peer.port() {
-        return false;
-    }
-    if peer.ip().is_loopback() || peer.ip() == theirs.ip() {
-        return true;
-    }
-    theirs.ip().is_unspecified() && std::net::UdpSocket::bind(SocketAddr::new(peer.ip(), 0)).is_ok()
-}
-
-/// The abstract socket name of the node listening on `port` (per user: another user's node
-/// is never reached).
-pub(crate) fn socket_name(port: u16) -> String {
-    format!("tensorwire/{}/{port}", os::uid())
+fn closed() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::BrokenPipe, "connection closed")
 }

@@ -1,46 +1,55 @@
-//! What this process holds of its peers' memory: each received region mapped read-only, its
-//! lease given back (batched, by the poll thread) when the last view of it drops.
+//! What this node holds of its peers' memory: each peer segment mapped once, read-only, for
+//! the connection's life (or until the peer retires it), and received messages whose buffers
+//! are views of those mappings. A lease goes back (batched, by the poll thread) when the last
+//! view of every part it covers drops — however long that takes: the sender never writes a
+//! slot that is leased.
 
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
-use tensorwire_proto::shm::{BodyRef, ShmError};
-use tensorwire_proto::{Limits, TensorMessage};
+use tensorwire_proto::shm::{Body, Part, Shared};
+use tensorwire_proto::{LimitField, Limits, TensorMessage};
 
 use crate::shm::os::{self, FileMap};
-use crate::shm::region::os_error;
-use crate::shm::transport::conn::Conn;
+use crate::shm::transport::conn::{Conn, Mapped};
+use crate::shm::transport::lock;
+
+/// Segments one peer may have mapped here at once.
+const MAX_SEGMENTS: usize = 4096;
+/// Bytes of one peer's segments mapped here at most (address space, not memory: the pages
+/// are the peer's).
+const MAX_MAPPED_BYTES: u64 = 1 << 40;
 
 /// Leases whose views dropped, per connection, waiting for the poll thread to send them.
-#[derive(Default)]
 pub(crate) struct Releases {
     pending: Mutex<Vec<(Weak<Conn>, u64)>>,
-    wake: Option<Arc<OwnedFd>>,
+    wake: Arc<OwnedFd>,
 }
 
 impl Releases {
     pub(crate) fn new(wake: Arc<OwnedFd>) -> Self {
         Self {
             pending: Mutex::new(Vec::new()),
-            wake: Some(wake),
+            wake,
         }
     }
 
-    fn push(&self, conn: Weak<Conn>, lease: u64) {
-        self.pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push((conn, lease));
-        if let Some(wake) = &self.wake {
-            crate::sys::eventfd_signal(wake.as_raw_fd());
+    pub(crate) fn push(&self, conn: Weak<Conn>, lease: u64) {
+        let was_empty = {
+            let mut pending = lock(&self.pending);
+            pending.push((conn, lease));
+            pending.len() == 1
+        };
+        if was_empty {
+            crate::sys::eventfd_signal(self.wake.as_raw_fd());
         }
     }
 
-    /// Everything waiting, grouped by live connection.
+    /// Everything waiting, grouped by live connection (leases of a closed connection stay
+    /// with the peer until this process exits: there is nobody to tell).
     pub(crate) fn take(&self) -> Vec<(Arc<Conn>, Vec<u64>)> {
-        let pending =
-            std::mem::take(&mut *self.pending.lock().unwrap_or_else(PoisonError::into_inner));
+        let pending = std::mem::take(&mut *lock(&self.pending));
         let mut by_conn: Vec<(Arc<Conn>, Vec<u64>)> = Vec::new();
         for (conn, lease) in pending {
             let Some(conn) = conn.upgrade() else { continue };
@@ -53,143 +62,173 @@ impl Releases {
     }
 }
 
-/// A peer's region, mapped read-only; gives its lease back when dropped.
-struct Held {
-    map: FileMap,
-    conn: Weak<Conn>,
-    lease: u64,
-    releases: Arc<Releases>,
+/// Maps a segment the peer announced (`Map`), after checking its descriptor: sealed against
+/// shrinking and growing (else a truncation could fault a reader) and as large as announced.
+///
+/// # Errors
+///
+/// Why the segment was refused (the connection is then closed: the peer broke the protocol).
+pub(crate) fn map_segment(
+    conn: &Conn,
+    segment: u64,
+    len: u64,
+    fd: Option<OwnedFd>,
+) -> Result<(), String> {
+    let fd = fd.ok_or("a Map datagram came without its descriptor")?;
+    let raw = fd.as_raw_fd();
+    let seals = os::seals(raw).unwrap_or(0);
+    if seals & os::SEALS_SIZE != os::SEALS_SIZE {
+        tensorwire_proto::stats::global().record_shm_fd_failure();
+        return Err("a segment lacks the SHRINK | GROW seals (refused)".into());
+    }
+    let actual = os::size(raw).map_err(|e| format!("fstat of a segment: {e}"))?;
+    if actual < len || len == 0 {
+        return Err(format!(
+            "a segment has {actual} bytes but {len} were announced"
+        ));
+    }
+    let mut mapped = lock(&conn.mapped);
+    let total: u64 = mapped.values().map(|m| m.map.len() as u64).sum();
+    if mapped.len() >= MAX_SEGMENTS || total.saturating_add(len) > MAX_MAPPED_BYTES {
+        return Err(format!(
+            "the peer's segments exceed what one connection may map ({MAX_SEGMENTS} segments, \
+             {MAX_MAPPED_BYTES} bytes)"
+        ));
+    }
+    if mapped.contains_key(&segment) {
+        return Err(format!("segment {segment} was announced twice"));
+    }
+    let len = usize::try_from(len).map_err(|_| "a segment is too large for this platform")?;
+    // Read-only and pre-faulted, once; the descriptor closes when `fd` drops (the mapping
+    // keeps the file), so mapping many segments costs no descriptors.
+    let map = FileMap::new(raw, 0, len, false, true).map_err(|e| format!("mmap: {e}"))?;
+    mapped.insert(segment, Arc::new(Mapped { map }));
+    Ok(())
 }
 
-impl AsRef<[u8]> for Held {
-    fn as_ref(&self) -> &[u8] {
-        self.map.as_slice()
+/// The peer retired `segment`: forget the mapping (views still using it keep it).
+pub(crate) fn unmap_segment(conn: &Conn, segment: u64) {
+    let gone = lock(&conn.mapped).remove(&segment);
+    drop(gone);
+}
+
+/// Turns a received body into a message whose buffers are views of the peer's memory. On any
+/// failure every lease the body names goes back at once.
+///
+/// # Errors
+///
+/// What is wrong with the body (for the error reply).
+pub(crate) fn unpack(
+    conn: &Arc<Conn>,
+    releases: &Arc<Releases>,
+    body: &Body,
+    limits: &Limits,
+) -> Result<TensorMessage, String> {
+    // Each lease is held by one object that every part of it refers to: dropping the last
+    // part (or this function failing) gives it back.
+    let held: Vec<Arc<HeldLease>> = body
+        .leases()
+        .into_iter()
+        .map(|lease| {
+            Arc::new(HeldLease {
+                lease,
+                conn: Arc::downgrade(conn),
+                releases: Arc::clone(releases),
+            })
+        })
+        .collect();
+    let part = |shared: &Shared| view(conn, &held, shared);
+    match body {
+        Body::Inline(bytes) => {
+            tensorwire_proto::ptm1::decode(bytes.clone(), limits).map_err(|e| e.to_string())
+        }
+        Body::Packed(shared) => {
+            tensorwire_proto::ptm1::decode(part(shared)?, limits).map_err(|e| e.to_string())
+        }
+        Body::Parts {
+            version,
+            metadata,
+            buffers,
+        } => {
+            limits
+                .check(LimitField::BufferCount, buffers.len() as u64)
+                .map_err(|e| e.to_string())?;
+            let bytes = |p: &Part| match p {
+                Part::Inline(bytes) => Ok(bytes.clone()),
+                Part::Shared(shared) => part(shared),
+            };
+            let metadata = bytes(metadata)?;
+            limits
+                .check(LimitField::MetadataBytes, metadata.len() as u64)
+                .map_err(|e| e.to_string())?;
+            let buffers = buffers.iter().map(bytes).collect::<Result<Vec<_>, _>>()?;
+            let total: u64 = buffers.iter().map(|b| b.len() as u64).sum();
+            limits
+                .check(LimitField::WireBytes, total)
+                .map_err(|e| e.to_string())?;
+            Ok(TensorMessage::new(*version, metadata, buffers))
+        }
     }
 }
 
-impl Drop for Held {
+/// A zero-copy view of one shared range, holding its lease and its segment's mapping.
+fn view(conn: &Conn, held: &[Arc<HeldLease>], shared: &Shared) -> Result<Bytes, String> {
+    let mapped = lock(&conn.mapped).get(&shared.segment).cloned();
+    let Some(mapped) = mapped else {
+        if lock(&conn.lost).contains(&shared.segment) {
+            return Err("the receiver is at its descriptor limit: the shared memory holding                         the message could not be received"
+                .into());
+        }
+        return Err(format!("segment {} was never announced", shared.segment));
+    };
+    let end = shared
+        .offset
+        .checked_add(shared.len)
+        .ok_or("a part's range overflows")?;
+    if end > mapped.map.len() as u64 {
+        return Err(format!(
+            "a part ends at byte {end} of a {}-byte segment",
+            mapped.map.len()
+        ));
+    }
+    let lease = held
+        .iter()
+        .find(|h| h.lease == shared.lease)
+        .cloned()
+        .ok_or("a part's lease is not listed")?;
+    let (start, end) = (
+        usize::try_from(shared.offset).map_err(|_| "a range is too large")?,
+        usize::try_from(end).map_err(|_| "a range is too large")?,
+    );
+    Ok(Bytes::from_owner(View {
+        mapped,
+        _lease: lease,
+    })
+    .slice(start..end))
+}
+
+/// A peer's lease, held by every view of it; released when the last one drops.
+struct HeldLease {
+    lease: u64,
+    conn: Weak<Conn>,
+    releases: Arc<Releases>,
+}
+
+impl Drop for HeldLease {
     fn drop(&mut self) {
         self.releases
             .push(std::mem::take(&mut self.conn), self.lease);
     }
 }
 
-/// Turns a received body into a message whose buffers are views of the peer's memory.
-///
-/// Every descriptor is checked before it is mapped: it must be sealed against shrinking and
-/// growing (else a truncation could fault a reader), and as large as the body says. On any
-/// failure the leases go back at once.
-pub(crate) fn unpack(
-    conn: &Arc<Conn>,
-    releases: &Arc<Releases>,
-    body: &BodyRef,
-    fds: Vec<OwnedFd>,
-    limits: &Limits,
-) -> Result<TensorMessage, String> {
-    let result = map_all(conn, releases, body, fds, limits);
-    if result.is_err() {
-        for lease in body.leases() {
-            releases.push(Arc::downgrade(conn), lease);
-        }
-    }
-    result
+/// The owner of one received part's `Bytes`.
+struct View {
+    mapped: Arc<Mapped>,
+    _lease: Arc<HeldLease>,
 }
 
-fn map_all(
-    conn: &Arc<Conn>,
-    releases: &Arc<Releases>,
-    body: &BodyRef,
-    mut fds: Vec<OwnedFd>,
-    limits: &Limits,
-) -> Result<TensorMessage, String> {
-    let expected = body.fds().len();
-    if fds.len() != expected {
-        return Err(format!(
-            "the message came with {} descriptors but refers to {expected}",
-            fds.len()
-        ));
+impl AsRef<[u8]> for View {
+    fn as_ref(&self) -> &[u8] {
+        self.mapped.map.as_slice()
     }
-    match body {
-        BodyRef::Inline(bytes) => {
-            tensorwire_proto::ptm1::decode(bytes.clone(), limits).map_err(|e| e.to_string())
-        }
-        BodyRef::Packed { fd, lease, len } => {
-            let fd = fds
-                .get_mut(usize::from(*fd))
-                .ok_or("a descriptor index is out of range")?;
-            let held = hold(conn, releases, fd, *len, *lease).map_err(|e| e.to_string())?;
-            let len = usize::try_from(*len).map_err(|_| "the body is too large")?;
-            let bytes = Bytes::from_owner(held).slice(0..len);
-            tensorwire_proto::ptm1::decode(bytes, limits).map_err(|e| e.to_string())
-        }
-        BodyRef::Direct {
-            version,
-            metadata,
-            segments,
-        } => {
-            let mut buffers = Vec::with_capacity(segments.len());
-            for (i, segment) in segments.iter().enumerate() {
-                let end = segment
-                    .offset
-                    .checked_add(segment.len)
-                    .ok_or("a segment range overflows")?;
-                let fd = fds.get_mut(i).ok_or("a descriptor index is out of range")?;
-                if usize::from(segment.fd) != i {
-                    return Err("segment descriptors are out of order".into());
-                }
-                let held =
-                    hold(conn, releases, fd, end, segment.lease).map_err(|e| e.to_string())?;
-                let (start, end) = (to_usize(segment.offset)?, to_usize(end)?);
-                buffers.push(Bytes::from_owner(held).slice(start..end));
-            }
-            let message = TensorMessage::new(*version, metadata.clone(), buffers);
-            limits
-                .check(
-                    tensorwire_proto::LimitField::BufferCount,
-                    message.buffers.len() as u64,
-                )
-                .map_err(|e| e.to_string())?;
-            Ok(message)
-        }
-    }
-}
-
-fn to_usize(n: u64) -> Result<usize, String> {
-    usize::try_from(n).map_err(|_| "a range is too large for this platform".to_owned())
-}
-
-/// Checks and maps one received region of at least `needed` bytes.
-fn hold(
-    conn: &Arc<Conn>,
-    releases: &Arc<Releases>,
-    fd: &OwnedFd,
-    needed: u64,
-    lease: u64,
-) -> Result<Held, ShmError> {
-    let raw = fd.as_raw_fd();
-    let seals = os::seals(raw).unwrap_or(0);
-    if seals & os::SEALS_SIZE != os::SEALS_SIZE {
-        tensorwire_proto::stats::global().record_shm_fd_failure();
-        return Err(ShmError::SealsMissing {
-            missing: "SHRINK | GROW".into(),
-        });
-    }
-    let actual = os::size(raw).map_err(|e| os_error("fstat", &e))?;
-    if actual < needed {
-        tensorwire_proto::stats::global().record_shm_fd_failure();
-        return Err(ShmError::TooSmall {
-            declared: needed,
-            actual,
-        });
-    }
-    let len = usize::try_from(needed).map_err(|_| ShmError::RangeInvalid)?;
-    // Mapped read-only and pre-faulted; the descriptor closes when `fd` drops (the mapping
-    // keeps the file), so holding many messages costs no descriptors.
-    let map = FileMap::new(raw, len, false, true).map_err(|e| os_error("mmap", &e))?;
-    Ok(Held {
-        map,
-        conn: Arc::downgrade(conn),
-        lease,
-        releases: Arc::clone(releases),
-    })
 }

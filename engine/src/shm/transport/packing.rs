@@ -1,107 +1,294 @@
-//! Laying a message out for a same-host peer: where its buffers already are (sealed loaned
-//! slots, no copy), in the datagram itself (small bodies), or copied once into a pooled slot.
+//! Laying a message out for a same-host peer: in the datagram itself (small bodies), where its
+//! buffers already are (this node's frozen slots: loans, no copy), and the rest copied once
+//! into one fresh slot, each buffer 64-byte aligned.
+//!
+//! Layout is decided first ([`layout`], cheap, on any thread), so the caller knows whether a
+//! copy is needed; the copy and the leases come after ([`Layout::fill`]), on whichever thread
+//! may do the copy.
 
-use std::os::fd::{AsRawFd, RawFd};
-use std::time::Instant;
+use std::sync::Arc;
 
 use bytes::Bytes;
-use tensorwire_proto::shm::{BodyRef, MAX_FDS, Segment};
+use tensorwire_proto::shm::{Body, MAX_DATAGRAM, Part, SHARED_PART_BYTES, Shared};
 use tensorwire_proto::transport::Error;
-use tensorwire_proto::{TensorMessage, len_u64};
+use tensorwire_proto::{Limits, TensorMessage, len_u64};
 
 use crate::shm::loaned;
-use crate::shm::transport::Shared;
-use crate::shm::transport::conn::Conn;
-use crate::shm::transport::lending::Lent;
+use crate::shm::segments::{Segment, Slot, SlotMut};
+use crate::shm::transport::lending::Lending;
 
-/// Metadata travels inline (in the datagram) up to this; larger goes into a slot.
-const INLINE_METADATA: usize = 16 << 10;
-/// A whole PTM1 body travels in the datagram up to this (half the datagram limit): below a
-/// few pages, copying through the socket costs less than mapping a slot and releasing it.
+/// A whole PTM1 body travels in the datagram up to this: below a few pages, copying through
+/// the socket costs less than a slot and its release.
 pub(crate) const INLINE_BODY: usize = 32 << 10;
+/// Metadata travels in the datagram up to this; larger goes into the slot.
+const INLINE_METADATA: usize = 16 << 10;
+/// Copied buffers start at multiples of this in their slot (numpy and torch views align).
+const ALIGN: usize = 64;
+/// Room a datagram keeps for its header (tag, id, kind, lengths) besides the path.
+const HEADER_ROOM: usize = 64;
+
+/// How a message will travel.
+pub(crate) struct Layout {
+    shape: Shape,
+    /// Bytes to copy into a fresh slot (0: none needed).
+    pub(crate) copy: usize,
+}
+
+enum Shape {
+    /// The PTM1 body in the datagram.
+    Inline(Bytes),
+    /// Part by part.
+    Parts {
+        version: u32,
+        metadata: Plan,
+        buffers: Vec<Plan>,
+    },
+    /// The whole PTM1 body copied into a slot (more parts than a datagram can list).
+    Packed,
+}
+
+/// Where one part goes.
+enum Plan {
+    Inline(Bytes),
+    /// In a frozen slot of ours already: sent where it is.
+    Loaned {
+        slot: Arc<Slot>,
+        offset: u64,
+        len: u64,
+    },
+    /// Copied into the fresh slot at `at`.
+    Copy {
+        at: usize,
+        bytes: Bytes,
+    },
+}
 
 /// A message laid out in shared memory, ready to send.
 pub(crate) struct Packed {
-    pub(crate) body: BodyRef,
-    /// Descriptors to send (they stay open while the lending keeps their regions).
-    pub(crate) fds: Vec<RawFd>,
+    pub(crate) body: Body,
+    /// Segments the body refers to (the peer must have mapped them first).
+    pub(crate) segments: Vec<Arc<Segment>>,
+    /// The leases it went out under (released here if the send fails).
     pub(crate) leases: Vec<u64>,
     pub(crate) copied: u64,
     pub(crate) zero_copy: u64,
 }
 
-/// Lays `message` out for `conn`: its buffers where they are if all of them are in sealed
-/// loaned regions, else the whole message copied once into a pooled slot (as a PTM1 body).
-pub(crate) fn pack(shared: &Shared, conn: &Conn, message: &TensorMessage) -> Result<Packed, Error> {
-    let hold_until = Instant::now() + shared.config.max_hold;
-    let direct: Option<Vec<_>> = (!message.buffers.is_empty()
-        && message.buffers.len() <= MAX_FDS
-        && message.metadata.len() <= INLINE_METADATA)
-        .then(|| message.buffers.iter().map(|b| loaned::lookup(b)).collect())
-        .flatten();
-    if let Some(regions) = direct {
-        let mut segments = Vec::with_capacity(regions.len());
-        let mut fds = Vec::with_capacity(regions.len());
-        let mut leases = Vec::with_capacity(regions.len());
-        for (i, ((region, offset), buffer)) in regions.into_iter().zip(&message.buffers).enumerate()
-        {
-            fds.push(region.as_fd().as_raw_fd());
-            let lease = shared
-                .lending
-                .lend(conn.id, Lent::Sealed { _region: region }, hold_until);
-            leases.push(lease);
-            segments.push(Segment {
-                fd: u8::try_from(i).unwrap_or(u8::MAX),
-                lease,
-                offset,
-                len: len_u64(buffer.len()),
-            });
-        }
-        let zero_copy = len_u64(segments.len());
-        return Ok(Packed {
-            body: BodyRef::Direct {
-                version: message.version,
-                metadata: message.metadata.clone(),
-                segments,
-            },
-            fds,
-            leases,
-            copied: 0,
-            zero_copy,
-        });
-    }
-    let encoded = tensorwire_proto::ptm1::encode(message, &shared.limits).map_err(Error::Encode)?;
-    let len = usize::try_from(encoded.wire_len())
+/// Decides how `message` travels to a peer, with a datagram whose path takes `path_len`
+/// bytes. Cheap: no copy, no slot.
+///
+/// # Errors
+///
+/// [`Error::Encode`] when the message breaks a limit; [`Error::Misuse`] for a path too long to
+/// fit in a control datagram.
+pub(crate) fn layout(
+    message: &TensorMessage,
+    limits: &Limits,
+    path_len: usize,
+) -> Result<Layout, Error> {
+    let room = MAX_DATAGRAM
+        .checked_sub(HEADER_ROOM + path_len)
+        .filter(|room| *room >= 1024)
+        .ok_or_else(|| {
+            Error::Misuse(format!(
+                "a path of {path_len} bytes is too long for the shared-memory path"
+            ))
+        })?;
+    let encoded = tensorwire_proto::ptm1::encode(message, limits).map_err(Error::Encode)?;
+    let wire_len = usize::try_from(encoded.wire_len())
         .map_err(|_| Error::Misuse("message too large".into()))?;
-    if len <= INLINE_BODY {
-        let mut body = Vec::with_capacity(len);
+    if wire_len <= INLINE_BODY.min(room.saturating_sub(8)) {
+        let mut body = Vec::with_capacity(wire_len);
         for slice in encoded.slices() {
             body.extend_from_slice(slice);
         }
-        return Ok(Packed {
-            body: BodyRef::Inline(Bytes::from(body)),
-            fds: Vec::new(),
-            leases: Vec::new(),
-            copied: message.total_bytes(),
-            zero_copy: 0,
+        return Ok(Layout {
+            shape: Shape::Inline(Bytes::from(body)),
+            copy: 0,
         });
     }
-    let slot = shared
-        .lending
-        .slot(len)
-        .map_err(|e| Error::Memory(e.to_string()))?;
-    let written = slot.fill(encoded.slices());
-    let fd = slot.read_only_fd().as_raw_fd();
-    let lease = shared.lending.lend(conn.id, Lent::Pooled(slot), hold_until);
-    Ok(Packed {
-        body: BodyRef::Packed {
-            fd: 0,
-            lease,
-            len: len_u64(written),
+    let mut copy = 0usize;
+    let mut plan = |bytes: &Bytes, inline_up_to: usize| -> Plan {
+        if bytes.len() <= inline_up_to {
+            return Plan::Inline(bytes.clone());
+        }
+        if let Some((slot, offset)) = loaned::lookup(bytes) {
+            return Plan::Loaned {
+                slot,
+                offset,
+                len: len_u64(bytes.len()),
+            };
+        }
+        let at = copy.next_multiple_of(ALIGN);
+        copy = at + bytes.len();
+        Plan::Copy {
+            at,
+            bytes: bytes.clone(),
+        }
+    };
+    let metadata = plan(&message.metadata, INLINE_METADATA);
+    let buffers: Vec<Plan> = message.buffers.iter().map(|b| plan(b, 0)).collect();
+    let listed = std::iter::once(&metadata)
+        .chain(&buffers)
+        .map(|p| match p {
+            Plan::Inline(bytes) => 5 + bytes.len(),
+            _ => SHARED_PART_BYTES,
+        })
+        .sum::<usize>();
+    if listed + 16 > room {
+        return Ok(Layout {
+            shape: Shape::Packed,
+            copy: wire_len,
+        });
+    }
+    Ok(Layout {
+        shape: Shape::Parts {
+            version: message.version,
+            metadata,
+            buffers,
         },
-        fds: vec![fd],
-        leases: vec![lease],
-        copied: message.total_bytes(),
-        zero_copy: 0,
+        copy,
     })
+}
+
+impl Layout {
+    /// Copies what needs copying into `slot` (given iff `self.copy > 0`) and lends every slot
+    /// the body refers to to process `holder`.
+    pub(crate) fn fill(
+        self,
+        message: &TensorMessage,
+        limits: &Limits,
+        slot: Option<SlotMut>,
+        lending: &Lending,
+        holder: u32,
+    ) -> Result<Packed, Error> {
+        let mut packed = Packed {
+            body: Body::Inline(Bytes::new()),
+            segments: Vec::new(),
+            leases: Vec::new(),
+            copied: 0,
+            zero_copy: 0,
+        };
+        let fresh = match (slot, self.copy) {
+            (Some(mut slot), copy) if copy > 0 && slot.capacity() >= copy => {
+                self.copy_into(&mut slot, message, limits)?;
+                Some(slot.freeze())
+            }
+            (None, 0) => None,
+            _ => {
+                return Err(Error::Misuse(
+                    "a slot of the wrong size for the layout".into(),
+                ));
+            }
+        };
+        let mut fresh_lease = None;
+        let mut lend_fresh = |packed: &mut Packed| -> Option<(u64, Arc<Slot>)> {
+            let slot = fresh.clone()?;
+            let lease = *fresh_lease.get_or_insert_with(|| {
+                let lease = lending.lend(holder, Arc::clone(&slot));
+                packed.leases.push(lease);
+                packed.segments.push(Arc::clone(slot.segment()));
+                lease
+            });
+            Some((lease, slot))
+        };
+        packed.body = match self.shape {
+            Shape::Inline(bytes) => {
+                packed.copied = message.total_bytes();
+                Body::Inline(bytes)
+            }
+            Shape::Packed => {
+                let (lease, slot) = lend_fresh(&mut packed).ok_or_else(no_slot)?;
+                packed.copied = message.total_bytes();
+                Body::Packed(Shared {
+                    segment: slot.segment().id,
+                    offset: len_u64(slot.offset()),
+                    len: len_u64(self.copy),
+                    lease,
+                })
+            }
+            Shape::Parts {
+                version,
+                metadata,
+                buffers,
+            } => {
+                let mut part = |plan: Plan, packed: &mut Packed| -> Result<Part, Error> {
+                    Ok(match plan {
+                        Plan::Inline(bytes) => Part::Inline(bytes),
+                        Plan::Loaned { slot, offset, len } => {
+                            packed.zero_copy += 1;
+                            packed.segments.push(Arc::clone(slot.segment()));
+                            let segment = slot.segment().id;
+                            let lease = lending.lend(holder, slot);
+                            packed.leases.push(lease);
+                            Part::Shared(Shared {
+                                segment,
+                                offset,
+                                len,
+                                lease,
+                            })
+                        }
+                        Plan::Copy { at, bytes } => {
+                            let (lease, slot) = lend_fresh(packed).ok_or_else(no_slot)?;
+                            packed.copied += len_u64(bytes.len());
+                            Part::Shared(Shared {
+                                segment: slot.segment().id,
+                                offset: len_u64(slot.offset() + at),
+                                len: len_u64(bytes.len()),
+                                lease,
+                            })
+                        }
+                    })
+                };
+                let metadata = part(metadata, &mut packed)?;
+                let buffers = buffers
+                    .into_iter()
+                    .map(|p| part(p, &mut packed))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Body::Parts {
+                    version,
+                    metadata,
+                    buffers,
+                }
+            }
+        };
+        packed.segments.sort_unstable_by_key(|s| s.id);
+        packed.segments.dedup_by_key(|s| s.id);
+        Ok(packed)
+    }
+
+    fn copy_into(
+        &self,
+        slot: &mut SlotMut,
+        message: &TensorMessage,
+        limits: &Limits,
+    ) -> Result<(), Error> {
+        let memory = slot.as_mut_slice();
+        match &self.shape {
+            Shape::Inline(_) => {}
+            Shape::Packed => {
+                let encoded =
+                    tensorwire_proto::ptm1::encode(message, limits).map_err(Error::Encode)?;
+                let mut at = 0;
+                for part in encoded.slices() {
+                    memory[at..at + part.len()].copy_from_slice(part);
+                    at += part.len();
+                }
+            }
+            Shape::Parts {
+                metadata, buffers, ..
+            } => {
+                for plan in std::iter::once(metadata).chain(buffers) {
+                    if let Plan::Copy { at, bytes } = plan {
+                        memory[*at..*at + bytes.len()].copy_from_slice(bytes);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn no_slot() -> Error {
+    Error::Misuse("a layout that copies was filled without a slot".into())
 }

@@ -188,7 +188,8 @@ fn a_receiver_at_its_descriptor_limit_answers_with_a_clean_error() {
     let _serial = serial();
     let peer = Peer::start();
     let client = client();
-    // Above what travels inline in the datagram: its memory needs a descriptor.
+    // Above what travels inline in the datagram: its memory needs a descriptor (once per
+    // segment: the peer maps it and keeps it).
     let message = patterned(1, 1, 1 << 20);
     assert_eq!(
         tensor(
@@ -203,8 +204,9 @@ fn a_receiver_at_its_descriptor_limit_answers_with_a_clean_error() {
         .ask(peer.addr, "limit-fds", patterned(0, 0, 0), TIMEOUT)
         .wait()
         .unwrap();
+    // A size whose segment the peer has not mapped yet: its descriptor must cross now.
     let err = client
-        .ask(peer.addr, "echo", message, TIMEOUT)
+        .ask(peer.addr, "echo", patterned(1, 1, 5 << 20), TIMEOUT)
         .wait()
         .unwrap_err();
     let text = err.remote_text().unwrap_or_default().to_owned();

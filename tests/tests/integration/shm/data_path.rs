@@ -4,7 +4,8 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tensorwire_engine::{Node, NodeBuilder, Preference, Reply, TensorMessage};
+use tensorwire_engine::shm::WhenFull;
+use tensorwire_engine::{Error, Node, NodeBuilder, Preference, Reply, Route, TensorMessage, Via};
 use tensorwire_proto::stats;
 use tensorwire_tests::*;
 
@@ -155,7 +156,7 @@ fn buffers_in_loaned_slots_travel_without_a_copy() {
         .iter_mut()
         .enumerate()
         .for_each(|(i, b)| *b = i.to_le_bytes()[0]);
-    let buffer = loan.freeze().unwrap();
+    let buffer = loan.freeze();
     let before = stats::global().snapshot();
     let message = TensorMessage::new(
         1,
@@ -274,37 +275,226 @@ fn auto_picks_shared_memory_only_for_a_peer_that_proved_it_is_on_this_host() {
 }
 
 #[test]
-fn memory_held_past_the_hold_limit_is_revoked_and_reads_zeros_never_another_message() {
+fn held_messages_never_change_while_the_sender_reuses_its_memory() {
     let _serial = serial();
     let server = shm_builder().build().unwrap();
-    let inbox = server.endpoint("inbox").unwrap();
+    let inbox = server.endpoint_with_capacity("inbox", 1024).unwrap();
+    let client = shm_builder().build().unwrap();
+    let send = |fill: u8| {
+        let message = TensorMessage::new(1, Bytes::new(), vec![Bytes::from(vec![fill; 1 << 20])]);
+        client
+            .tell(server.local_addr(), "inbox", message, TIMEOUT)
+            .wait()
+            .unwrap();
+        inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap()
+    };
+    // Hold some, drop others: the dropped ones' slots are reused under the held ones' eyes.
+    let mut held = Vec::new();
+    for round in 0..64u8 {
+        let incoming = send(round);
+        if round % 4 == 0 {
+            held.push((round, incoming));
+        }
+    }
+    for (fill, incoming) in &held {
+        assert!(
+            incoming.request().message.buffers[0]
+                .iter()
+                .all(|b| b == fill),
+            "message {fill} changed while it was held"
+        );
+    }
+    assert_eq!(
+        client.stats().shm_leases,
+        held.len(),
+        "exactly the held slots are lent"
+    );
+    drop(held);
+    assert!(eventually(|| client.stats().shm_leases == 0));
+}
+
+#[test]
+fn a_sender_whose_memory_is_all_held_waits_for_credit_then_goes_over_ptr1() {
+    let _serial = serial();
+    let server = shm_builder().build().unwrap();
+    let inbox = server.endpoint_with_capacity("inbox", 64).unwrap();
     let client = shm_builder()
-        .shm_max_hold(Duration::from_millis(200))
+        .shm_quota(64 << 20)
+        .shm_credit_wait(Duration::from_millis(100))
         .build()
         .unwrap();
-    let message = TensorMessage::new(1, Bytes::new(), vec![Bytes::from(vec![0xAB; 1 << 20])]);
+    let message =
+        |fill: u8| TensorMessage::new(1, Bytes::new(), vec![Bytes::from(vec![fill; 16 << 20])]);
+    let mut held = Vec::new();
+    for fill in 0..4 {
+        client
+            .tell(server.local_addr(), "inbox", message(fill), TIMEOUT)
+            .wait()
+            .unwrap();
+        held.push(inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap());
+    }
+    // The quota is held by the receiver: the next send waits, then takes PTR1.
+    let before = stats::global().snapshot();
     client
-        .tell(server.local_addr(), "inbox", message, TIMEOUT)
+        .tell(server.local_addr(), "inbox", message(9), TIMEOUT)
+        .wait()
+        .unwrap();
+    let over_tcp = inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap();
+    assert!(
+        over_tcp.request().message.buffers[0]
+            .iter()
+            .all(|&b| b == 9)
+    );
+    assert!(over_tcp.request().local_peer.is_none(), "it came over TCP");
+    let after = stats::global().snapshot();
+    assert_eq!(after.shm_credit_fallbacks, before.shm_credit_fallbacks + 1);
+    for (fill, incoming) in held.iter().enumerate() {
+        let fill = u8::try_from(fill).unwrap();
+        assert!(
+            incoming.request().message.buffers[0]
+                .iter()
+                .all(|&b| b == fill)
+        );
+    }
+    // Credit comes back with the views: shared memory again.
+    held.pop();
+    let before = stats::global().snapshot();
+    client
+        .tell(server.local_addr(), "inbox", message(7), TIMEOUT)
+        .wait()
+        .unwrap();
+    let again = inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap();
+    assert!(
+        again.request().local_peer.is_some(),
+        "it came over shared memory"
+    );
+    assert!(stats::global().snapshot().shm_messages_sent > before.shm_messages_sent);
+}
+
+#[test]
+fn a_sender_configured_to_refuse_fails_with_a_classified_error_when_its_memory_is_held() {
+    let _serial = serial();
+    let server = shm_builder().build().unwrap();
+    let inbox = server.endpoint_with_capacity("inbox", 64).unwrap();
+    let client = shm_builder()
+        .shm_quota(32 << 20)
+        .shm_credit_wait(Duration::from_millis(50))
+        .shm_when_full(WhenFull::Refuse)
+        .build()
+        .unwrap();
+    let message = TensorMessage::new(1, Bytes::new(), vec![Bytes::from(vec![1; 30 << 20])]);
+    client
+        .tell(server.local_addr(), "inbox", message.clone(), TIMEOUT)
         .wait()
         .unwrap();
     let held = inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap();
-    assert!(held.request().message.buffers[0].iter().all(|&b| b == 0xAB));
-    // The holder keeps it past the limit: the owner takes it back.
-    assert!(
-        eventually(|| client.stats().shm_leases == 0),
-        "the lease was revoked"
-    );
-    assert!(
-        held.request().message.buffers[0].iter().all(|&b| b == 0),
-        "a revoked slot reads zeros"
-    );
-    // The next message uses a fresh slot: the old views never show its bytes.
-    let next = TensorMessage::new(2, Bytes::new(), vec![Bytes::from(vec![0xCD; 1 << 20])]);
+    let err = client
+        .tell(server.local_addr(), "inbox", message, TIMEOUT)
+        .wait()
+        .unwrap_err();
+    assert!(matches!(err, Error::SharedMemoryFull { .. }), "{err}");
+    assert!(err.is_limit());
+    drop(held);
+}
+
+#[test]
+fn a_timeout_of_zero_fails_at_once_instead_of_waiting_for_the_reply() {
+    let _serial = serial();
+    let server = shm_builder().build().unwrap();
+    server
+        .serve("slow", 1, |r| {
+            std::thread::sleep(Duration::from_millis(300));
+            Ok(Reply::Tensor(r.message))
+        })
+        .unwrap();
+    let client = shm_builder().build().unwrap();
+    // Set the connection up first, so the zero timeout meets the shared-memory path itself.
     client
-        .tell(server.local_addr(), "inbox", next.clone(), TIMEOUT)
+        .ask(server.local_addr(), "slow", patterned(1, 1, 1), TIMEOUT)
         .wait()
         .unwrap();
-    let second = inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap();
-    assert_eq!(second.request().message, next);
-    assert!(held.request().message.buffers[0].iter().all(|&b| b == 0));
+    for size in [1, 1 << 20] {
+        let started = Instant::now();
+        let err = client
+            .ask(
+                server.local_addr(),
+                "slow",
+                patterned(1, 1, size),
+                Duration::ZERO,
+            )
+            .wait()
+            .unwrap_err();
+        assert!(err.is_timeout(), "{err}");
+        assert!(
+            started.elapsed() < Duration::from_millis(250),
+            "it did not wait for the reply"
+        );
+    }
+}
+
+#[test]
+fn a_handler_error_of_70_kib_is_cut_and_the_connection_keeps_serving() {
+    let _serial = serial();
+    let server = echo_server();
+    server
+        .serve("verbose", 1, |_| Err("e".repeat(70 << 10)))
+        .unwrap();
+    let client = shm_builder().build().unwrap();
+    let err = client
+        .ask(server.local_addr(), "verbose", patterned(1, 1, 8), TIMEOUT)
+        .wait()
+        .unwrap_err();
+    let text = err.remote_text().expect("a remote error");
+    assert!(
+        text.len() <= 4096 && text.starts_with("eeee"),
+        "{} bytes",
+        text.len()
+    );
+    let message = patterned(2, 2, 4096);
+    let reply = client
+        .ask(server.local_addr(), "echo", message.clone(), TIMEOUT)
+        .wait()
+        .unwrap();
+    assert_eq!(tensor(reply), message);
+    assert_eq!(client.stats().shm_connections, 1, "the same connection");
+}
+
+#[test]
+fn the_route_says_why_shared_memory_is_or_is_not_used() {
+    let _serial = serial();
+    let server = echo_server();
+    let client = Node::builder(any_local_address())
+        .in_process_delivery(false)
+        .build()
+        .unwrap();
+    let choice = client.route_to(server.local_addr(), None).unwrap();
+    assert_eq!(choice.route, Route::SharedMemory, "{}", choice.reason);
+    assert!(
+        choice.reason.contains("proved it is on this host"),
+        "{}",
+        choice.reason
+    );
+    let plain = Node::builder(any_local_address())
+        .shared_memory(false)
+        .build()
+        .unwrap();
+    let choice = client.route_to(plain.local_addr(), None).unwrap();
+    assert_eq!(choice.route, Route::RawTcp);
+    assert!(
+        choice.reason.contains("shared memory is off"),
+        "{}",
+        choice.reason
+    );
+    // Insisting on shared memory to a peer without it is an error that says why.
+    let to = client
+        .destination(plain.local_addr(), "echo", Via::Only(Route::SharedMemory))
+        .unwrap();
+    let err = client
+        .ask_to(&to, patterned(1, 1, 8), TIMEOUT)
+        .wait()
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::RouteUnavailable { route: "shm", .. }),
+        "{err}"
+    );
 }

@@ -330,7 +330,7 @@ fn loaned_like(node: &Node, message: &TensorMessage) -> Result<TensorMessage> {
         .map(|buffer| {
             let mut loan = node.shm().loan(buffer.len())?;
             loan.as_mut_slice().copy_from_slice(buffer);
-            Ok(loan.freeze()?)
+            Ok(loan.freeze())
         })
         .collect::<Result<Vec<Bytes>>>()?;
     Ok(TensorMessage::new(
