@@ -162,6 +162,14 @@ impl Transport for Http2Transport {
         self.shared.config.require_tls
     }
 
+    fn requires_client_identity(&self) -> bool {
+        self.shared
+            .config
+            .tls
+            .as_ref()
+            .is_some_and(|tls| tls.client_auth)
+    }
+
     fn connections(&self) -> usize {
         self.shared.connections.load(Ordering::Relaxed)
     }

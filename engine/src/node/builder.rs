@@ -387,13 +387,11 @@ impl NodeBuilder {
             idle_after: Duration::from_secs(2),
         });
         let shm_manager = ShmManager::with_segments(self.shm_backend, segments.clone());
-        let (shm, shm_off) = self.start_shm(
-            local_addr,
-            &registry,
-            &session,
-            segments,
-            require_tls || encrypts,
-        );
+        let strict = require_tls
+            || transport
+                .as_ref()
+                .is_some_and(|t| t.requires_client_identity());
+        let (shm, shm_off) = self.start_shm(local_addr, &registry, &session, segments, strict);
         let desk = shm.as_ref().map_or_else(
             || Arc::new(KnockDesk::refusing(shm_off.clone())),
             ShmTransport::desk,
@@ -495,19 +493,21 @@ impl NodeBuilder {
         registry: &Arc<Registry>,
         session: &Arc<SessionConfig>,
         segments: Segments,
-        tls: bool,
+        strict: bool,
     ) -> (Option<ShmTransport>, String) {
-        let off = match (self.shm_access, tls) {
+        let off = match (self.shm_access, strict) {
             (ShmAccess::Off, _) => "shared memory is off on this node".to_owned(),
-            (ShmAccess::Auto, true) => "this node uses TLS: it serves and uses shared memory \
-                 only when allowed explicitly (NodeBuilder::shm_access(ShmAccess::SameUser), \
-                 shared_memory=\"same-user\" in Python)"
+            (ShmAccess::Auto, true) => "this node requires TLS or client certificates: it \
+                 serves and uses shared memory only when allowed explicitly \
+                 (NodeBuilder::shm_access(ShmAccess::SameUser), shared_memory=\"same-user\" in \
+                 Python)"
                 .to_owned(),
             (ShmAccess::Auto | ShmAccess::SameUser, _) => {
                 let config = ShmConfig {
                     credit_wait: self.shm_credit_wait,
                     when_full: self.shm_when_full,
                     hello_timeout: self.shm_hello_timeout,
+                    busy_poll: self.busy_poll,
                 };
                 let inbound: Arc<dyn tensorwire_proto::transport::Inbound> = registry.clone();
                 match ShmTransport::start(node, inbound, Arc::clone(session), config, segments) {
@@ -527,9 +527,9 @@ impl NodeBuilder {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ShmAccess {
-    /// Processes of this user on this host — unless the node uses TLS (requires it, or sends
-    /// with it): such a node keeps its security setting on every path and serves no shared
-    /// memory. The default.
+    /// Processes of this user on this host — unless the node requires TLS or client
+    /// certificates: such a node keeps its security setting on every path and neither serves
+    /// nor uses shared memory. The default.
     Auto,
     /// Processes of this user on this host, even when the node uses TLS: an explicit opt-in,
     /// under which handlers see the peer's uid and pid (`Request::local_peer`) instead of a

@@ -441,6 +441,7 @@ impl Node {
             return Err(Error::Shutdown);
         }
         let (target, _) = self.inner.choose(to.peer, to.via, false)?;
+        let shm_peer = matches!(target, Target::Shm { .. }).then_some(to.peer);
         let mut pending = match target {
             Target::Driver => {
                 let answer = self.inner.blocking.exchange(
@@ -468,7 +469,12 @@ impl Node {
                 pending
             }
         };
-        pending.spin(self.inner.busy_poll);
+        match (shm_peer, &self.inner.shm) {
+            (Some(peer), Some(shm)) => shm.wait_here(peer, &|| pending.spin(Duration::ZERO)),
+            _ => {
+                pending.spin(self.inner.busy_poll);
+            }
+        }
         loop {
             let slice = if interrupt.is_some() {
                 INTERRUPT_SLICE

@@ -17,6 +17,9 @@ struct Queue {
     heap: BinaryHeap<Reverse<(Instant, u64)>>,
     actions: std::collections::HashMap<u64, (Instant, Action)>,
     next_id: u64,
+    /// While the thread sleeps: until when (`Some(None)`: until woken). `None` while it runs
+    /// (it looks at the heap again before sleeping, so nothing needs to wake it).
+    sleeping: Option<Option<Instant>>,
 }
 
 struct Timer {
@@ -56,8 +59,20 @@ pub(crate) fn schedule(at: Instant, action: Action) -> u64 {
     }
     queue.heap.push(Reverse((at, id)));
     queue.actions.insert(id, (at, action));
+    // Wake the thread only if it would sleep past this deadline (a request's deadline is
+    // usually later than the earliest one queued: no wake-up per request).
+    let wake = match queue.sleeping {
+        Some(None) => true,
+        Some(Some(until)) => at < until,
+        None => false,
+    };
+    if wake {
+        queue.sleeping = None;
+    }
     drop(queue);
-    timer.changed.notify_one();
+    if wake {
+        timer.changed.notify_one();
+    }
     id
 }
 
@@ -98,17 +113,21 @@ fn run() {
                 }
             }
             Some(Reverse((at, _))) => {
+                queue.sleeping = Some(Some(at));
                 queue = timer
                     .changed
                     .wait_timeout(queue, at - now)
                     .unwrap_or_else(PoisonError::into_inner)
                     .0;
+                queue.sleeping = None;
             }
             None => {
+                queue.sleeping = Some(None);
                 queue = timer
                     .changed
                     .wait(queue)
-                    .unwrap_or_else(PoisonError::into_inner)
+                    .unwrap_or_else(PoisonError::into_inner);
+                queue.sleeping = None;
             }
         }
     }

@@ -12,6 +12,6 @@ pub use error::ShmError;
 pub use knock::{KNOCK, KnockError, KnockReply, MAX_KNOCK_REPLY, Offer};
 pub use leases::{Descriptor, Leases, ShmStats};
 pub use wire::{
-    Body, Control, DecodeError, EncodeError, Hello, MAX_DATAGRAM, MAX_ERROR_TEXT, Part,
+    Body, Control, DecodeError, EncodeError, Hello, MAX_DATAGRAM, MAX_ERROR_TEXT, Part, Returned,
     SHARED_PART_BYTES, Shared, WireReply, decode, encode,
 };

@@ -20,6 +20,9 @@
 //!          | 2 Parts   version:u32 metadata:Part buffers:[Part]
 //! Part    := 0 bytes                         in the datagram
 //!          | 1 Shared
+//!          | 2 Returned segment:u64 offset:u64 len:u64
+//!                                            bytes of the *recipient's* own segment that it
+//!                                            lent to the sender (an echo): no copy either way
 //! Shared  := segment:u64 offset:u64 len:u64 lease:u64
 //! WireReply := 0 Tensor Body | 1 Single msg_type:str data:bytes | 2 Ack | 3 Error text:str
 //! ```
@@ -143,6 +146,21 @@ pub enum Part {
     Inline(Bytes),
     /// The bytes, in a segment of the sender's.
     Shared(Shared),
+    /// The bytes, in a slot of the recipient's own that it lent to the sender and the sender
+    /// still holds (a message sent back where it came from): the recipient checks that and
+    /// uses its own memory.
+    Returned(Returned),
+}
+
+/// A range of the recipient's own segment (see [`Part::Returned`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Returned {
+    /// The recipient's segment.
+    pub segment: u64,
+    /// Where the bytes start in it.
+    pub offset: u64,
+    /// How many.
+    pub len: u64,
 }
 
 /// A range of a sender's segment, held under a lease.
@@ -353,7 +371,7 @@ impl Body {
                 .chain(buffers)
                 .filter_map(|part| match part {
                     Part::Shared(shared) => Some(*shared),
-                    Part::Inline(_) => None,
+                    Part::Inline(_) | Part::Returned(_) => None,
                 })
                 .collect(),
         }
@@ -423,6 +441,12 @@ impl Writer {
             Part::Shared(shared) => {
                 self.u8(1);
                 self.shared(shared);
+            }
+            Part::Returned(returned) => {
+                self.u8(2);
+                self.u64(returned.segment);
+                self.u64(returned.offset);
+                self.u64(returned.len);
             }
         }
     }
@@ -512,6 +536,11 @@ impl<'a> Reader<'a> {
         match self.u8()? {
             0 => Ok(Part::Inline(Bytes::copy_from_slice(self.bytes()?))),
             1 => Ok(Part::Shared(self.shared()?)),
+            2 => Ok(Part::Returned(Returned {
+                segment: self.u64()?,
+                offset: self.u64()?,
+                len: self.u64()?,
+            })),
             _ => Err(DecodeError("unknown part kind")),
         }
     }

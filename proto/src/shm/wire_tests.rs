@@ -40,6 +40,11 @@ fn samples() -> Vec<Control> {
                     Part::Shared(shared(1, 0, 1 << 20, 1)),
                     Part::Shared(shared(1, 1 << 20, 7, 1)),
                     Part::Inline(Bytes::from_static(b"tail")),
+                    Part::Returned(Returned {
+                        segment: 7,
+                        offset: 4096,
+                        len: 100,
+                    }),
                 ],
             },
         },

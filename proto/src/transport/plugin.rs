@@ -37,6 +37,13 @@ pub trait Transport: Outbound {
     /// Whether its server accepts encrypted connections only: then plaintext PTR1 is refused.
     fn requires_encryption(&self) -> bool;
 
+    /// Whether its server requires clients to prove who they are (TLS client certificates).
+    /// Such a node serves no path without that proof — shared memory included, unless
+    /// allowed explicitly.
+    fn requires_client_identity(&self) -> bool {
+        false
+    }
+
     /// Connections it holds now (server and client).
     fn connections(&self) -> usize;
 

@@ -37,6 +37,9 @@ pub(crate) struct Conn {
     /// The peer's segments whose descriptor was lost (this process at its descriptor limit).
     pub(crate) lost: Mutex<HashSet<u64>>,
     closed: AtomicBool,
+    /// Held by whoever receives (the poll thread, or a caller waiting for its reply), so
+    /// datagrams are handled in the order they came.
+    rx: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -82,7 +85,29 @@ impl Conn {
             mapped: Mutex::new(HashMap::new()),
             lost: Mutex::new(HashSet::new()),
             closed: AtomicBool::new(false),
+            rx: Mutex::new(()),
         }
+    }
+
+    /// Where `bytes` lie in one of the peer's segments mapped here, if they do: such bytes
+    /// (a view of a message the peer sent) go back to it by reference.
+    pub(crate) fn locate(&self, bytes: &[u8]) -> Option<(u64, u64)> {
+        let start = bytes.as_ptr() as usize;
+        let end = start.checked_add(bytes.len())?;
+        lock(&self.mapped).iter().find_map(|(&id, mapped)| {
+            let base = mapped.map.as_slice().as_ptr() as usize;
+            (start >= base && end <= base + mapped.map.len()).then(|| (id, (start - base) as u64))
+        })
+    }
+
+    /// The right to receive on it (waits for the other receiver).
+    pub(crate) fn receive_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        lock(&self.rx)
+    }
+
+    /// The right to receive on it, if nobody receives now.
+    pub(crate) fn try_receive_lock(&self) -> Option<std::sync::MutexGuard<'_, ()>> {
+        self.rx.try_lock().ok()
     }
 
     pub(crate) fn raw(&self) -> RawFd {

@@ -8,11 +8,12 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
-use tensorwire_proto::shm::{Body, Part, Shared};
+use tensorwire_proto::shm::{Body, Part, Returned, Shared};
 use tensorwire_proto::{LimitField, Limits, TensorMessage};
 
 use crate::shm::os::{self, FileMap};
 use crate::shm::transport::conn::{Conn, Mapped};
+use crate::shm::transport::lending::Lending;
 use crate::shm::transport::lock;
 
 /// Segments one peer may have mapped here at once.
@@ -121,6 +122,7 @@ pub(crate) fn unmap_segment(conn: &Conn, segment: u64) {
 pub(crate) fn unpack(
     conn: &Arc<Conn>,
     releases: &Arc<Releases>,
+    lending: &Lending,
     body: &Body,
     limits: &Limits,
 ) -> Result<TensorMessage, String> {
@@ -156,6 +158,7 @@ pub(crate) fn unpack(
             let bytes = |p: &Part| match p {
                 Part::Inline(bytes) => Ok(bytes.clone()),
                 Part::Shared(shared) => part(shared),
+                Part::Returned(returned) => ours(conn, lending, returned),
             };
             let metadata = bytes(metadata)?;
             limits
@@ -169,6 +172,21 @@ pub(crate) fn unpack(
             Ok(TensorMessage::new(*version, metadata, buffers))
         }
     }
+}
+
+/// Bytes of our own slot that the peer sent back (it still holds them under our lease, so the
+/// slot is alive and frozen): a view of our memory, no copy.
+fn ours(conn: &Conn, lending: &Lending, returned: &Returned) -> Result<Bytes, String> {
+    let Returned {
+        segment,
+        offset,
+        len,
+    } = *returned;
+    let (slot, at) = lending
+        .returned(conn.peer.pid, segment, offset, len)
+        .ok_or("a part names memory of ours that the peer does not hold")?;
+    let len = usize::try_from(len).map_err(|_| "a range is too large")?;
+    Ok(slot.bytes(at..at + len))
 }
 
 /// A zero-copy view of one shared range, holding its lease and its segment's mapping.

@@ -49,6 +49,36 @@ impl Lending {
         id
     }
 
+    /// The slot of ours that `holder` holds under a lease and that covers `len` bytes at
+    /// `offset` of `segment`: what it sends back by reference ([`Part::Returned`]) is checked
+    /// against what it was lent, never taken on its word.
+    ///
+    /// [`Part::Returned`]: tensorwire_proto::shm::Part::Returned
+    pub(crate) fn returned(
+        &self,
+        holder: u32,
+        segment: u64,
+        offset: u64,
+        len: u64,
+    ) -> Option<(Arc<Slot>, usize)> {
+        let end = offset.checked_add(len)?;
+        let state = lock(&self.state);
+        state.leases.values().find_map(|lease| {
+            let slot = &lease.slot;
+            let (start, cap) = (slot.offset() as u64, slot.capacity() as u64);
+            (lease.holder == holder
+                && slot.segment().id == segment
+                && offset >= start
+                && end <= start + cap)
+                .then(|| {
+                    (
+                        Arc::clone(slot),
+                        usize::try_from(offset - start).unwrap_or(0),
+                    )
+                })
+        })
+    }
+
     /// Process `holder` released `lease` (a lease of another process is left alone).
     pub(crate) fn release(&self, holder: u32, lease: u64) {
         let released = {
@@ -136,5 +166,50 @@ impl Lending {
                 state.orphans.remove(&holder);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::shm::{Segments, SegmentsConfig};
+
+    #[test]
+    fn memory_sent_back_is_found_only_if_that_holder_holds_it() {
+        let segments = Segments::new(SegmentsConfig {
+            quota: 64 << 20,
+            idle_keep: 0,
+            idle_after: Duration::ZERO,
+        });
+        let slot = segments.take(1 << 20).unwrap().freeze();
+        let (segment, start) = (slot.segment().id, slot.offset() as u64);
+        let sut = Lending::default();
+        let lease = sut.lend(7, Arc::clone(&slot));
+        let found = sut.returned(7, segment, start + 64, 100);
+        assert!(
+            matches!(found, Some((_, 64))),
+            "a range inside the lent slot"
+        );
+        assert!(
+            sut.returned(8, segment, start, 100).is_none(),
+            "another holder"
+        );
+        assert!(
+            sut.returned(7, segment + 1, start, 100).is_none(),
+            "another segment"
+        );
+        let past = start + slot.capacity() as u64;
+        assert!(
+            sut.returned(7, segment, past - 10, 100).is_none(),
+            "past the slot"
+        );
+        assert!(
+            sut.returned(7, segment, u64::MAX, 2).is_none(),
+            "an overflowing range"
+        );
+        sut.release(7, lease);
+        assert!(sut.returned(7, segment, start, 100).is_none(), "released");
     }
 }

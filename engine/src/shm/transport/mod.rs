@@ -71,6 +71,9 @@ pub(crate) struct ShmConfig {
     pub(crate) when_full: WhenFull,
     /// The knock and hello must finish within this.
     pub(crate) hello_timeout: Duration,
+    /// How long the poll thread, and a caller waiting for its reply, poll for the next
+    /// datagram before sleeping.
+    pub(crate) busy_poll: Duration,
 }
 
 /// Whether a peer is reached over shared memory.
@@ -290,6 +293,16 @@ impl ShmTransport {
             }
         };
         service::send(&self.shared, &conn, request, here);
+    }
+
+    /// A caller waiting for the answer to a send to `peer` (`done()` once it is there):
+    /// receives on that connection itself for up to the busy-poll budget.
+    pub(crate) fn wait_here(&self, peer: SocketAddr, done: &dyn Fn() -> bool) {
+        let conn = match lock(&self.shared.peers).get(&peer) {
+            Some(Peer::Local(conn)) if !conn.is_closed() => Arc::clone(conn),
+            _ => return,
+        };
+        service::receive_while(&self.shared, &conn, self.shared.config.busy_poll, done);
     }
 
     /// Connections open, leases of this node's memory held by peers and their bytes, and the

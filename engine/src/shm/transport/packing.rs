@@ -1,6 +1,7 @@
 //! Laying a message out for a same-host peer: in the datagram itself (small bodies), where its
-//! buffers already are (this node's frozen slots: loans, no copy), and the rest copied once
-//! into one fresh slot, each buffer 64-byte aligned.
+//! buffers already are (this node's frozen slots: loans; or the peer's own memory it sent us:
+//! an echo — no copy), and the rest copied once into one fresh slot, each buffer 64-byte
+//! aligned.
 //!
 //! Layout is decided first ([`layout`], cheap, on any thread), so the caller knows whether a
 //! copy is needed; the copy and the leases come after ([`Layout::fill`]), on whichever thread
@@ -9,12 +10,13 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tensorwire_proto::shm::{Body, MAX_DATAGRAM, Part, SHARED_PART_BYTES, Shared};
+use tensorwire_proto::shm::{Body, MAX_DATAGRAM, Part, Returned, SHARED_PART_BYTES, Shared};
 use tensorwire_proto::transport::Error;
 use tensorwire_proto::{Limits, TensorMessage, len_u64};
 
 use crate::shm::loaned;
 use crate::shm::segments::{Segment, Slot, SlotMut};
+use crate::shm::transport::conn::Conn;
 use crate::shm::transport::lending::Lending;
 
 /// A whole PTM1 body travels in the datagram up to this: below a few pages, copying through
@@ -56,6 +58,8 @@ enum Plan {
         offset: u64,
         len: u64,
     },
+    /// In the recipient's own memory (a view of what it sent us): sent back by reference.
+    Returned(Returned),
     /// Copied into the fresh slot at `at`.
     Copy {
         at: usize,
@@ -74,8 +78,8 @@ pub(crate) struct Packed {
     pub(crate) zero_copy: u64,
 }
 
-/// Decides how `message` travels to a peer, with a datagram whose path takes `path_len`
-/// bytes. Cheap: no copy, no slot.
+/// Decides how `message` travels to the peer on `conn`, with a datagram whose path takes
+/// `path_len` bytes. Cheap: no copy, no slot.
 ///
 /// # Errors
 ///
@@ -85,6 +89,7 @@ pub(crate) fn layout(
     message: &TensorMessage,
     limits: &Limits,
     path_len: usize,
+    conn: &Conn,
 ) -> Result<Layout, Error> {
     let room = MAX_DATAGRAM
         .checked_sub(HEADER_ROOM + path_len)
@@ -118,6 +123,13 @@ pub(crate) fn layout(
                 offset,
                 len: len_u64(bytes.len()),
             };
+        }
+        if let Some((segment, offset)) = conn.locate(bytes) {
+            return Plan::Returned(Returned {
+                segment,
+                offset,
+                len: len_u64(bytes.len()),
+            });
         }
         let at = copy.next_multiple_of(ALIGN);
         copy = at + bytes.len();
@@ -215,6 +227,10 @@ impl Layout {
                 let mut part = |plan: Plan, packed: &mut Packed| -> Result<Part, Error> {
                     Ok(match plan {
                         Plan::Inline(bytes) => Part::Inline(bytes),
+                        Plan::Returned(returned) => {
+                            packed.zero_copy += 1;
+                            Part::Returned(returned)
+                        }
                         Plan::Loaned { slot, offset, len } => {
                             packed.zero_copy += 1;
                             packed.segments.push(Arc::clone(slot.segment()));

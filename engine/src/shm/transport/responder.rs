@@ -112,7 +112,7 @@ impl Responder for ShmResponder {
             }
             Ok(Reply::Single { msg_type, data }) => WireReply::Single { msg_type, data },
             Ok(Reply::Tensor(message)) => {
-                if on_poll_thread() && needs_copy(&self.shared, &message) {
+                if on_poll_thread() && needs_copy(&self.shared, &self.conn, &message) {
                     // A handler that ran on the poll thread: copy on the copy thread.
                     let (conn, id) = (Arc::clone(&self.conn), self.id);
                     let job = Box::new(move |shared: &Arc<Shared>| {
@@ -130,15 +130,15 @@ impl Responder for ShmResponder {
     }
 }
 
-fn needs_copy(shared: &Shared, message: &TensorMessage) -> bool {
-    layout(message, &shared.limits, 0).is_ok_and(|l| l.copy > 0)
+fn needs_copy(shared: &Shared, conn: &Conn, message: &TensorMessage) -> bool {
+    layout(message, &shared.limits, 0, conn).is_ok_and(|l| l.copy > 0)
 }
 
 /// Lays a tensor reply out (copying it into a slot if needed, waiting for credit as a send
 /// would) and sends it; a reply that cannot be sent becomes an error reply.
 fn reply_tensor(shared: &Shared, conn: &Arc<Conn>, id: u64, message: &TensorMessage) {
     let fail = |text: String| answer(shared, conn, id, WireReply::Error(text));
-    let layout = match layout(message, &shared.limits, 0) {
+    let layout = match layout(message, &shared.limits, 0, conn) {
         Ok(layout) => layout,
         Err(e) => return fail(format!("cannot send the reply: {e}")),
     };

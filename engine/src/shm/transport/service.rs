@@ -90,7 +90,7 @@ pub(crate) fn send(shared: &Arc<Shared>, conn: &Arc<Conn>, request: OutboundRequ
     if completion.is_cancelled() {
         return completion.complete(Err(Error::Cancelled));
     }
-    let layout = match layout(&message, &shared.limits, path.as_str().len()) {
+    let layout = match layout(&message, &shared.limits, path.as_str().len(), conn) {
         Ok(layout) => layout,
         Err(e) => return completion.complete(Err(e)),
     };
@@ -443,7 +443,14 @@ impl Poller {
                         keep = false;
                     }
                     if keep && revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
-                        keep = receive_all(shared, &conn, &mut self.buf);
+                        // Busy-poll only while one connection is at work (with more, the
+                        // thread is busy anyway).
+                        let busy = if self.conns.len() == 1 {
+                            shared.config.busy_poll
+                        } else {
+                            Duration::ZERO
+                        };
+                        keep = receive_all(shared, &conn, &mut self.buf, busy);
                     }
                     if !keep {
                         self.conns.remove(&id);
@@ -533,14 +540,80 @@ fn send_releases(shared: &Shared) {
     }
 }
 
-/// Receives every datagram waiting on `conn`; `false` once it is closed or broken.
-fn receive_all(shared: &Arc<Shared>, conn: &Arc<Conn>, buf: &mut [u8]) -> bool {
+/// Receives what waits on `conn` on a caller's thread that waits for its own reply anyway:
+/// polls the socket for up to `budget` or until `done()`, handling whatever arrives (its reply
+/// completes its request). A caller that finds the poll thread receiving leaves it to it. The
+/// reply then needs no wake-up of the poll thread or of the caller.
+pub(crate) fn receive_while(
+    shared: &Arc<Shared>,
+    conn: &Arc<Conn>,
+    budget: Duration,
+    done: &dyn Fn() -> bool,
+) {
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let start = Instant::now();
+    BUF.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        if buf.len() < MAX_DATAGRAM {
+            buf.resize(MAX_DATAGRAM, 0);
+        }
+        while !done() && start.elapsed() < budget {
+            if let Some(_rx) = conn.try_receive_lock() {
+                if !drain(shared, conn, &mut buf) {
+                    conn.close(); // the poll thread sees the hang-up and cleans up
+                    return;
+                }
+            }
+            std::hint::spin_loop();
+        }
+    });
+}
+
+/// Receives every datagram waiting on `conn`, then (with a `busy` budget) keeps polling it
+/// that long for more before the poll thread sleeps again; `false` once it is closed or
+/// broken.
+fn receive_all(shared: &Arc<Shared>, conn: &Arc<Conn>, buf: &mut [u8], busy: Duration) -> bool {
+    let _rx = conn.receive_lock();
+    if !drain(shared, conn, buf) {
+        return false;
+    }
+    let mut last = Instant::now();
+    while !busy.is_zero() && last.elapsed() < busy {
+        match socket::receive(conn.raw(), buf, 1) {
+            Ok(Some(received)) => {
+                if !take(shared, conn, buf, received) || !drain(shared, conn, buf) {
+                    return false;
+                }
+                last = Instant::now();
+            }
+            Ok(None) => std::hint::spin_loop(),
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// Receives and handles every datagram waiting now; `false` once closed or broken.
+fn drain(shared: &Arc<Shared>, conn: &Arc<Conn>, buf: &mut [u8]) -> bool {
     loop {
-        let received = match socket::receive(conn.raw(), buf, 1) {
-            Ok(Some(received)) => received,
+        match socket::receive(conn.raw(), buf, 1) {
+            Ok(Some(received)) => {
+                if !take(shared, conn, buf, received) {
+                    return false;
+                }
+            }
             Ok(None) => return !conn.is_closed(),
             Err(_) => return false,
-        };
+        }
+    }
+}
+
+/// Handles one received datagram; `false` at end of stream or when the peer broke the
+/// protocol.
+fn take(shared: &Arc<Shared>, conn: &Arc<Conn>, buf: &[u8], received: socket::Received) -> bool {
+    {
         if received.len == 0 {
             return false;
         }
@@ -551,9 +624,7 @@ fn receive_all(shared: &Arc<Shared>, conn: &Arc<Conn>, buf: &mut [u8]) -> bool {
         if received.truncated {
             stats::global().record_shm_fd_failure();
         }
-        if !handle(shared, conn, control, received.fds, received.truncated) {
-            return false;
-        }
+        handle(shared, conn, control, received.fds, received.truncated)
     }
 }
 
@@ -613,7 +684,13 @@ fn handle(
                 refuse(text);
                 return true;
             }
-            match unpack(conn, &shared.releases, &body, &shared.limits) {
+            match unpack(
+                conn,
+                &shared.releases,
+                &shared.lending,
+                &body,
+                &shared.limits,
+            ) {
                 Ok(message) => responder::deliver(shared, conn, id, kind, path, message),
                 Err(text) => responder::answer(shared, conn, id, WireReply::Error(text)),
             }
@@ -644,12 +721,18 @@ fn handle(
                     peer: Some(peer),
                     text,
                 }),
-                WireReply::Tensor(body) => unpack(conn, &shared.releases, &body, &shared.limits)
-                    .map(|m| Answer::Reply(Reply::Tensor(m)))
-                    .map_err(|text| Error::Remote {
-                        peer: Some(peer),
-                        text: format!("the reply could not be mapped: {text}"),
-                    }),
+                WireReply::Tensor(body) => unpack(
+                    conn,
+                    &shared.releases,
+                    &shared.lending,
+                    &body,
+                    &shared.limits,
+                )
+                .map(|m| Answer::Reply(Reply::Tensor(m)))
+                .map_err(|text| Error::Remote {
+                    peer: Some(peer),
+                    text: format!("the reply could not be mapped: {text}"),
+                }),
             };
             finish(shared, id, outcome);
             true

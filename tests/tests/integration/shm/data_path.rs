@@ -83,20 +83,21 @@ fn a_256_mib_message_arrives_intact_and_its_memory_goes_back() {
     );
     assert_eq!(checksum(&reply), checksum(&message));
     assert_eq!(reply, message);
-    // The reply's views hold the server's slot; the request's slot came back already.
+    // The echo sent our own memory back: the server released its views and lent nothing,
+    // and the reply's views hold our slot.
     assert!(
         eventually(|| client.stats().shm_leases == 0),
-        "the client's slot was released"
+        "the server released the request"
     );
-    assert_eq!(
-        server.stats().shm_leases,
-        1,
-        "the server's reply slot is held by our views"
+    assert_eq!(server.stats().shm_leases, 0, "the reply lent nothing");
+    assert!(
+        client.shm().held_bytes() >= 256 << 20,
+        "our slot is held by the reply"
     );
     drop(reply);
     assert!(
-        eventually(|| server.stats().shm_leases == 0),
-        "dropping the reply gave its slot back"
+        eventually(|| client.shm().held_bytes() == 0),
+        "dropping the reply gave the slot back"
     );
 }
 
@@ -175,6 +176,32 @@ fn buffers_in_loaned_slots_travel_without_a_copy() {
         after.shm_zero_copy_buffers >= before.shm_zero_copy_buffers + 2,
         "both buffers went as they were"
     );
+}
+
+#[test]
+fn an_echo_sends_the_asker_its_own_memory_back_without_a_copy() {
+    let _serial = serial();
+    let (server, client) = (echo_server(), shm_builder().build().unwrap());
+    let message = patterned(5, 2, 1 << 20);
+    // Once to set up the connection and map the segments.
+    client
+        .ask(server.local_addr(), "echo", message.clone(), TIMEOUT)
+        .wait()
+        .unwrap();
+    for path in ["echo", "echo-core"] {
+        let before = stats::global().snapshot();
+        let reply = client
+            .ask(server.local_addr(), path, message.clone(), TIMEOUT)
+            .wait()
+            .unwrap();
+        let after = stats::global().snapshot();
+        assert_eq!(tensor(reply), message);
+        assert_eq!(
+            after.shm_bytes_copied - before.shm_bytes_copied,
+            message.total_bytes(),
+            "only the request was copied: the reply went back by reference ({path})"
+        );
+    }
 }
 
 #[test]
