@@ -7,6 +7,7 @@
 
 use std::ffi::{c_int, c_void};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use pyo3::buffer::PyUntypedBuffer;
@@ -19,12 +20,18 @@ use crate::errors::InvalidArgument;
 
 /// Exports whose last Rust reference dropped, waiting for an attached thread to release them.
 static RELEASES: Mutex<Vec<PyUntypedBuffer>> = Mutex::new(Vec::new());
+/// Whether `RELEASES` may hold anything (checked without the lock on every call).
+static WAITING: AtomicBool = AtomicBool::new(false);
 
-/// Releases the exports the engine is done with. Call with the interpreter attached.
-pub(crate) fn drain_releases(_py: Python<'_>) {
-    let drained = std::mem::take(&mut *RELEASES.lock().unwrap_or_else(|e| e.into_inner()));
-    // Dropping a `PyUntypedBuffer` here (attached) calls `PyBuffer_Release` directly.
-    drop(drained);
+/// Releases the exports the engine is done with, and logs failed fire-and-forget tells.
+/// Call with the interpreter attached; nearly free when there is nothing to do.
+pub(crate) fn drain_releases(py: Python<'_>) {
+    if WAITING.swap(false, Ordering::AcqRel) {
+        let drained = std::mem::take(&mut *RELEASES.lock().unwrap_or_else(|e| e.into_inner()));
+        // Dropping a `PyUntypedBuffer` here (attached) calls `PyBuffer_Release` directly.
+        drop(drained);
+    }
+    crate::tells::log_failures(py);
 }
 
 /// A Python buffer export owned by a `Bytes`: the memory stays valid (and unreleased) as long
@@ -59,6 +66,7 @@ impl Drop for Export {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(buffer);
+            WAITING.store(true, Ordering::Release);
         }
     }
 }
@@ -176,6 +184,36 @@ impl Buffer {
     #[getter]
     fn writable(&self) -> bool {
         self.writable
+    }
+
+    /// The DLPack protocol: a capsule of a one-dimensional `uint8` CPU tensor over the same
+    /// memory, which it keeps alive (`numpy.from_dlpack(buffer)`, `torch.from_dlpack`). A
+    /// read-only buffer is exported only as DLPack 1.x with its read-only flag set.
+    #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
+    fn __dlpack__<'py>(
+        slf: &Bound<'py, Self>,
+        stream: Option<&Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if stream.is_some_and(|s| !s.is_none()) {
+            return Err(PyBufferError::new_err(
+                "tensorwire buffers are CPU memory: __dlpack__ takes no stream",
+            ));
+        }
+        let me = slf.get();
+        let request = crate::dlpack::Request {
+            max_version,
+            copy,
+            device: dl_device,
+        };
+        crate::dlpack::capsule(slf.py(), &me.bytes, me.writable, &request)
+    }
+
+    /// `(device_type, device_id)`: `(1, 0)`, the CPU.
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        crate::dlpack::device()
     }
 
     fn __repr__(&self) -> String {

@@ -3,6 +3,8 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use pyo3::PyTraverseError;
+use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use tensorwire_engine::{Endpoint, Incoming, Replier, RequestKind};
 
@@ -83,6 +85,42 @@ impl PyEndpoint {
         }
     }
 
+    /// Starts a receive of up to `max` requests (at least one: all that are waiting once the
+    /// first arrives) whose completion `pump` delivers as a list; returns its token.
+    #[pyo3(signature = (pump, max = 64, *, pickle = false))]
+    fn recv_batch_start(&self, pump: &Bound<'_, Pump>, max: usize, pickle: bool) -> u64 {
+        let endpoint = Arc::clone(&self.endpoint);
+        let max = max.max(1);
+        pump.get().start(Box::pin(async move {
+            let first = endpoint.recv().await;
+            let path = endpoint.path().to_owned();
+            let mut batch = Vec::new();
+            let error = match first {
+                Ok(incoming) => {
+                    batch.push(incoming);
+                    while batch.len() < max {
+                        match endpoint.recv_blocking(Some(Duration::ZERO)) {
+                            Ok(Some(incoming)) => batch.push(incoming),
+                            _ => break,
+                        }
+                    }
+                    None
+                }
+                Err(e) => Some(e),
+            };
+            Box::new(move |py: Python<'_>| {
+                if let Some(e) = error {
+                    return Err(to_py(&e, &format!("receiving on {path}")));
+                }
+                let requests = batch
+                    .into_iter()
+                    .map(|incoming| Py::new(py, PyRequest::from_incoming(py, incoming, pickle)?))
+                    .collect::<PyResult<Vec<_>>>()?;
+                Ok(pyo3::types::PyList::new(py, requests)?.into_any().unbind())
+            }) as Outcome
+        }))
+    }
+
     /// Starts a receive whose completion `pump` delivers; returns its token.
     #[pyo3(signature = (pump, *, pickle = false))]
     fn recv_start(&self, pump: &Bound<'_, Pump>, pickle: bool) -> u64 {
@@ -116,6 +154,10 @@ pub(crate) struct PyRequest {
     /// The peer's TLS client identity, if any.
     #[pyo3(get)]
     identity: Option<String>,
+    /// `(uid, pid)` of the peer process on this host, as the kernel reports it, when the
+    /// request came over shared memory.
+    #[pyo3(get)]
+    credentials: Option<(u32, u32)>,
     /// The message.
     #[pyo3(get)]
     message: Py<PyTensorMessage>,
@@ -126,7 +168,8 @@ pub(crate) struct PyRequest {
 impl PyRequest {
     fn from_incoming(py: Python<'_>, incoming: Incoming, pickle: bool) -> PyResult<Self> {
         let (request, replier) = incoming.into_parts();
-        let writable = request.peer.is_some();
+        let writable = request.peer.is_some() && request.local_peer.is_none();
+        let credentials = request.local_peer.map(|p| (p.uid, p.pid));
         Ok(Self {
             path: request.path,
             kind: match request.kind {
@@ -135,6 +178,7 @@ impl PyRequest {
             },
             peer: request.peer.map(|p| p.to_string()),
             identity: request.identity,
+            credentials,
             message: Py::new(
                 py,
                 PyTensorMessage::received(py, request.message, writable)?,
@@ -180,6 +224,10 @@ impl PyRequest {
         let text = text.to_owned();
         py.detach(|| replier.reply(Err(text)));
         Ok(())
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.message)
     }
 
     fn __repr__(&self) -> String {

@@ -85,10 +85,11 @@ fn classify(err: &Error, message: String) -> (&'static str, PyErr) {
         Error::Encode(_) => ("InvalidArgument", InvalidArgument::new_err(message)),
         Error::Memory(_) => ("OutOfMemory", OutOfMemory::new_err(message)),
         Error::Overloaded { .. } => ("Overloaded", Overloaded::new_err(message)),
-        Error::DriverUnavailable { .. } => (
+        Error::DriverUnavailable { .. } | Error::RouteUnavailable { .. } => (
             "TransportUnavailable",
             TransportUnavailable::new_err(message),
         ),
+        Error::SharedMemoryFull { .. } => ("OutOfMemory", OutOfMemory::new_err(message)),
         Error::Shutdown | Error::MailboxClosed => ("ShutDown", ShutDown::new_err(message)),
         Error::Cancelled => ("Cancelled", Cancelled::new_err(message)),
         Error::Io { .. } => ("IoError", IoError::new_err(message)),

@@ -1,7 +1,9 @@
 //! `TensorMessage` in Python: a version, opaque metadata bytes and buffers held as exports.
 
 use bytes::Bytes;
+use pyo3::PyTraverseError;
 use pyo3::exceptions::PyTypeError;
+use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 use tensorwire_engine::TensorMessage;
@@ -70,6 +72,10 @@ impl PyTensorMessage {
 
     fn __len__(&self) -> usize {
         self.inner.buffers.len()
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.objects)
     }
 
     fn __repr__(&self) -> String {

@@ -1,32 +1,42 @@
 //! `Node`: the composition root. One engine node with the io_uring driver, the tokio
 //! fallback (used where io_uring is unavailable), HTTP/2 + TLS and shared memory plugged in;
-//! asks and tells in blocking and asyncio form; the router's choice explained.
+//! references to endpoints (`Ref`) that carry the asks and tells; handlers served on threads
+//! of their own; the router's choice explained.
 
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
 
+use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use tensorwire_compat::{Http2, Http2Config, TlsConfig, TokioFallback};
-use tensorwire_engine::{Error, Node, Pending, Preference, Reply, Route, TensorMessage};
+use pyo3::{PyTraverseError, Python};
+use tensorwire_compat::{Http2, TokioFallback};
+use tensorwire_engine::{Node, Preference};
 
 use crate::buffers::drain_releases;
-use crate::convert::{reply_from_py, reply_to_py};
+use crate::config::{TlsArgs, http2_config, shm_access};
+use crate::convert::reply_from_py;
 use crate::endpoint::PyEndpoint;
-use crate::errors::{InvalidArgument, OutOfMemory, TransportUnavailable, to_py};
+use crate::errors::{InvalidArgument, OutOfMemory, to_py};
 use crate::loan::PyLoan;
 use crate::message::PyTensorMessage;
-use crate::pump::{Outcome, Pump};
+use crate::reference::{PyRef, route_name, via};
 use crate::shm::PyShm;
-
-/// How often a blocking wait wakes to let Ctrl+C through.
-const SIGNAL_SLICE: Duration = Duration::from_millis(100);
+use crate::stats::node_stats;
 
 /// A tensorwire node: serves endpoints on one port and sends to other nodes.
 #[pyclass(frozen, module = "tensorwire._native", name = "Node")]
 pub(crate) struct PyNode {
     node: Node,
+    /// The handlers served, shared with the engine's handler threads; listed here so the
+    /// garbage collector sees them (a handler that refers to its own node is a cycle).
+    handlers: Mutex<Vec<Arc<HandlerSlot>>>,
+}
+
+/// A Python handler the engine calls; emptied when the garbage collector breaks a cycle
+/// through it (the endpoint then answers that it is gone).
+pub(crate) struct HandlerSlot {
+    handler: Mutex<Option<Py<PyAny>>>,
 }
 
 impl Drop for PyNode {
@@ -42,20 +52,11 @@ impl Drop for PyNode {
     }
 }
 
-/// TLS settings from keyword arguments.
-struct TlsArgs {
-    cert: Option<String>,
-    key: Option<String>,
-    ca: Option<String>,
-    require_client_cert: bool,
-    server_name: Option<String>,
-}
-
 #[pymethods]
 impl PyNode {
     #[new]
     #[pyo3(signature = (
-        bind = "127.0.0.1:0", *, transport = None, shared_memory = true, cores = None,
+        bind = "127.0.0.1:0", *, transport = None, shared_memory = None, cores = None,
         mailbox_capacity = None, cert = None, key = None, ca = None,
         require_client_cert = false, require_tls = None, server_name = None,
     ))]
@@ -64,7 +65,7 @@ impl PyNode {
         py: Python<'_>,
         bind: &str,
         transport: Option<&str>,
-        shared_memory: bool,
+        shared_memory: Option<&Bound<'_, PyAny>>,
         cores: Option<usize>,
         mailbox_capacity: Option<usize>,
         cert: Option<String>,
@@ -76,6 +77,10 @@ impl PyNode {
     ) -> PyResult<Self> {
         drain_releases(py);
         let bind = resolve(bind)?;
+        let access = match shared_memory {
+            Some(value) => shm_access(value)?,
+            None => tensorwire_engine::ShmAccess::Auto,
+        };
         let tls = TlsArgs {
             cert,
             key,
@@ -86,18 +91,12 @@ impl PyNode {
         let http2 = http2_config(&tls, require_tls)?;
         let requires_tls = http2.require_tls;
         let mut builder = Node::builder(bind)
-            .shared_memory(shared_memory)
+            .shm_access(access)
             .require_tls(requires_tls)
             .fallback(Arc::new(TokioFallback::default()))
             .transport(Arc::new(Http2::new(http2)));
         if let Some(name) = transport {
-            if name == "local" {
-                return Err(InvalidArgument::new_err(
-                    "transport=\"local\" is a per-send choice (node.ref(..., transport=\"local\")); \
-                     a node's preference is auto, raw, http2 or shm",
-                ));
-            }
-            builder = builder.preference(preference(name)?.unwrap_or(Preference::Auto));
+            builder = builder.preference(preference(name)?);
         }
         if let Some(cores) = cores {
             builder = builder.cores(cores);
@@ -108,7 +107,10 @@ impl PyNode {
         let node = py
             .detach(move || builder.build())
             .map_err(|e| to_py(&e, &format!("starting a node on {bind}")))?;
-        Ok(Self { node })
+        Ok(Self {
+            node,
+            handlers: Mutex::new(Vec::new()),
+        })
     }
 
     /// The address it listens on, as `"ip:port"`.
@@ -149,12 +151,19 @@ impl PyNode {
         if threads == 0 {
             return Err(InvalidArgument::new_err("serve needs threads >= 1"));
         }
-        let handler = Arc::new(handler);
+        let slot = Arc::new(HandlerSlot {
+            handler: Mutex::new(Some(handler)),
+        });
+        let serving = Arc::clone(&slot);
+        let path = name.to_owned();
         self.node
             .serve(name, threads, move |request| {
                 Python::attach(|py| {
                     drain_releases(py);
-                    let writable = request.peer.is_some();
+                    let Some(handler) = serving.handler(py) else {
+                        return Err(format!("the handler of {path} was collected"));
+                    };
+                    let writable = request.peer.is_some() && request.local_peer.is_none();
                     let message = PyTensorMessage::received(py, request.message, writable)
                         .map_err(|e| handler_failure(py, &e))?;
                     let result = handler
@@ -163,89 +172,23 @@ impl PyNode {
                     reply_from_py(result.bind(py), pickle).map_err(|e| handler_failure(py, &e))
                 })
             })
-            .map_err(|e| to_py(&e, &format!("serving {name:?}")))
+            .map_err(|e| to_py(&e, &format!("serving {name:?}")))?;
+        lock(&self.handlers).push(slot);
+        Ok(())
     }
 
-    /// Asks `path` at `address` and waits for the reply (the GIL released; Ctrl+C interrupts).
-    #[pyo3(signature = (address, path, message, *, timeout = 30.0, transport = "auto", pickle = false))]
-    #[allow(clippy::too_many_arguments)] // the Python keyword arguments
-    fn ask(
-        &self,
-        py: Python<'_>,
-        address: &str,
-        path: &str,
-        message: &Bound<'_, PyTensorMessage>,
-        timeout: f64,
-        transport: &str,
-        pickle: bool,
-    ) -> PyResult<Py<PyAny>> {
-        let (send, pending) = self.send(py, address, path, message, timeout, transport, Ask)?;
-        let reply = wait(py, pending).map_err(|e| e.into_py(&send.context))?;
-        reply_to_py(py, reply, send.writable, pickle)
-    }
-
-    /// Tells `path` at `address`; returns once the receiver has it in its mailbox.
-    #[pyo3(signature = (address, path, message, *, timeout = 30.0, transport = "auto"))]
-    fn tell(
-        &self,
-        py: Python<'_>,
-        address: &str,
-        path: &str,
-        message: &Bound<'_, PyTensorMessage>,
-        timeout: f64,
-        transport: &str,
-    ) -> PyResult<()> {
-        let (send, pending) = self.send(py, address, path, message, timeout, transport, Tell)?;
-        wait(py, pending).map_err(|e| e.into_py(&send.context))
-    }
-
-    /// Starts an ask whose completion `pump` delivers; returns its token.
-    #[pyo3(signature = (pump, address, path, message, *, timeout = 30.0, transport = "auto", pickle = false))]
-    #[allow(clippy::too_many_arguments)]
-    fn ask_start(
-        &self,
-        py: Python<'_>,
-        pump: &Bound<'_, Pump>,
-        address: &str,
-        path: &str,
-        message: &Bound<'_, PyTensorMessage>,
-        timeout: f64,
-        transport: &str,
-        pickle: bool,
-    ) -> PyResult<u64> {
-        let (send, pending) = self.send(py, address, path, message, timeout, transport, Ask)?;
-        let (context, writable) = (send.context, send.writable);
-        Ok(pump.get().start(Box::pin(async move {
-            let result = pending.await;
-            Box::new(move |py: Python<'_>| match result {
-                Ok(reply) => reply_to_py(py, reply, writable, pickle),
-                Err(e) => Err(to_py(&e, &context)),
-            }) as Outcome
-        })))
-    }
-
-    /// Starts a tell whose completion `pump` delivers; returns its token.
-    #[pyo3(signature = (pump, address, path, message, *, timeout = 30.0, transport = "auto"))]
-    #[allow(clippy::too_many_arguments)]
-    fn tell_start(
-        &self,
-        py: Python<'_>,
-        pump: &Bound<'_, Pump>,
-        address: &str,
-        path: &str,
-        message: &Bound<'_, PyTensorMessage>,
-        timeout: f64,
-        transport: &str,
-    ) -> PyResult<u64> {
-        let (send, pending) = self.send(py, address, path, message, timeout, transport, Tell)?;
-        let context = send.context;
-        Ok(pump.get().start(Box::pin(async move {
-            let result = pending.await;
-            Box::new(move |py: Python<'_>| match result {
-                Ok(()) => Ok(py.None()),
-                Err(e) => Err(to_py(&e, &context)),
-            }) as Outcome
-        })))
+    /// A reference to endpoint `name` at `address`, resolved once. `transport` is `auto`
+    /// (the node's preference) or the only path its sends may take (`local`, `shm`, `raw`,
+    /// `http2`: one the router cannot take is an error saying why, never a silent fallback).
+    #[pyo3(signature = (address, name, transport = "auto", pickle = false))]
+    fn r#ref(&self, address: &str, name: &str, transport: &str, pickle: bool) -> PyResult<PyRef> {
+        let peer = resolve(address)?;
+        let (via, transport) = via(transport)?;
+        let to = self
+            .node
+            .destination(peer, name, via)
+            .map_err(|e| to_py(&e, &format!("a reference to {name:?} at {peer}")))?;
+        Ok(PyRef::new(self.node.clone(), to, transport, pickle))
     }
 
     /// The path a send to `address` takes with `transport`, and why: `(path, reason)` with
@@ -253,9 +196,9 @@ impl PyNode {
     #[pyo3(signature = (address, transport = "auto"))]
     fn route(&self, py: Python<'_>, address: &str, transport: &str) -> PyResult<(String, String)> {
         let peer = resolve(address)?;
-        let force = preference(transport)?;
+        let (via, _) = via(transport)?;
         let choice = py
-            .detach(|| self.node.route_to(peer, force))
+            .detach(|| self.node.route_for(peer, via))
             .map_err(|e| to_py(&e, &format!("routing to {peer}")))?;
         Ok((route_name(choice.route).to_owned(), choice.reason))
     }
@@ -276,20 +219,9 @@ impl PyNode {
         PyShm::new(self.node.shm().clone())
     }
 
-    /// This node's counters and gauges.
+    /// This node's counters and gauges, as numbers and dicts.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let stats = self.node.stats();
-        let dict = PyDict::new(py);
-        dict.set_item("address", self.node.local_addr().to_string())?;
-        dict.set_item("driver", stats.driver)?;
-        dict.set_item("fallback_reason", stats.fallback_reason)?;
-        dict.set_item("transport", stats.transport)?;
-        dict.set_item("pool", format!("{:?}", stats.pool))?;
-        dict.set_item("gauges", format!("{:?}", stats.gauges))?;
-        dict.set_item("shm_connections", stats.shm_connections)?;
-        dict.set_item("shm_leases", stats.shm_leases)?;
-        dict.set_item("transport_connections", stats.transport_connections)?;
-        Ok(dict)
+        node_stats(py, &self.node)
     }
 
     /// Stops the node: fails what is in flight, closes endpoints and connections, joins its
@@ -299,154 +231,32 @@ impl PyNode {
         py.detach(move || node.shutdown());
         drain_releases(py);
     }
-}
 
-/// How one send goes, decided before it starts.
-struct Plan {
-    peer: SocketAddr,
-    force: Option<Preference>,
-    writable: bool,
-    context: String,
-}
-
-/// Which call [`PyNode::send`] starts.
-trait Call {
-    type Output: Send;
-    const NAME: &'static str;
-    fn start(
-        node: &Node,
-        plan: &Plan,
-        path: &str,
-        message: TensorMessage,
-        timeout: Duration,
-    ) -> Pending<Self::Output>;
-}
-
-struct Ask;
-struct Tell;
-
-impl Call for Ask {
-    type Output = Reply;
-    const NAME: &'static str = "ask";
-    fn start(
-        node: &Node,
-        plan: &Plan,
-        path: &str,
-        message: TensorMessage,
-        timeout: Duration,
-    ) -> Pending<Reply> {
-        node.ask_via(plan.peer, path, message, timeout, plan.force)
-    }
-}
-
-impl Call for Tell {
-    type Output = ();
-    const NAME: &'static str = "tell";
-    fn start(
-        node: &Node,
-        plan: &Plan,
-        path: &str,
-        message: TensorMessage,
-        timeout: Duration,
-    ) -> Pending<()> {
-        node.tell_via(plan.peer, path, message, timeout, plan.force)
-    }
-}
-
-impl PyNode {
-    /// Plans and starts one ask or tell: the route decided (and a forced path checked), the
-    /// send made with the GIL released (it can copy the payload into shared memory or wait for
-    /// socket room).
-    #[allow(clippy::too_many_arguments)]
-    fn send<C: Call>(
-        &self,
-        py: Python<'_>,
-        address: &str,
-        path: &str,
-        message: &Bound<'_, PyTensorMessage>,
-        timeout: f64,
-        transport: &str,
-        _call: C,
-    ) -> PyResult<(Plan, Pending<C::Output>)> {
-        drain_releases(py);
-        let plan = self.plan(py, address, path, transport, C::NAME)?;
-        let (message, timeout) = (message.get().inner.clone(), seconds(timeout)?);
-        let pending = py.detach(|| C::start(&self.node, &plan, path, message, timeout));
-        Ok((plan, pending))
-    }
-
-    /// Resolves the address and the forced path; refuses a forced path the router cannot
-    /// take (no silent fallback). The reply is writable when it lands in receive memory.
-    fn plan(
-        &self,
-        py: Python<'_>,
-        address: &str,
-        path: &str,
-        transport: &str,
-        what: &str,
-    ) -> PyResult<Plan> {
-        let peer = resolve(address)?;
-        let wanted = preference(transport)?;
-        let choice = py
-            .detach(|| self.node.route_to(peer, wanted))
-            .map_err(|e| to_py(&e, &format!("{what} {path} at {peer}")))?;
-        let name = route_name(choice.route);
-        let forced_mismatch = match transport {
-            "local" => choice.route != Route::LocalMailbox,
-            "shm" => choice.route != Route::SharedMemory,
-            "raw" => choice.route != Route::RawTcp,
-            "http2" => choice.route != Route::Http2,
-            _ => false,
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        // Never wait during a collection: a handler thread may hold a slot briefly.
+        let Ok(handlers) = self.handlers.try_lock() else {
+            return Ok(());
         };
-        if forced_mismatch {
-            return Err(TransportUnavailable::new_err(format!(
-                "{what} {path} at {peer}: transport={transport:?} was asked for, but the router \
-                 picks {name}: {}",
-                choice.reason
-            )));
+        for slot in handlers.iter() {
+            if let Ok(handler) = slot.handler.try_lock() {
+                visit.call(&*handler)?;
+            }
         }
-        // Pin the send to the path just chosen, so the reply's memory is what we expect.
-        let force = match choice.route {
-            Route::LocalMailbox => None,
-            Route::SharedMemory => Some(Preference::SharedMemory),
-            Route::RawTcp => Some(Preference::Raw),
-            Route::Http2 => Some(Preference::Http2),
-        };
-        Ok(Plan {
-            peer,
-            force,
-            writable: matches!(choice.route, Route::RawTcp | Route::Http2),
-            context: format!("{what} {path} at {peer} over {name}"),
-        })
+        Ok(())
     }
-}
 
-/// A wait that ended: the engine's error, or Ctrl+C.
-enum WaitError {
-    Engine(Error),
-    Interrupted(PyErr),
-}
-
-impl WaitError {
-    fn into_py(self, context: &str) -> PyErr {
-        match self {
-            Self::Engine(e) => to_py(&e, context),
-            Self::Interrupted(e) => e,
+    fn __clear__(&self) {
+        let slots = std::mem::take(&mut *lock(&self.handlers));
+        for slot in slots {
+            let handler = lock(&slot.handler).take();
+            drop(handler);
         }
     }
 }
 
-/// Waits for `pending` with the GIL released, in slices so signals are handled; on an
-/// exception from a signal handler the operation is dropped (cancelled) and it propagates.
-fn wait<T: Send>(py: Python<'_>, mut pending: Pending<T>) -> Result<T, WaitError> {
-    loop {
-        if let Some(result) = py.detach(|| pending.wait_timeout(SIGNAL_SLICE)) {
-            return result.map_err(WaitError::Engine);
-        }
-        if let Err(e) = py.check_signals() {
-            drop(pending);
-            return Err(WaitError::Interrupted(e));
-        }
+impl HandlerSlot {
+    fn handler(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        lock(&self.handler).as_ref().map(|h| h.clone_ref(py))
     }
 }
 
@@ -461,6 +271,9 @@ fn handler_failure(py: Python<'_>, err: &PyErr) -> String {
 
 /// `"host:port"` to one socket address.
 pub(crate) fn resolve(address: &str) -> PyResult<SocketAddr> {
+    if let Ok(addr) = address.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
     address
         .to_socket_addrs()
         .map_err(|e| InvalidArgument::new_err(format!("address {address:?}: {e}")))?
@@ -468,80 +281,27 @@ pub(crate) fn resolve(address: &str) -> PyResult<SocketAddr> {
         .ok_or_else(|| InvalidArgument::new_err(format!("address {address:?} resolves to nothing")))
 }
 
-/// `transport=` to the router's preference (`None` for `auto` and `local`).
-fn preference(name: &str) -> PyResult<Option<Preference>> {
+/// A node's `transport=`: its preference for every send.
+fn preference(name: &str) -> PyResult<Preference> {
     Ok(match name {
-        "auto" | "local" => None,
-        "raw" => Some(Preference::Raw),
-        "http2" => Some(Preference::Http2),
-        "shm" => Some(Preference::SharedMemory),
+        "auto" => Preference::Auto,
+        "raw" => Preference::Raw,
+        "http2" => Preference::Http2,
+        "shm" => Preference::SharedMemory,
+        "local" => {
+            return Err(InvalidArgument::new_err(
+                "transport=\"local\" is a per-send choice (node.ref(..., transport=\"local\")); \
+                 a node's preference is auto, raw, http2 or shm",
+            ));
+        }
         other => {
             return Err(InvalidArgument::new_err(format!(
-                "unknown transport {other:?}: expected auto, local, shm, raw or http2"
+                "unknown transport {other:?}: expected auto, raw, http2 or shm"
             )));
         }
     })
 }
 
-fn route_name(route: Route) -> &'static str {
-    match route {
-        Route::LocalMailbox => "local",
-        Route::SharedMemory => "shm",
-        Route::RawTcp => "raw",
-        Route::Http2 => "http2",
-    }
-}
-
-fn seconds(timeout: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(timeout).map_err(|_| {
-        InvalidArgument::new_err(format!(
-            "timeout must be a finite number of seconds >= 0, not {timeout}"
-        ))
-    })
-}
-
-/// HTTP/2 settings: the environment (`TENSORWIRE_TLS_*`, `TENSORWIRE_HTTP2_*`), with TLS
-/// keyword arguments taking precedence.
-fn http2_config(tls: &TlsArgs, require_tls: Option<bool>) -> PyResult<Http2Config> {
-    let mut config =
-        Http2Config::from_env().map_err(|e| to_py(&e, "reading HTTP/2 and TLS settings"))?;
-    let files = tls.cert.is_some() || tls.key.is_some() || tls.ca.is_some();
-    if !files && (tls.require_client_cert || tls.server_name.is_some()) {
-        return Err(InvalidArgument::new_err(
-            "require_client_cert= and server_name= configure TLS: pass cert=/key= (and ca=) too",
-        ));
-    }
-    if files {
-        let read = |path: &str, what: &str| {
-            std::fs::read(path).map_err(|e| {
-                InvalidArgument::new_err(format!("reading the TLS {what} {path:?}: {e}"))
-            })
-        };
-        let mut builder = TlsConfig::builder().require_client_cert(tls.require_client_cert);
-        match (&tls.cert, &tls.key) {
-            (Some(cert), Some(key)) => {
-                builder = builder.identity_pem(read(cert, "certificate")?, read(key, "key")?);
-            }
-            (None, None) => {}
-            _ => {
-                return Err(InvalidArgument::new_err(
-                    "TLS needs both cert= and key= (PEM files), or neither",
-                ));
-            }
-        }
-        if let Some(ca) = &tls.ca {
-            builder = builder.trust_pem(read(ca, "CA")?);
-        }
-        if let Some(name) = &tls.server_name {
-            builder = builder.server_name(name.clone());
-        }
-        let built = builder.build().map_err(|e| to_py(&e, "setting up TLS"))?;
-        config = Http2Config::tls(built, require_tls.unwrap_or(true));
-        config
-            .tune_from_env()
-            .map_err(|e| to_py(&e, "reading HTTP/2 settings"))?;
-    } else if let Some(require) = require_tls {
-        config.require_tls = require;
-    }
-    Ok(config)
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -13,17 +13,6 @@ import pytest
 import tensorwire as tw
 
 
-def test_freeze_refuses_while_an_array_built_on_the_loan_holds_its_memory(node: tw.Node) -> None:
-    loan = node.loan(4096)
-    held = np.ndarray((4096,), np.uint8, buffer=loan)  # keeps a pointer, releases its export
-    held[:] = 7
-    with pytest.raises(BufferError, match="other object"):
-        loan.freeze()
-    del held
-    buffer = loan.freeze()
-    assert bytes(buffer) == b"\x07" * 4096
-
-
 def test_a_node_dropped_without_close_while_a_handler_runs_does_not_deadlock(node: tw.Node) -> None:
     server = tw.Node()
     server.serve("slow", lambda m: time.sleep(0.3) or b"done")
@@ -47,7 +36,7 @@ def test_a_node_dropped_without_close_while_a_handler_runs_does_not_deadlock(nod
     assert not t.is_alive() and len(results) == 1
 
 
-def test_close_on_the_loop_coroutine_handlers_need_is_refused_and_aclose_works() -> None:
+def test_close_on_the_loop_coroutine_handlers_run_on_returns_at_once() -> None:
     async def main() -> None:
         async def handler(m: tw.TensorMessage) -> bytes:
             await asyncio.sleep(0)
@@ -60,8 +49,10 @@ def test_close_on_the_loop_coroutine_handlers_need_is_refused_and_aclose_works()
                     tw.TensorMessage(b"", [])
                 )
                 assert reply == b"ok"
-            with pytest.raises(RuntimeError, match="aclose"):
-                server.close()
+            # Coroutine handlers run as tasks of this loop: nothing waits for it to close.
+            started = asyncio.get_running_loop().time()
+            server.close()
+            assert asyncio.get_running_loop().time() - started < 5
 
     asyncio.run(asyncio.wait_for(main(), 30))
 

@@ -410,9 +410,9 @@ impl Node {
         if self.inner.is_shut_down() {
             return Pending::ready(Err(Error::Shutdown));
         }
-        match self.inner.choose(to.peer, to.via, false) {
-            Ok((Target::Local(target), _)) => C::local(&target, &to.path, message, deadline),
-            Ok((target, _)) => {
+        match self.inner.choose_to_send(to.peer, to.via) {
+            Ok(Target::Local(target)) => C::local(&target, &to.path, message, deadline),
+            Ok(target) => {
                 let (completion, pending) = C::pair();
                 let request = OutboundRequest::new(
                     to.peer,
@@ -440,7 +440,7 @@ impl Node {
         if self.inner.is_shut_down() {
             return Err(Error::Shutdown);
         }
-        let (target, _) = self.inner.choose(to.peer, to.via, false)?;
+        let target = self.inner.choose_to_send(to.peer, to.via)?;
         let shm_peer = matches!(target, Target::Shm { .. }).then_some(to.peer);
         let mut pending = match target {
             Target::Driver => {

@@ -65,9 +65,18 @@ impl Node {
     /// the router cannot take.
     pub fn route_for(&self, peer: SocketAddr, via: Via) -> Result<RouteChoice, Error> {
         let (_, decision) = self.inner.choose(peer, via, true)?;
+        let mut reason = explain(&decision, via);
+        if let Via::Only(wanted) = via
+            && wanted != decision.route
+        {
+            reason = format!(
+                "{} was asked for, but it is not available (a send fails): {reason}",
+                route_name(wanted)
+            );
+        }
         Ok(RouteChoice {
             route: decision.route,
-            reason: explain(&decision, via),
+            reason,
         })
     }
 }
@@ -127,18 +136,6 @@ impl NodeInner {
             tls,
             reach,
         };
-        if let Via::Only(wanted) = via
-            && wanted != route
-        {
-            return Err(Error::RouteUnavailable {
-                route: route_name(wanted),
-                reason: format!(
-                    "the router picks {} for {peer}: {}",
-                    route_name(route),
-                    explain(&decision, via)
-                ),
-            });
-        }
         let target = match route {
             Route::LocalMailbox => local
                 .map(Target::Local)
@@ -160,6 +157,25 @@ impl NodeInner {
             }
         };
         Ok((target, decision))
+    }
+
+    /// [`NodeInner::choose`] for a send: a [`Via::Only`] path the router cannot take is an
+    /// error saying why.
+    pub(super) fn choose_to_send(&self, peer: SocketAddr, via: Via) -> Result<Target, Error> {
+        let (target, decision) = self.choose(peer, via, false)?;
+        if let Via::Only(wanted) = via
+            && wanted != decision.route
+        {
+            return Err(Error::RouteUnavailable {
+                route: route_name(wanted),
+                reason: format!(
+                    "the router picks {} for {peer}: {}",
+                    route_name(decision.route),
+                    explain(&decision, via)
+                ),
+            });
+        }
+        Ok(target)
     }
 
     /// Where a send goes that shared memory could not take (the peer is not on this host, or

@@ -60,6 +60,10 @@ struct State<T> {
     waiting: usize,
     /// The path the request was last handed to.
     route: Option<Route>,
+    /// Where the result goes for a request nobody waits for ([`Pending::detach`]).
+    on_done: Option<OnDone<T>>,
+    /// Nobody waits: dropping the `Pending` does not cancel it.
+    detached: bool,
 }
 
 impl<T> std::fmt::Debug for State<T> {
@@ -70,6 +74,9 @@ impl<T> std::fmt::Debug for State<T> {
             .finish_non_exhaustive()
     }
 }
+
+/// What a detached request's result goes to.
+type OnDone<T> = Box<dyn FnOnce(Result<T, Error>) + Send>;
 
 pub(crate) fn pair<T>() -> (Completer<T>, Pending<T>) {
     let slot = Arc::new(Slot {
@@ -82,6 +89,8 @@ pub(crate) fn pair<T>() -> (Completer<T>, Pending<T>) {
             timer: None,
             waiting: 0,
             route: None,
+            on_done: None,
+            detached: false,
         }),
         ready: Condvar::new(),
         done: AtomicBool::new(false),
@@ -192,6 +201,25 @@ impl<T> Pending<T> {
         }
     }
 
+    /// Lets the request go on with nobody waiting for it (fire and forget): `done` gets its
+    /// result, on whichever thread completes it (it must not block). A detached request is
+    /// not cancelled by dropping it; its deadline still applies.
+    pub fn detach(mut self, done: impl FnOnce(Result<T, Error>) + Send + 'static)
+    where
+        T: Send + 'static,
+    {
+        self.taken = true;
+        let mut state = lock(&self.slot.state);
+        state.detached = true;
+        match state.result.take() {
+            Some(result) => {
+                drop(state);
+                done(result);
+            }
+            None => state.on_done = Some(Box::new(done)),
+        }
+    }
+
     /// The path the request was handed to: the local mailbox, shared memory, PTR1 or HTTP/2
     /// (`None` before it was routed, or for a result known at once). Its reply's memory follows
     /// from it: receive memory of this process (PTR1, HTTP/2) or a read-only view (the others).
@@ -228,7 +256,7 @@ impl<T> Drop for Pending<T> {
     fn drop(&mut self) {
         let hook = {
             let mut state = lock(&self.slot.state);
-            if state.done {
+            if state.done || state.detached {
                 return;
             }
             state.cancelled = true;
@@ -298,7 +326,7 @@ impl<T> Completer<T> {
     }
 
     fn finish(&self, result: Option<Result<T, Error>>) {
-        let (waker, timer, waiting, hook) = {
+        let (waker, timer, waiting, hook, detached) = {
             let mut state = lock(&self.slot.state);
             if state.done {
                 return;
@@ -306,14 +334,22 @@ impl<T> Completer<T> {
             state.done = true;
             state.result = Some(result.unwrap_or(Err(Error::Shutdown)));
             self.slot.done.store(true, Ordering::Release);
+            let detached = state
+                .on_done
+                .take()
+                .and_then(|done| Some((done, state.result.take()?)));
             (
                 state.waker.take(),
                 state.timer.take(),
                 state.waiting > 0,
                 state.on_cancel.take(),
+                detached,
             )
         };
         drop(hook); // outside the lock
+        if let Some((done, result)) = detached {
+            done(result);
+        }
         if let Some(id) = timer {
             cancel_timer(id);
         }
@@ -489,6 +525,26 @@ mod tests {
         assert!(pending.spin(Duration::from_secs(5)));
         done.join().unwrap();
         assert_eq!(pending.wait().unwrap(), 9);
+    }
+
+    #[test]
+    fn a_detached_request_is_not_cancelled_and_its_result_reaches_the_callback() {
+        let (completer, pending) = pair::<u32>();
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&cancelled);
+        completer.on_cancel(Box::new(move || flag.store(true, Ordering::SeqCst)));
+        let (tx, rx) = std::sync::mpsc::channel();
+        pending.detach(move |result| tx.send(result.unwrap()).unwrap());
+        assert!(!completer.is_cancelled());
+        completer.complete(Ok(4));
+        assert_eq!(rx.recv().unwrap(), 4);
+        assert!(!cancelled.load(Ordering::SeqCst));
+        // Already complete when detached: the callback runs at once.
+        let (completer, pending) = pair::<u32>();
+        completer.complete(Ok(5));
+        let (tx, rx) = std::sync::mpsc::channel();
+        pending.detach(move |result| tx.send(result.unwrap()).unwrap());
+        assert_eq!(rx.recv().unwrap(), 5);
     }
 
     #[test]

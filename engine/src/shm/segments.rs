@@ -598,6 +598,61 @@ mod tests {
     }
 
     #[test]
+    fn a_peers_descriptor_cannot_be_mapped_or_upgraded_to_write() {
+        use std::os::fd::AsRawFd;
+
+        let sut = pool(64 << 20);
+        let slot = sut.take(1 << 20).unwrap().freeze();
+        let fd = slot.segment().read_only_fd().as_raw_fd();
+        let len = slot.segment().len();
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        // SAFETY: a new mapping with no address hint; the kernel checks the descriptor.
+        let writable =
+            unsafe { libc::mmap(std::ptr::null_mut(), len, rw, libc::MAP_SHARED, fd, 0) };
+        assert_eq!(
+            writable,
+            libc::MAP_FAILED,
+            "a writable shared mapping is refused"
+        );
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::EACCES)
+        );
+        // SAFETY: as above, read-only.
+        let view = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        assert_ne!(view, libc::MAP_FAILED);
+        // SAFETY: `view` is the mapping just made, of `len` bytes.
+        let upgraded = unsafe { libc::mprotect(view, len, rw) };
+        assert_eq!(
+            upgraded, -1,
+            "the read-only mapping cannot be made writable"
+        );
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::EACCES)
+        );
+        // SAFETY: unmaps exactly the mapping made above.
+        unsafe { libc::munmap(view, len) };
+        // SAFETY: F_GET_SEALS takes no argument.
+        let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+        let size = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        assert_eq!(
+            seals & size,
+            size,
+            "its size can never change, nor its seals"
+        );
+    }
+
+    #[test]
     fn idle_segments_are_retired_and_reported_and_room_is_made_for_another_size() {
         let sut = pool(class(32 << 20) as u64);
         drop(sut.take(32 << 20).unwrap());

@@ -9,6 +9,7 @@ __all__ = [
     "TensorMessage",
     "Buffer",
     "Node",
+    "Ref",
     "Endpoint",
     "Request",
     "Pump",
@@ -27,12 +28,23 @@ class Buffer:
     def __bytes__(self) -> bytes: ...
     @property
     def writable(self) -> bool: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: Any | None = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> tuple[int, int]: ...
 
 @final
 class Loan:
     """A writable shared-memory slot on loan."""
 
     def __len__(self) -> int: ...
+    @property
+    def frozen(self) -> bool: ...
     def freeze(self) -> Buffer: ...
 
 @final
@@ -96,6 +108,8 @@ class Request:
     @property
     def identity(self) -> str | None: ...
     @property
+    def credentials(self) -> tuple[int, int] | None: ...
+    @property
     def message(self) -> TensorMessage: ...
     def reply(self, value: Any = None) -> None: ...
     def fail(self, text: str) -> None: ...
@@ -119,6 +133,18 @@ class Endpoint:
     def __len__(self) -> int: ...
     def recv(self, timeout: float | None = None, *, pickle: bool = False) -> Request | None: ...
     def recv_start(self, pump: Pump, *, pickle: bool = False) -> int: ...
+    def recv_batch_start(self, pump: Pump, max: int = 64, *, pickle: bool = False) -> int: ...
+
+@final
+class Ref:
+    """A resolved reference to an endpoint (native)."""
+
+    def ask(self, message: TensorMessage, timeout: float = 30.0) -> Any: ...
+    def tell(self, message: TensorMessage, timeout: float = 30.0) -> None: ...
+    def tell_nowait(self, message: TensorMessage, timeout: float = 30.0) -> None: ...
+    def ask_start(self, pump: Pump, message: TensorMessage, timeout: float = 30.0) -> int: ...
+    def tell_start(self, pump: Pump, message: TensorMessage, timeout: float = 30.0) -> int: ...
+    def route(self) -> tuple[str, str]: ...
 
 @final
 class Node:
@@ -129,7 +155,7 @@ class Node:
         bind: str = "127.0.0.1:0",
         *,
         transport: str | None = None,
-        shared_memory: bool = True,
+        shared_memory: bool | str | None = None,
         cores: int | None = None,
         mailbox_capacity: int | None = None,
         cert: str | None = None,
@@ -145,40 +171,7 @@ class Node:
     def serve(
         self, name: str, handler: Callable[[TensorMessage], Any], *, threads: int = 1, pickle: bool = False
     ) -> None: ...
-    def ask(
-        self,
-        address: str,
-        path: str,
-        message: TensorMessage,
-        *,
-        timeout: float = 30.0,
-        transport: str = "auto",
-        pickle: bool = False,
-    ) -> Any: ...
-    def tell(
-        self, address: str, path: str, message: TensorMessage, *, timeout: float = 30.0, transport: str = "auto"
-    ) -> None: ...
-    def ask_start(
-        self,
-        pump: Pump,
-        address: str,
-        path: str,
-        message: TensorMessage,
-        *,
-        timeout: float = 30.0,
-        transport: str = "auto",
-        pickle: bool = False,
-    ) -> int: ...
-    def tell_start(
-        self,
-        pump: Pump,
-        address: str,
-        path: str,
-        message: TensorMessage,
-        *,
-        timeout: float = 30.0,
-        transport: str = "auto",
-    ) -> int: ...
+    def ref(self, address: str, name: str, transport: str = "auto", pickle: bool = False) -> Ref: ...
     def route(self, address: str, transport: str = "auto") -> tuple[str, str]: ...
     def loan(self, nbytes: int) -> Loan: ...
     @property

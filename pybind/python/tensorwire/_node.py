@@ -96,6 +96,9 @@ class Node:
 
     ``transport`` sets the node's preference (``auto``, ``raw``, ``http2``, ``shm``) and wins
     over ``PULSING_TENSOR_TRANSPORT``; TLS keyword arguments win over ``TENSORWIRE_TLS_*``.
+    ``shared_memory`` is ``True`` (same-host peers of this user get shared memory, unless the
+    node requires TLS or client certificates), ``"same-user"`` (them even then: an explicit
+    opt-in; handlers see the peer's ``Request.credentials``) or ``False``.
     Use it as a context manager, or call :meth:`close`.
     """
 
@@ -104,7 +107,7 @@ class Node:
         bind: str = "127.0.0.1:0",
         *,
         transport: str | None = None,
-        shared_memory: bool = True,
+        shared_memory: bool | str = True,
         cores: int | None = None,
         mailbox_capacity: int | None = None,
         cert: str | None = None,
@@ -127,7 +130,8 @@ class Node:
             require_tls=require_tls,
             server_name=server_name,
         )
-        self._loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+        #: The tasks serving coroutine handlers.
+        self._serving: set[asyncio.Task[None]] = set()
 
     @property
     def address(self) -> str:
@@ -147,34 +151,34 @@ class Node:
         *,
         threads: int = 1,
         pickle: bool = False,
+        concurrency: int = 64,
+        capacity: int | None = None,
     ) -> None:
-        """Serves ``name`` with ``handler(message) -> reply`` on ``threads`` threads of its own.
+        """Serves ``name`` with ``handler(message) -> reply``.
 
-        ``handler`` is a function, a coroutine function (run on the event loop that is running
-        when ``serve`` is called), or an object with ``receive_tensor(message)``. Its return
-        value answers asks (see :data:`Reply`); an exception it raises reaches the asker as a
-        :class:`RemoteError` with the exception's type and text.
+        ``handler`` is a function (run on ``threads`` threads of its own), a coroutine
+        function, or an object with ``receive_tensor(message)``. A coroutine function runs on
+        the event loop that is running when ``serve`` is called, up to ``concurrency``
+        requests at once (a slow one does not hold the others up; beyond that, requests wait
+        in the endpoint's mailbox of ``capacity``). Its return value answers asks (see
+        :data:`Reply`); an exception it raises reaches the asker as a :class:`RemoteError`
+        with the exception's type and text, and is logged.
         """
         target = handler.receive_tensor if hasattr(handler, "receive_tensor") else handler
-        call: Callable[[TensorMessage], Any]
         if inspect.iscoroutinefunction(target):
+            if concurrency < 1:
+                raise ValueError("serve needs concurrency >= 1")
             loop = asyncio.get_running_loop()
-            self._loops.add(loop)
-            coroutine_fn = target
-
-            def call(message: TensorMessage) -> Any:
-                if not loop.is_running():
-                    raise RuntimeError(
-                        f"the event loop serving {name!r} is not running; the request cannot be handled"
-                    )
-                return asyncio.run_coroutine_threadsafe(coroutine_fn(message), loop).result()
-
-        elif callable(target):
-            call = target
-        else:
+            endpoint = self._native.endpoint(name, capacity)
+            task = loop.create_task(_serve_coroutines(endpoint, target, name, concurrency, pickle))
+            self._serving.add(task)
+            task.add_done_callback(self._serving.discard)
+            return
+        if not callable(target):
             raise TypeError(
                 f"handler must be callable or have receive_tensor(), not {type(handler).__name__}"
             )
+        call: Callable[[TensorMessage], Any] = target
 
         def logged(message: TensorMessage) -> Any:
             try:
@@ -187,7 +191,8 @@ class Node:
         self._native.serve(name, logged, threads=threads, pickle=pickle)
 
     def ref(self, address: str, name: str, transport: str = "auto", *, pickle: bool = False) -> Ref:
-        """A reference to endpoint ``name`` at ``address``.
+        """A reference to endpoint ``name`` at ``address``, resolved once (reuse it: it is
+        cheap to call and safe to share between threads).
 
         ``transport`` forces a path (``local``, ``shm``, ``raw``, ``http2``); a forced path the
         router cannot take raises :class:`TransportUnavailable` instead of falling back.
@@ -207,29 +212,23 @@ class Node:
         return self._native.shm
 
     def stats(self) -> dict[str, Any]:
-        """This node's driver, pools and connection gauges."""
+        """This node's driver, receive pool (``pool``), driver gauges (``gauges``) and shared
+        memory (``shm``), as numbers and dicts."""
         return self._native.stats()
 
     def close(self) -> None:
-        """Stops the node (idempotent): in-flight calls fail, endpoints close.
-
-        It waits for running handlers; from the event loop that coroutine handlers run on, use
-        ``await node.aclose()`` (this would wait for handlers that wait for this loop).
-        """
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is not None and running in self._loops:
-            raise RuntimeError(
-                "close() on the event loop this node's coroutine handlers run on would wait "
-                "for them forever: use `await node.aclose()` or `async with tw.Node()`"
-            )
+        """Stops the node (idempotent): in-flight calls fail, endpoints close, it waits for
+        handler threads that are running. Coroutine handlers still running finish on their
+        loop; their replies go nowhere."""
         self._native.close()
+        for task in list(self._serving):
+            task.cancel()
 
     async def aclose(self) -> None:
-        """:meth:`close` without blocking the event loop (handlers may still need it)."""
+        """:meth:`close` without blocking the event loop."""
         await asyncio.get_running_loop().run_in_executor(None, self._native.close)
+        for task in list(self._serving):
+            task.cancel()
 
     def __enter__(self) -> Node:
         return self
@@ -248,7 +247,10 @@ class Node:
 
 
 class Ref:
-    """A reference to an endpoint on some node; cheap to create."""
+    """A reference to an endpoint on some node: resolved once, cheap to call, safe to share
+    between threads and to reuse for any number of sends."""
+
+    __slots__ = ("node", "address", "name", "transport", "pickle", "_native")
 
     def __init__(self, node: Node, address: str, name: str, transport: str, pickle: bool) -> None:
         self.node = node
@@ -256,57 +258,93 @@ class Ref:
         self.name = name
         self.transport = transport
         self.pickle = pickle
+        self._native = node._native.ref(address, name, transport, pickle)
 
     def ask(self, message: TensorMessage, timeout: float = 30.0) -> Reply:
         """Sends ``message`` and waits for the reply (GIL released, Ctrl+C interrupts).
 
         The message's buffers are no longer used by the transport once this returns or raises.
         """
-        return self.node._native.ask(
-            self.address,
-            self.name,
-            message,
-            timeout=timeout,
-            transport=self.transport,
-            pickle=self.pickle,
-        )
+        return self._native.ask(message, timeout)
 
     def tell(self, message: TensorMessage, timeout: float = 30.0) -> None:
         """Sends ``message``; returns once it is in the receiver's mailbox."""
-        self.node._native.tell(
-            self.address, self.name, message, timeout=timeout, transport=self.transport
-        )
+        self._native.tell(message, timeout)
+
+    def tell_nowait(self, message: TensorMessage, timeout: float = 30.0) -> None:
+        """Sends ``message`` without waiting for the receiver (fire and forget). A failure is
+        counted (``tensor_transport_stats()["tells_failed"]``) and logged on the
+        ``tensorwire`` logger; do not change the message's buffers until it has been sent."""
+        self._native.tell_nowait(message, timeout)
 
     async def ask_async(self, message: TensorMessage, timeout: float = 30.0) -> Reply:
         """The asyncio form of :meth:`ask`; cancelling the task cancels the ask."""
         pump = _pump()
-        token = self.node._native.ask_start(
-            pump.pump,
-            self.address,
-            self.name,
-            message,
-            timeout=timeout,
-            transport=self.transport,
-            pickle=self.pickle,
-        )
-        return await pump.wait(token)
+        return await pump.wait(self._native.ask_start(pump.pump, message, timeout))
 
     async def tell_async(self, message: TensorMessage, timeout: float = 30.0) -> None:
         """The asyncio form of :meth:`tell`."""
         pump = _pump()
-        token = self.node._native.tell_start(
-            pump.pump, self.address, self.name, message, timeout=timeout, transport=self.transport
-        )
-        await pump.wait(token)
+        await pump.wait(self._native.tell_start(pump.pump, message, timeout))
 
     def route(self) -> Route:
-        """The path the next send takes and why (it can change from ``raw`` to ``shm`` once
-        the peer proved it is on this host)."""
-        path, reason = self.node._native.route(self.address, self.transport)
+        """The path the next send takes and why (it may change from ``raw`` to ``shm`` once
+        the peer proved it is on this host, or back when shared memory is full)."""
+        path, reason = self._native.route()
         return Route(path, reason)
 
     def __repr__(self) -> str:
         return f"<tensorwire.Ref {self.name} at {self.address} transport={self.transport}>"
+
+
+async def _serve_coroutines(
+    endpoint: _native.Endpoint,
+    handler: Callable[[TensorMessage], Any],
+    name: str,
+    concurrency: int,
+    pickle: bool,
+) -> None:
+    """Takes requests off ``endpoint`` in batches and runs ``handler`` on each, at most
+    ``concurrency`` at once; ends when the node closes."""
+    from ._errors import ShutDown
+
+    pump = _pump()
+    slots = asyncio.Semaphore(concurrency)
+    running: set[asyncio.Task[None]] = set()
+    while True:
+        try:
+            batch: list[Request] = await pump.wait(
+                endpoint.recv_batch_start(pump.pump, concurrency, pickle=pickle)
+            )
+        except ShutDown:
+            return
+        for request in batch:
+            await slots.acquire()
+            task = asyncio.create_task(_answer(request, handler, name, slots))
+            running.add(task)
+            task.add_done_callback(running.discard)
+
+
+async def _answer(
+    request: Request, handler: Callable[[TensorMessage], Any], name: str, slots: asyncio.Semaphore
+) -> None:
+    try:
+        try:
+            value = await handler(request.message)
+        except Exception as exc:
+            _log.exception("the handler serving %r raised", name)
+            _deliver(request.fail, f"{type(exc).__name__}: {exc}", name)
+        else:
+            _deliver(request.reply, value, name)
+    finally:
+        slots.release()
+
+
+def _deliver(answer: Callable[[Any], None], value: Any, name: str) -> None:
+    try:
+        answer(value)
+    except Exception:  # the node closed meanwhile, or a reply of the wrong type
+        _log.warning("could not answer a request to %r", name, exc_info=True)
 
 
 class Endpoint:

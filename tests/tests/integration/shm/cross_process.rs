@@ -184,6 +184,38 @@ fn the_owner_killed_leaves_the_readers_views_valid() {
 }
 
 #[test]
+fn a_received_view_cannot_be_made_writable() {
+    let _serial = serial();
+    let peer = Peer::start();
+    let client = client();
+    let reply = tensor(
+        client
+            .ask(peer.addr, "make", patterned(1, 0, 0), TIMEOUT)
+            .wait()
+            .unwrap(),
+    );
+    let buffer = &reply.buffers[0];
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap();
+    let start = buffer.as_ptr() as usize / page * page;
+    // SAFETY: asks the kernel to change the protection of pages the reply maps; it refuses,
+    // so nothing changes (had it succeeded, nothing would write through them).
+    let res = unsafe {
+        libc::mprotect(
+            start as *mut libc::c_void,
+            page,
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    };
+    assert_eq!(res, -1, "a view of a peer's memory cannot be made writable");
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EACCES)
+    );
+    assert_eq!(reply, patterned(2, 1, 64 << 20), "and it is intact");
+}
+
+#[test]
 fn a_receiver_at_its_descriptor_limit_answers_with_a_clean_error() {
     let _serial = serial();
     let peer = Peer::start();

@@ -3,4 +3,5 @@
 
 mod cross_process;
 mod data_path;
+mod identity;
 mod manager;

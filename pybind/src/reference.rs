@@ -1,0 +1,260 @@
+//! `Ref`: an endpoint of a peer, resolved once — the address parsed, the actor path checked,
+//! the allowed paths fixed — and then asked and told as often as needed, from any thread.
+//!
+//! A call costs what the engine's call costs plus one conversion each way: the GIL is released
+//! once for the whole exchange, which runs on the calling thread where the engine allows it
+//! (PTR1's blocking client, a shared-memory copy), and the wait for the reply polls briefly
+//! before it sleeps. Nothing is formatted or looked up again on the way unless it fails.
+
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use tensorwire_engine::{Destination, Error, Node, Pending, Route, Via};
+
+use crate::buffers::drain_releases;
+use crate::convert::reply_to_py;
+use crate::errors::{InvalidArgument, to_py};
+use crate::message::PyTensorMessage;
+use crate::pump::{Outcome, Pump};
+use crate::tells;
+
+/// A reference to an endpoint on some node (native half of `tensorwire.Ref`).
+#[pyclass(frozen, module = "tensorwire._native", name = "Ref")]
+pub(crate) struct PyRef {
+    node: Node,
+    to: Destination,
+    transport: &'static str,
+    pickle: bool,
+}
+
+impl PyRef {
+    pub(crate) fn new(node: Node, to: Destination, transport: &'static str, pickle: bool) -> Self {
+        Self {
+            node,
+            to,
+            transport,
+            pickle,
+        }
+    }
+
+    /// What a failed call was doing (formatted only when it failed).
+    fn context(&self, what: &str) -> String {
+        format!(
+            "{what} {} at {} (transport={})",
+            self.to.path(),
+            self.to.peer(),
+            self.transport
+        )
+    }
+}
+
+#[pymethods]
+impl PyRef {
+    /// Asks and waits for the reply (GIL released; Ctrl+C interrupts).
+    #[pyo3(signature = (message, timeout = 30.0))]
+    fn ask(
+        &self,
+        py: Python<'_>,
+        message: &Bound<'_, PyTensorMessage>,
+        timeout: f64,
+    ) -> PyResult<Py<PyAny>> {
+        drain_releases(py);
+        let (message, timeout) = (message.get().inner.clone(), seconds(timeout)?);
+        let interrupted = Mutex::new(None);
+        let result = py.detach(|| {
+            let stop = || interrupt(&interrupted);
+            self.node
+                .ask_blocking_to(&self.to, message, timeout, Some(&stop))
+        });
+        match result {
+            Ok((reply, route)) => reply_to_py(py, reply, writable(route), self.pickle),
+            Err(e) => Err(interrupted
+                .into_inner()
+                .unwrap_or_else(PoisonError::into_inner)
+                .unwrap_or_else(|| to_py(&e, &self.context("ask")))),
+        }
+    }
+
+    /// Tells and waits until the receiver has it in its mailbox.
+    #[pyo3(signature = (message, timeout = 30.0))]
+    fn tell(
+        &self,
+        py: Python<'_>,
+        message: &Bound<'_, PyTensorMessage>,
+        timeout: f64,
+    ) -> PyResult<()> {
+        drain_releases(py);
+        let (message, timeout) = (message.get().inner.clone(), seconds(timeout)?);
+        let interrupted = Mutex::new(None);
+        let result = py.detach(|| {
+            let stop = || interrupt(&interrupted);
+            self.node
+                .tell_blocking_to(&self.to, message, timeout, Some(&stop))
+        });
+        match result {
+            Ok(_) => Ok(()),
+            Err(e) => Err(interrupted
+                .into_inner()
+                .unwrap_or_else(PoisonError::into_inner)
+                .unwrap_or_else(|| to_py(&e, &self.context("tell")))),
+        }
+    }
+
+    /// Tells without waiting for the acknowledgement (fire and forget): a failure is counted
+    /// (`tensor_transport_stats()["tells_failed"]`) and logged on the `tensorwire` logger.
+    #[pyo3(signature = (message, timeout = 30.0))]
+    fn tell_nowait(
+        &self,
+        py: Python<'_>,
+        message: &Bound<'_, PyTensorMessage>,
+        timeout: f64,
+    ) -> PyResult<()> {
+        drain_releases(py);
+        let (message, timeout) = (message.get().inner.clone(), seconds(timeout)?);
+        let pending = py.detach(|| self.node.tell_to(&self.to, message, timeout));
+        let context = (self.to.path().to_owned(), self.to.peer());
+        pending.detach(move |result| {
+            if let Err(e) = result {
+                tells::failed(format!("tell {} at {}: {e}", context.0, context.1));
+            }
+        });
+        Ok(())
+    }
+
+    /// Starts an ask whose completion `pump` delivers; returns its token.
+    #[pyo3(signature = (pump, message, timeout = 30.0))]
+    fn ask_start(
+        &self,
+        py: Python<'_>,
+        pump: &Bound<'_, Pump>,
+        message: &Bound<'_, PyTensorMessage>,
+        timeout: f64,
+    ) -> PyResult<u64> {
+        drain_releases(py);
+        let (message, timeout) = (message.get().inner.clone(), seconds(timeout)?);
+        let pending = py.detach(|| self.node.ask_to(&self.to, message, timeout));
+        let (pickle, context) = (self.pickle, ContextLater::of(self, "ask"));
+        Ok(pump.get().start(Box::pin(async move {
+            let (result, route) = finish(pending).await;
+            Box::new(move |py: Python<'_>| match result {
+                Ok(reply) => reply_to_py(py, reply, writable(route), pickle),
+                Err(e) => Err(to_py(&e, &context.text())),
+            }) as Outcome
+        })))
+    }
+
+    /// Starts a tell whose completion `pump` delivers; returns its token.
+    #[pyo3(signature = (pump, message, timeout = 30.0))]
+    fn tell_start(
+        &self,
+        py: Python<'_>,
+        pump: &Bound<'_, Pump>,
+        message: &Bound<'_, PyTensorMessage>,
+        timeout: f64,
+    ) -> PyResult<u64> {
+        drain_releases(py);
+        let (message, timeout) = (message.get().inner.clone(), seconds(timeout)?);
+        let pending = py.detach(|| self.node.tell_to(&self.to, message, timeout));
+        let context = ContextLater::of(self, "tell");
+        Ok(pump.get().start(Box::pin(async move {
+            let (result, _) = finish(pending).await;
+            Box::new(move |py: Python<'_>| match result {
+                Ok(()) => Ok(py.None()),
+                Err(e) => Err(to_py(&e, &context.text())),
+            }) as Outcome
+        })))
+    }
+
+    /// The path the next send takes and why: `(path, reason)`, path one of `local`, `shm`,
+    /// `raw`, `http2`.
+    fn route(&self, py: Python<'_>) -> PyResult<(String, String)> {
+        let choice = py
+            .detach(|| self.node.route_for(self.to.peer(), self.to.via()))
+            .map_err(|e| to_py(&e, &self.context("routing")))?;
+        Ok((route_name(choice.route).to_owned(), choice.reason))
+    }
+}
+
+/// Waits for `pending` and says which path carried it.
+async fn finish<T>(mut pending: Pending<T>) -> (Result<T, Error>, Option<Route>) {
+    let result = (&mut pending).await;
+    (result, pending.route())
+}
+
+/// The parts of an error's context, kept to format only if the call fails.
+struct ContextLater {
+    what: &'static str,
+    path: String,
+    peer: std::net::SocketAddr,
+    transport: &'static str,
+}
+
+impl ContextLater {
+    fn of(r: &PyRef, what: &'static str) -> Self {
+        Self {
+            what,
+            path: r.to.path().to_owned(),
+            peer: r.to.peer(),
+            transport: r.transport,
+        }
+    }
+
+    fn text(&self) -> String {
+        format!(
+            "{} {} at {} (transport={})",
+            self.what, self.path, self.peer, self.transport
+        )
+    }
+}
+
+/// Asked every 100 ms of a blocking call with the GIL released: whether a signal handler
+/// raised (Ctrl+C), keeping its exception to re-raise.
+fn interrupt(raised: &Mutex<Option<PyErr>>) -> bool {
+    Python::attach(|py| match py.check_signals() {
+        Ok(()) => false,
+        Err(e) => {
+            *raised.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+            true
+        }
+    })
+}
+
+/// Whether a reply that came over `route` lies in this process's own receive memory (a
+/// writable view), rather than aliasing a sender here or a peer's shared memory.
+pub(crate) fn writable(route: impl Into<Option<Route>>) -> bool {
+    matches!(route.into(), Some(Route::RawTcp | Route::Http2))
+}
+
+/// `transport=` to the paths a send may take (`auto`: the node's preference).
+pub(crate) fn via(transport: &str) -> PyResult<(Via, &'static str)> {
+    Ok(match transport {
+        "auto" => (Via::Preferred, "auto"),
+        "local" => (Via::Only(Route::LocalMailbox), "local"),
+        "shm" => (Via::Only(Route::SharedMemory), "shm"),
+        "raw" => (Via::Only(Route::RawTcp), "raw"),
+        "http2" => (Via::Only(Route::Http2), "http2"),
+        other => {
+            return Err(InvalidArgument::new_err(format!(
+                "unknown transport {other:?}: expected auto, local, shm, raw or http2"
+            )));
+        }
+    })
+}
+
+pub(crate) fn route_name(route: Route) -> &'static str {
+    match route {
+        Route::LocalMailbox => "local",
+        Route::SharedMemory => "shm",
+        Route::RawTcp => "raw",
+        Route::Http2 => "http2",
+    }
+}
+
+pub(crate) fn seconds(timeout: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(timeout).map_err(|_| {
+        InvalidArgument::new_err(format!(
+            "timeout must be a finite number of seconds >= 0, not {timeout}"
+        ))
+    })
+}
