@@ -157,17 +157,41 @@ pub(crate) fn poll_one(fd: RawFd, events: i16, timeout: std::time::Duration) -> 
     }
 }
 
-/// Waits up to `timeout` for any of `fds`; returns how many have events (0 on timeout, and on
-/// a signal).
-pub(crate) fn poll_many(
-    fds: &mut [libc::pollfd],
+/// A new epoll instance (close-on-exec).
+pub(crate) fn epoll() -> io::Result<OwnedFd> {
+    // SAFETY: epoll_create1 takes no pointers.
+    let fd = syscall!(epoll_create1(libc::EPOLL_CLOEXEC))?;
+    // SAFETY: epoll_create1 just returned this descriptor and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds, changes or removes (`op` = `EPOLL_CTL_*`) the interest of `epoll` in `fd`: `events`,
+/// reported with `token`. Safe to call from any thread while another waits on `epoll`.
+pub(crate) fn epoll_ctl(
+    epoll: RawFd,
+    op: i32,
+    fd: RawFd,
+    events: u32,
+    token: u64,
+) -> io::Result<()> {
+    let mut event = libc::epoll_event { events, u64: token };
+    // SAFETY: `event` is a live local for the call (ignored by EPOLL_CTL_DEL).
+    syscall!(epoll_ctl(epoll, op, fd, &raw mut event))?;
+    Ok(())
+}
+
+/// Waits up to `timeout` for events on `epoll`, filling `events`; how many (0 on timeout and
+/// on a signal).
+pub(crate) fn epoll_wait(
+    epoll: RawFd,
+    events: &mut [libc::epoll_event],
     timeout: std::time::Duration,
 ) -> io::Result<usize> {
     let ms = i32::try_from(timeout.as_millis().min(i32::MAX as u128)).unwrap_or(i32::MAX);
     let ms = if ms == 0 && !timeout.is_zero() { 1 } else { ms };
-    let count = libc::nfds_t::try_from(fds.len()).map_err(|_| io::Error::other("too many fds"))?;
-    // SAFETY: `fds` is a live, writable array of `count` pollfd entries for the call.
-    match syscall!(poll(fds.as_mut_ptr(), count, ms)) {
+    let max = i32::try_from(events.len()).unwrap_or(i32::MAX);
+    // SAFETY: `events` is a live, writable array of at least `max` entries for the call.
+    match syscall!(epoll_wait(epoll, events.as_mut_ptr(), max, ms)) {
         Ok(n) => Ok(usize::try_from(n).unwrap_or(0)),
         Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
         Err(e) => Err(e),

@@ -56,7 +56,7 @@ struct Pool {
     state: Mutex<State>,
     /// Signalled when a slot comes back (credit), if anybody waits.
     credit: Condvar,
-    /// Told (with no lock held) when a slot comes back or a segment is retired.
+    /// Told (with no lock held) when a segment is retired (peers must unmap it).
     listener: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
 }
 
@@ -116,8 +116,8 @@ impl Segments {
         self.0.lock().segments.len()
     }
 
-    /// Calls `listener` (without locks held) whenever a slot comes back or a segment is
-    /// retired; replaces any earlier listener.
+    /// Calls `listener` (without locks held) whenever a segment is retired; replaces any
+    /// earlier listener.
     pub(crate) fn set_listener(&self, listener: Arc<dyn Fn() + Send + Sync>) {
         *self
             .0
@@ -298,10 +298,11 @@ impl Pool {
                 .push((Arc::clone(segment), index));
             state.waiting > 0
         };
+        // Credit reaches whoever waits for it through the condition variable; the listener
+        // (the poll thread) has nothing to do for a returned slot.
         if wake {
             self.credit.notify_all();
         }
-        self.notify();
     }
 
     /// Retires whole idle segments for which `eligible` holds, least recently used first,

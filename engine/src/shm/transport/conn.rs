@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tensorwire_proto::shm::{Control, encode};
@@ -40,6 +40,21 @@ pub(crate) struct Conn {
     /// Held by whoever receives (the poll thread, or a caller waiting for its reply), so
     /// datagrams are handled in the order they came.
     rx: Mutex<()>,
+    /// Whether the outbox holds anything (mirrors `out`, read without its lock).
+    queued: AtomicBool,
+    /// The poll thread's epoll and this connection's token in it, once it joined.
+    epoll: OnceLock<(Arc<OwnedFd>, u64)>,
+    /// What the poll thread is told to watch, kept in step with the outbox and the callers.
+    interest: Mutex<Interest>,
+}
+
+#[derive(Default)]
+struct Interest {
+    /// Callers receiving their own replies on it now: the poll thread is not woken for its
+    /// datagrams meanwhile (they would only find them taken).
+    callers: usize,
+    /// The events the epoll watches now.
+    armed: u32,
 }
 
 #[derive(Default)]
@@ -86,7 +101,85 @@ impl Conn {
             lost: Mutex::new(HashSet::new()),
             closed: AtomicBool::new(false),
             rx: Mutex::new(()),
+            queued: AtomicBool::new(false),
+            epoll: OnceLock::new(),
+            interest: Mutex::new(Interest::default()),
         }
+    }
+
+    /// Registers it with the poll thread's `epoll` under `token`.
+    pub(crate) fn join(&self, epoll: &Arc<OwnedFd>, token: u64) -> std::io::Result<()> {
+        let mut interest = lock(&self.interest);
+        let events = Self::events(&interest, self.has_queued());
+        crate::sys::epoll_ctl(
+            epoll.as_raw_fd(),
+            libc::EPOLL_CTL_ADD,
+            self.raw(),
+            events,
+            token,
+        )?;
+        interest.armed = events;
+        let _ = self.epoll.set((Arc::clone(epoll), token));
+        Ok(())
+    }
+
+    /// Unregisters it from the poll thread's epoll.
+    pub(crate) fn leave(&self) {
+        if let Some((epoll, _)) = self.epoll.get() {
+            let _ = crate::sys::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_DEL, self.raw(), 0, 0);
+        }
+    }
+
+    /// A caller starts receiving its own reply on this connection: until [`Conn::caller_done`]
+    /// the poll thread is not woken for incoming datagrams.
+    pub(crate) fn caller_waits(&self) {
+        let mut interest = lock(&self.interest);
+        interest.callers += 1;
+        self.rearm(&mut interest);
+    }
+
+    /// The caller that [`Conn::caller_waits`] stopped receiving (whatever it left is the poll
+    /// thread's again).
+    pub(crate) fn caller_done(&self) {
+        let mut interest = lock(&self.interest);
+        interest.callers = interest.callers.saturating_sub(1);
+        self.rearm(&mut interest);
+    }
+
+    /// Tells the epoll what to watch now: datagrams unless callers take them, room in the
+    /// socket while the outbox holds something.
+    fn update_interest(&self) {
+        let mut interest = lock(&self.interest);
+        self.rearm(&mut interest);
+    }
+
+    fn rearm(&self, interest: &mut Interest) {
+        let events = Self::events(interest, self.has_queued());
+        if events == interest.armed {
+            return;
+        }
+        if let Some((epoll, token)) = self.epoll.get()
+            && crate::sys::epoll_ctl(
+                epoll.as_raw_fd(),
+                libc::EPOLL_CTL_MOD,
+                self.raw(),
+                events,
+                *token,
+            )
+            .is_ok()
+        {
+            interest.armed = events;
+        }
+    }
+
+    fn events(interest: &Interest, queued: bool) -> u32 {
+        let read = if interest.callers == 0 {
+            libc::EPOLLIN as u32
+        } else {
+            0
+        };
+        let write = if queued { libc::EPOLLOUT as u32 } else { 0 };
+        read | write | libc::EPOLLRDHUP as u32
     }
 
     /// Where `bytes` lie in one of the peer's segments mapped here, if they do: such bytes
@@ -170,17 +263,22 @@ impl Conn {
     /// Sends what is queued, as far as the peer's buffer allows (the poll thread calls this
     /// when the socket is writable). `Err` once the peer stalled or the socket broke.
     pub(crate) fn flush(&self) -> std::io::Result<()> {
-        let mut out = lock(&self.out);
-        let result = self.drain(&mut out);
+        let result = {
+            let mut out = lock(&self.out);
+            let result = self.drain(&mut out);
+            self.queued.store(!out.queue.is_empty(), Ordering::Release);
+            result
+        };
         if result.is_err() {
             self.close();
         }
+        self.update_interest();
         result
     }
 
     /// Whether datagrams wait for room (the poll thread then watches for `POLLOUT`).
     pub(crate) fn has_queued(&self) -> bool {
-        !lock(&self.out).queue.is_empty()
+        self.queued.load(Ordering::Acquire)
     }
 
     /// Whether queued datagrams have waited past [`STALL_LIMIT`].
@@ -202,6 +300,35 @@ impl Conn {
     }
 
     fn push(&self, out: &mut Out, batch: Vec<Outgoing>) -> std::io::Result<Sent> {
+        let sent = self.push_inner(out, batch);
+        if matches!(sent, Ok(Sent::Queued)) {
+            // The poll thread must now watch for room (it flushes the outbox then).
+            let mut interest = lock(&self.interest);
+            let events = Self::events(&interest, true);
+            if events != interest.armed
+                && let Some((epoll, token)) = self.epoll.get()
+                && crate::sys::epoll_ctl(
+                    epoll.as_raw_fd(),
+                    libc::EPOLL_CTL_MOD,
+                    self.raw(),
+                    events,
+                    *token,
+                )
+                .is_ok()
+            {
+                interest.armed = events;
+            }
+        }
+        sent
+    }
+
+    fn push_inner(&self, out: &mut Out, batch: Vec<Outgoing>) -> std::io::Result<Sent> {
+        let sent = self.push_queue(out, batch);
+        self.queued.store(!out.queue.is_empty(), Ordering::Release);
+        sent
+    }
+
+    fn push_queue(&self, out: &mut Out, batch: Vec<Outgoing>) -> std::io::Result<Sent> {
         if out.queue.len() + batch.len() > MAX_QUEUED {
             self.close();
             return Err(std::io::Error::new(

@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
 
-use crate::shm::transport::{Shared, lock, service};
+use crate::shm::transport::{Shared, lock};
 
 /// One copy to make.
 pub(crate) type Job = Box<dyn FnOnce(&Arc<Shared>) + Send>;
@@ -46,7 +46,6 @@ impl Copier {
 
 /// The copy thread's loop.
 pub(crate) fn run(shared: &Arc<Shared>) {
-    service::mark_transport_thread();
     loop {
         let job = {
             let mut queue = lock(&shared.copier.queue);

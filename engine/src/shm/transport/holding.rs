@@ -42,7 +42,9 @@ impl Releases {
             pending.push((conn, lease));
             pending.len() == 1
         };
-        if was_empty {
+        // The poll thread sends what waits on every turn; only another thread must wake it
+        // (a reply sends what waits first, too).
+        if was_empty && !crate::shm::transport::service::on_poll_thread() {
             crate::sys::eventfd_signal(self.wake.as_raw_fd());
         }
     }

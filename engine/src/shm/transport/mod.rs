@@ -23,6 +23,7 @@ mod holding;
 mod knock;
 mod lending;
 mod packing;
+mod poller;
 mod probe;
 mod responder;
 mod service;
@@ -105,6 +106,8 @@ pub(crate) struct Shared {
     pub(crate) desk: Arc<KnockDesk>,
     pub(crate) copier: Copier,
     pub(crate) wake: Arc<OwnedFd>,
+    /// The poll thread's epoll (connections change what it watches from any thread).
+    pub(crate) epoll: Arc<OwnedFd>,
     /// Connections the probes made, for the poll thread to add.
     pub(crate) joining: Mutex<Vec<Arc<Conn>>>,
     /// What is known of each peer this node sends to.
@@ -143,6 +146,7 @@ impl ShmTransport {
         let listener = crate::shm::socket::listen(&name)
             .map_err(|e| Error::io("listen on the shared-memory socket", e))?;
         let wake = Arc::new(crate::sys::eventfd_blocking().map_err(|e| Error::io("eventfd", e))?);
+        let epoll = Arc::new(crate::sys::epoll().map_err(|e| Error::io("epoll_create1", e))?);
         let desk = Arc::new(KnockDesk::offering(Where {
             socket: name,
             pid: identity.pid,
@@ -161,6 +165,7 @@ impl ShmTransport {
             desk,
             copier: Copier::default(),
             wake,
+            epoll,
             joining: Mutex::new(Vec::new()),
             peers: Mutex::new(HashMap::new()),
             probes: AtomicUsize::new(0),
@@ -186,7 +191,7 @@ impl ShmTransport {
             let shared = Arc::clone(&shared);
             spawn(
                 "tensorwire-shm",
-                Box::new(move || service::run(&shared, &listener)),
+                Box::new(move || poller::run(&shared, &listener)),
             )?
         };
         let copy = {

@@ -2,7 +2,6 @@
 //! the peer's credentials as its identity), and answering it over the connection it came on
 //! — one helper for every answer, a tensor reply laid out like a request.
 
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,9 +13,9 @@ use tensorwire_proto::transport::{
 };
 
 use crate::shm::transport::Shared;
-use crate::shm::transport::conn::{Conn, Sent};
+use crate::shm::transport::conn::Conn;
 use crate::shm::transport::packing::layout;
-use crate::shm::transport::service::{credit, on_poll_thread};
+use crate::shm::transport::service::{credit, on_poll_thread, send_releases};
 
 /// A single reply's data travels inline up to this.
 const INLINE_SINGLE: usize = MAX_DATAGRAM - 4096;
@@ -24,9 +23,9 @@ const INLINE_SINGLE: usize = MAX_DATAGRAM - 4096;
 /// Sends `reply` to request `id` on `conn` (a broken connection is noticed by the poll
 /// thread; the asker's deadline covers the rest).
 pub(crate) fn answer(shared: &Shared, conn: &Conn, id: u64, reply: WireReply) {
-    if let Ok(Sent::Queued) = conn.transmit(&[], &Control::Reply { id, reply }) {
-        crate::sys::eventfd_signal(shared.wake.as_raw_fd());
-    }
+    send_releases(shared);
+    // A connection that broke is noticed by the poll thread; the asker's deadline covers it.
+    let _ = conn.transmit(&[], &Control::Reply { id, reply });
 }
 
 /// Hands a received request to the node; a tell is acknowledged once it is in the mailbox.
@@ -169,11 +168,9 @@ fn reply_tensor(shared: &Shared, conn: &Arc<Conn>, id: u64, message: &TensorMess
         reply: WireReply::Tensor(packed.body),
     };
     let segments: Vec<_> = packed.segments.iter().collect();
+    send_releases(shared);
     match conn.transmit(&segments, &control) {
-        Ok(sent) => {
-            if sent == Sent::Queued {
-                crate::sys::eventfd_signal(shared.wake.as_raw_fd());
-            }
+        Ok(_) => {
             stats::global().record_shm_sent(message.total_bytes(), packed.copied, packed.zero_copy);
         }
         Err(_) => {

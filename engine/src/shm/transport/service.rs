@@ -4,9 +4,8 @@
 //! leases back, retires idle segments and notices holders that left.
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -19,25 +18,20 @@ use tensorwire_proto::transport::{
 };
 
 use crate::shm::segments::SlotMut;
-use crate::shm::socket::{self, PeerCred};
-use crate::shm::transport::conn::{Conn, Sent};
+use crate::shm::socket;
+use crate::shm::transport::conn::Conn;
 use crate::shm::transport::holding::{map_segment, unmap_segment, unpack};
 use crate::shm::transport::packing::{Layout, layout};
 use crate::shm::transport::responder;
 use crate::shm::transport::{Shared, WhenFull, elsewhere, lock};
 
-/// Accepted connections waiting for their hello at most.
-const MAX_GREETING: usize = 256;
-/// The poll thread's housekeeping period (idle segments, stalled peers, late hellos).
-const TICK: Duration = Duration::from_millis(500);
-
 thread_local! {
     static TRANSPORT_THREAD: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Marks the calling thread as one of the transport's own (a copy it would make goes to the
-/// copy thread instead, so the poll thread never copies).
-pub(crate) fn mark_transport_thread() {
+/// Marks the calling thread as the poll thread (a copy it would make goes to the copy thread
+/// instead, so the poll thread never copies).
+pub(crate) fn mark_poll_thread() {
     TRANSPORT_THREAD.with(|t| t.set(true));
 }
 
@@ -49,7 +43,7 @@ pub(crate) fn on_poll_thread() -> bool {
 /// A request waiting for its answer.
 pub(crate) struct Waiting {
     pub(crate) conn: u64,
-    peer: SocketAddr,
+    pub(crate) peer: SocketAddr,
     pub(crate) kind: RequestKind,
     completion: Box<dyn Completion>,
     timer: u64,
@@ -199,10 +193,7 @@ fn transmit(shared: &Arc<Shared>, outgoing: Outgoing) {
     };
     let segments: Vec<_> = packed.segments.iter().collect();
     match conn.transmit(&segments, &control) {
-        Ok(sent) => {
-            if sent == Sent::Queued {
-                crate::sys::eventfd_signal(shared.wake.as_raw_fd());
-            }
+        Ok(_) => {
             stats::global().record_shm_sent(message.total_bytes(), packed.copied, packed.zero_copy);
         }
         Err(e) => {
@@ -288,248 +279,10 @@ pub(crate) fn finish(shared: &Shared, id: u64, outcome: Result<Answer, Error>) {
     }
 }
 
-/// An accepted connection before its hello.
-struct Greeting {
-    fd: OwnedFd,
-    cred: PeerCred,
-    since: Instant,
-}
-
-/// The poll thread's state: what it watches, rebuilt only when that changes.
-struct Poller {
-    conns: HashMap<u64, Arc<Conn>>,
-    greeting: Vec<Greeting>,
-    fds: Vec<libc::pollfd>,
-    /// What each entry of `fds` past the first two is.
-    kinds: Vec<Watched>,
-    dirty: bool,
-    buf: Vec<u8>,
-}
-
-#[derive(Clone, Copy)]
-enum Watched {
-    Greeting(usize),
-    Conn(u64),
-    Orphan(u32),
-}
-
-/// The poll thread.
-pub(crate) fn run(shared: &Arc<Shared>, listener: &OwnedFd) {
-    mark_transport_thread();
-    let mut poller = Poller {
-        conns: HashMap::new(),
-        greeting: Vec::new(),
-        fds: Vec::new(),
-        kinds: Vec::new(),
-        dirty: true,
-        buf: vec![0u8; MAX_DATAGRAM],
-    };
-    let mut next_tick = Instant::now() + TICK;
-    while !shared.stop.load(Ordering::Acquire) {
-        for conn in std::mem::take(&mut *lock(&shared.joining)) {
-            poller.conns.insert(conn.id, conn);
-            poller.dirty = true;
-        }
-        if poller.dirty {
-            poller.rebuild(shared, listener.as_raw_fd());
-        }
-        for (entry, kind) in poller.fds[2..].iter_mut().zip(&poller.kinds) {
-            if let Watched::Conn(id) = kind {
-                let queued = poller.conns.get(id).is_some_and(|c| c.has_queued());
-                entry.events = libc::POLLIN | if queued { libc::POLLOUT } else { 0 };
-            }
-        }
-        let timeout = next_tick.saturating_duration_since(Instant::now());
-        if let Err(e) = crate::sys::poll_many(&mut poller.fds, timeout) {
-            tracing::error!(error = %e, "the shared-memory poll thread cannot poll; it stops");
-            break;
-        }
-        if poller.fds[0].revents != 0 {
-            crate::sys::eventfd_drain(shared.wake.as_raw_fd());
-        }
-        send_releases(shared);
-        for segment in shared.segments.take_retired() {
-            for conn in poller.conns.values() {
-                conn.retire(segment);
-            }
-        }
-        if poller.fds[1].revents != 0 {
-            poller.accept(shared, listener.as_raw_fd());
-        }
-        poller.serve_ready(shared);
-        let now = Instant::now();
-        if now >= next_tick {
-            poller.tick(shared, now);
-            next_tick = now + TICK;
-        }
-    }
-    send_releases(shared);
-    for (_, conn) in poller.conns.drain() {
-        closed(shared, &conn);
-    }
-}
-
-impl Poller {
-    fn rebuild(&mut self, shared: &Shared, listener: RawFd) {
-        let entry = |fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        self.fds.clear();
-        self.kinds.clear();
-        self.fds.push(entry(shared.wake.as_raw_fd()));
-        self.fds.push(entry(listener));
-        for (i, greeting) in self.greeting.iter().enumerate() {
-            self.fds.push(entry(greeting.fd.as_raw_fd()));
-            self.kinds.push(Watched::Greeting(i));
-        }
-        for (&id, conn) in &self.conns {
-            self.fds.push(entry(conn.raw()));
-            self.kinds.push(Watched::Conn(id));
-        }
-        for (pid, fd) in shared.lending.orphan_fds() {
-            self.fds.push(entry(fd));
-            self.kinds.push(Watched::Orphan(pid));
-        }
-        self.dirty = false;
-    }
-
-    /// Accepts every waiting connection from this user; others are closed at once.
-    fn accept(&mut self, shared: &Shared, listener: RawFd) {
-        while let Ok(Some(fd)) = socket::accept(listener) {
-            let Ok(cred) = socket::peer_cred(fd.as_raw_fd()) else {
-                continue;
-            };
-            if cred.uid != shared.identity.uid || self.greeting.len() >= MAX_GREETING {
-                tracing::debug!(
-                    uid = cred.uid,
-                    pid = cred.pid,
-                    "shared-memory connection refused"
-                );
-                continue;
-            }
-            self.greeting.push(Greeting {
-                fd,
-                cred,
-                since: Instant::now(),
-            });
-            self.dirty = true;
-        }
-    }
-
-    /// Handles every entry `poll` marked.
-    fn serve_ready(&mut self, shared: &Arc<Shared>) {
-        let marked: Vec<(Watched, i16)> = self.fds[2..]
-            .iter()
-            .zip(&self.kinds)
-            .filter(|(fd, _)| fd.revents != 0)
-            .map(|(fd, kind)| (*kind, fd.revents))
-            .collect();
-        let mut greeted = Vec::new();
-        for (kind, revents) in marked {
-            match kind {
-                Watched::Greeting(i) => greeted.push(i),
-                Watched::Orphan(pid) => {
-                    shared.lending.exited(pid);
-                    self.dirty = true;
-                }
-                Watched::Conn(id) => {
-                    let Some(conn) = self.conns.get(&id).cloned() else {
-                        continue;
-                    };
-                    let mut keep = true;
-                    if revents & libc::POLLOUT != 0 && conn.flush().is_err() {
-                        keep = false;
-                    }
-                    if keep && revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
-                        // Busy-poll only while one connection is at work (with more, the
-                        // thread is busy anyway).
-                        let busy = if self.conns.len() == 1 {
-                            shared.config.busy_poll
-                        } else {
-                            Duration::ZERO
-                        };
-                        keep = receive_all(shared, &conn, &mut self.buf, busy);
-                    }
-                    if !keep {
-                        self.conns.remove(&id);
-                        closed(shared, &conn);
-                        self.dirty = true;
-                    }
-                }
-            }
-        }
-        // Highest index first, so the others stay valid while removing.
-        greeted.sort_unstable_by(|a, b| b.cmp(a));
-        for i in greeted {
-            let greeting = self.greeting.swap_remove(i);
-            if let Some(conn) = greet(shared, greeting, &mut self.buf) {
-                self.conns.insert(conn.id, conn);
-            }
-            self.dirty = true;
-        }
-    }
-
-    /// Housekeeping: idle segments retired, stalled peers and late hellos dropped.
-    fn tick(&mut self, shared: &Arc<Shared>, now: Instant) {
-        shared.segments.trim(now);
-        let late = shared.config.hello_timeout;
-        let before = self.greeting.len();
-        self.greeting
-            .retain(|g| now.saturating_duration_since(g.since) < late);
-        let stalled: Vec<u64> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| c.is_stalled(now) || c.is_closed())
-            .map(|(&id, _)| id)
-            .collect();
-        for id in &stalled {
-            if let Some(conn) = self.conns.remove(id) {
-                tracing::debug!(node = %conn.node, "shared-memory peer stalled or closed");
-                closed(shared, &conn);
-            }
-        }
-        if before != self.greeting.len() || !stalled.is_empty() {
-            self.dirty = true;
-        }
-    }
-}
-
-/// Reads an accepted connection's hello and answers it; the connection, if the peer is who it
-/// must be: this boot, user namespace and user, the pid the kernel saw, and holding a ticket
-/// this node gave to the TCP address it says it knocked from.
-fn greet(shared: &Shared, greeting: Greeting, buf: &mut [u8]) -> Option<Arc<Conn>> {
-    let Greeting { fd, cred, .. } = greeting;
-    let received = socket::receive(fd.as_raw_fd(), buf, 0).ok()??;
-    let Ok(Control::Hello(theirs)) = decode(&buf[..received.len]) else {
-        return None;
-    };
-    if let Some(why) = shared.identity.mismatch(&theirs) {
-        tracing::debug!(%why, "shared-memory hello refused");
-        return None;
-    }
-    if theirs.pid != cred.pid {
-        tracing::debug!(
-            said = theirs.pid,
-            is = cred.pid,
-            "shared-memory hello with a wrong pid"
-        );
-        return None;
-    }
-    let Some(secret) = shared.desk.redeem(theirs.ticket, &theirs.via) else {
-        tracing::debug!("shared-memory hello without a valid ticket");
-        return None;
-    };
-    let ours = shared.identity.hello(0, String::new(), secret);
-    let datagram = tensorwire_proto::shm::encode(&Control::Hello(ours)).ok()?;
-    socket::send(fd.as_raw_fd(), &datagram, &[]).ok()?;
-    let pidfd = socket::peer_pidfd(fd.as_raw_fd(), cred.pid).ok();
-    Some(Arc::new(Conn::new(fd, cred, pidfd, theirs.node)))
-}
-
-/// Sends the releases of views that dropped, batched per connection.
-fn send_releases(shared: &Shared) {
+/// Sends the releases of views that dropped, batched per connection. A reply sends them first
+/// too: the asker then has the memory of its request back before it sees the answer, and its
+/// next send reuses that (cache-warm) slot.
+pub(crate) fn send_releases(shared: &Shared) {
     for (conn, leases) in shared.releases.take() {
         for chunk in leases.chunks((MAX_DATAGRAM - 64) / 8) {
             let release = Control::Release {
@@ -554,58 +307,46 @@ pub(crate) fn receive_while(
         static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     let start = Instant::now();
+    conn.caller_waits();
     BUF.with(|buf| {
         let mut buf = buf.borrow_mut();
         if buf.len() < MAX_DATAGRAM {
             buf.resize(MAX_DATAGRAM, 0);
         }
         while !done() && start.elapsed() < budget {
-            if let Some(_rx) = conn.try_receive_lock() {
-                if !drain(shared, conn, &mut buf) {
-                    conn.close(); // the poll thread sees the hang-up and cleans up
-                    return;
-                }
+            if let Some(_rx) = conn.try_receive_lock()
+                && drain(shared, conn, &mut buf).is_none()
+            {
+                conn.close(); // the poll thread sees the hang-up and cleans up
+                return;
             }
             std::hint::spin_loop();
         }
     });
+    conn.caller_done();
 }
 
-/// Receives every datagram waiting on `conn`, then (with a `busy` budget) keeps polling it
-/// that long for more before the poll thread sleeps again; `false` once it is closed or
-/// broken.
-fn receive_all(shared: &Arc<Shared>, conn: &Arc<Conn>, buf: &mut [u8], busy: Duration) -> bool {
+/// Receives and handles every datagram waiting on `conn` (the poll thread); `false` once it is
+/// closed or broken.
+pub(crate) fn receive_ready(shared: &Arc<Shared>, conn: &Arc<Conn>, buf: &mut [u8]) -> bool {
     let _rx = conn.receive_lock();
-    if !drain(shared, conn, buf) {
-        return false;
-    }
-    let mut last = Instant::now();
-    while !busy.is_zero() && last.elapsed() < busy {
-        match socket::receive(conn.raw(), buf, 1) {
-            Ok(Some(received)) => {
-                if !take(shared, conn, buf, received) || !drain(shared, conn, buf) {
-                    return false;
-                }
-                last = Instant::now();
-            }
-            Ok(None) => std::hint::spin_loop(),
-            Err(_) => return false,
-        }
-    }
-    true
+    drain(shared, conn, buf).is_some()
 }
 
-/// Receives and handles every datagram waiting now; `false` once closed or broken.
-fn drain(shared: &Arc<Shared>, conn: &Arc<Conn>, buf: &mut [u8]) -> bool {
+/// Receives and handles every datagram waiting now: how many, or `None` once closed or
+/// broken.
+fn drain(shared: &Arc<Shared>, conn: &Arc<Conn>, buf: &mut [u8]) -> Option<usize> {
+    let mut handled = 0;
     loop {
         match socket::receive(conn.raw(), buf, 1) {
             Ok(Some(received)) => {
                 if !take(shared, conn, buf, received) {
-                    return false;
+                    return None;
                 }
+                handled += 1;
             }
-            Ok(None) => return !conn.is_closed(),
-            Err(_) => return false,
+            Ok(None) => return (!conn.is_closed()).then_some(handled),
+            Err(_) => return None,
         }
     }
 }
@@ -739,38 +480,4 @@ fn handle(
         }
         Control::Hello(_) => false,
     }
-}
-
-/// A connection closed: what waited on it fails; what its peer holds of ours stays until that
-/// process exits (it may still have views), unless it is gone already.
-fn closed(shared: &Shared, conn: &Conn) {
-    conn.close();
-    let ids: Vec<(u64, SocketAddr)> = lock(&shared.pending)
-        .iter()
-        .filter(|(_, w)| w.conn == conn.id)
-        .map(|(&id, w)| (id, w.peer))
-        .collect();
-    for (id, peer) in ids {
-        let detail = std::io::Error::other("the shared-memory peer closed its connection");
-        finish(
-            shared,
-            id,
-            Err(Error::ConnectionClosed {
-                peer,
-                detail: Some(detail),
-            }),
-        );
-    }
-    let pidfd = lock(&conn.pidfd).take();
-    let alive = pidfd.as_ref().is_some_and(|fd| {
-        matches!(
-            crate::sys::poll_one(fd.as_raw_fd(), libc::POLLIN, Duration::ZERO),
-            Ok(0)
-        )
-    });
-    // Without a pidfd, a reused pid reads as alive: memory is kept rather than risk changing
-    // what a live reader sees.
-    let alive = alive || (pidfd.is_none() && crate::sys::process_exists(conn.peer.pid));
-    shared.lending.disconnected(conn.peer.pid, pidfd, alive);
-    lock(&conn.mapped).clear();
 }

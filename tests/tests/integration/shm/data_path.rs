@@ -194,8 +194,14 @@ fn an_echo_sends_the_asker_its_own_memory_back_without_a_copy() {
             .ask(server.local_addr(), path, message.clone(), TIMEOUT)
             .wait()
             .unwrap();
-        let after = stats::global().snapshot();
         assert_eq!(tensor(reply), message);
+        // The sender counts a message once the kernel took it, which may be just after the
+        // reply came back.
+        assert!(eventually(|| {
+            let after = stats::global().snapshot();
+            after.shm_messages_sent >= before.shm_messages_sent + 2
+        }));
+        let after = stats::global().snapshot();
         assert_eq!(
             after.shm_bytes_copied - before.shm_bytes_copied,
             message.total_bytes(),
