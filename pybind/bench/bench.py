@@ -300,6 +300,32 @@ class RustEngine(Peer):
         return float(result[key])
 
 
+class PythonHandlers(RustEngine):
+    """The Rust engine client asking a tensorwire node whose `echo` and `sink` are Python
+    functions (`node.serve`), in a process of its own: beside "Rust engine" (the same client
+    asking the Rust fixture), what a Python handler adds."""
+
+    name = "Python handlers (Rust client)"
+    note = "ptr1-bench run against tw.Node().serve(...) handlers in Python"
+
+    def __init__(self) -> None:
+        self.child, address = start([sys.executable, __file__, "--serve", "tw-handlers"])
+        super().__init__(address)
+
+    def close(self) -> None:
+        self.child.kill()
+
+
+def serve_tw_handlers() -> None:
+    """A tensorwire node whose `echo` returns the message and whose `sink` answers the byte
+    count as the Rust fixture does (an `ack` single reply)."""
+    with tw.Node() as node:
+        node.serve("echo", lambda m: m, threads=2)
+        node.serve("sink", lambda m: ("ack", str(m.total_bytes).encode()), threads=2)
+        print(node.address, flush=True)
+        signal.sigwait({signal.SIGTERM, signal.SIGINT})
+
+
 class Zmq(Peer):
     name = "pyzmq"
     module = "zmq"
@@ -591,7 +617,7 @@ def main() -> None:
     parser.add_argument("--buffers", default="1")
     parser.add_argument("--inflight", type=int, default=64)
     parser.add_argument("--inflight-bytes", type=parse_size, default=512 * MiB)
-    parser.add_argument("--skip", default="", help="peers to leave out: tw,twshm,rust,zmq,grpc,mpshm,ray,iceoryx2")
+    parser.add_argument("--skip", default="", help="peers to leave out: tw,twshm,rust,pyhandlers,zmq,grpc,mpshm,ray,iceoryx2")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--fixture", type=Path, default=PTR1_BENCH,
                         help="the ptr1-bench binary whose fixture the tensorwire peers ask")
@@ -602,7 +628,8 @@ def main() -> None:
         what, *rest = args.serve
         if what == "iceoryx2":
             return serve_iceoryx2(rest[0])
-        return {"zmq": serve_zmq, "grpc": serve_grpc, "mpshm": serve_mpshm}[what]()
+        servers = {"zmq": serve_zmq, "grpc": serve_grpc, "mpshm": serve_mpshm, "tw-handlers": serve_tw_handlers}
+        return servers[what]()
     PTR1_BENCH = args.fixture
     if not PTR1_BENCH.exists():
         raise SystemExit(f"{PTR1_BENCH} is missing: cargo build --release -p ptr1-bench")
@@ -635,6 +662,7 @@ def main() -> None:
         ("tw", "tensorwire (Python)", lambda: Tensorwire(address, "raw")),
         ("twshm", "tensorwire shm (Python)", lambda: Tensorwire(address, "shm")),
         ("rust", "Rust engine", lambda: RustEngine(address)),
+        ("pyhandlers", "Python handlers (Rust client)", PythonHandlers),
         ("zmq", "pyzmq", Zmq),
         ("grpc", "gRPC (Python)", Grpc),
         ("mpshm", "multiprocessing.shared_memory", MpShm),
@@ -724,6 +752,16 @@ def print_table(cases: list[Case], results: dict[Case, dict[str, list[float]]], 
         cells = [f"{k} {v:,.2f}" for k, v in medians.items()]
         ratios = [f"÷ {k} {case.better(best, v):.2f}×" for k, v in medians.items() if not k.startswith("tensorwire")]
         print(f"- {case.label} ({case.unit}): " + ", ".join(cells) + ("; tensorwire " + ", ".join(ratios) if ratios else ""))
+    handlers = [
+        (case, statistics.median(r[PythonHandlers.name]), statistics.median(r[RustEngine.name]))
+        for case, r in results.items()
+        if r.get(PythonHandlers.name) and r.get(RustEngine.name)
+    ]
+    if handlers:
+        print("\nPython handlers (node.serve) against the Rust fixture, the same Rust client:\n")
+        for case, py, rust in handlers:
+            extra = f", {py - rust:+.1f} µs" if case.mode == "rtt" else ""
+            print(f"- {case.label} ({case.unit}): Python {py:,.2f}, Rust {rust:,.2f}: {case.better(py, rust):.2f}×{extra}")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ mod convert;
 mod dlpack;
 mod endpoint;
 mod errors;
+mod handlers;
 mod loan;
 mod message;
 mod node;

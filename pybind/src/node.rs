@@ -5,6 +5,7 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
 
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
@@ -15,11 +16,10 @@ use tensorwire_engine::{Node, Preference};
 
 use crate::buffers::drain_releases;
 use crate::config::{TlsArgs, http2_config, shm_access};
-use crate::convert::reply_from_py;
 use crate::endpoint::PyEndpoint;
 use crate::errors::{InvalidArgument, OutOfMemory, to_py};
+use crate::handlers::{self, HandlerSlot};
 use crate::loan::PyLoan;
-use crate::message::PyTensorMessage;
 use crate::reference::{PyRef, route_name, via};
 use crate::shm::PyShm;
 use crate::stats::node_stats;
@@ -28,26 +28,39 @@ use crate::stats::node_stats;
 #[pyclass(frozen, module = "tensorwire._native", name = "Node")]
 pub(crate) struct PyNode {
     node: Node,
-    /// The handlers served, shared with the engine's handler threads; listed here so the
-    /// garbage collector sees them (a handler that refers to its own node is a cycle).
+    /// The handlers served, shared with their threads; listed here so the garbage collector
+    /// sees them (a handler that refers to its own node is a cycle).
     handlers: Mutex<Vec<Arc<HandlerSlot>>>,
-}
-
-/// A Python handler the engine calls; emptied when the garbage collector breaks a cycle
-/// through it (the endpoint then answers that it is gone).
-pub(crate) struct HandlerSlot {
-    handler: Mutex<Option<Py<PyAny>>>,
+    /// The handler threads, joined when the node closes.
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Drop for PyNode {
-    /// A node collected without `close()`: shut it down with the GIL released, so handler
-    /// threads that wait for the GIL can finish and be joined.
+    /// A node collected without `close()`: shut it down and join its handler threads with the
+    /// GIL released (they may wait for it to finish their last request).
     fn drop(&mut self) {
         let node = self.node.clone();
-        let detached = Python::try_attach(|py| py.detach(|| node.shutdown()));
+        let threads = std::mem::take(&mut *lock(&self.threads));
+        let detached = Python::try_attach(|py| {
+            py.detach(|| {
+                node.shutdown();
+                join(threads);
+            })
+        });
         if detached.is_none() {
-            // Not attached (interpreter finalizing): shutting down cannot wait on the GIL.
+            // Not attached (interpreter finalizing): shutting down cannot wait on the GIL, and
+            // the handler threads cannot finish: they are left to the process's exit.
             self.node.shutdown();
+        }
+    }
+}
+
+/// Joins handler threads, except the calling one (a handler that closed its own node).
+fn join(threads: Vec<JoinHandle<()>>) {
+    let current = std::thread::current().id();
+    for thread in threads {
+        if thread.thread().id() != current {
+            let _ = thread.join();
         }
     }
 }
@@ -110,6 +123,7 @@ impl PyNode {
         Ok(Self {
             node,
             handlers: Mutex::new(Vec::new()),
+            threads: Mutex::new(Vec::new()),
         })
     }
 
@@ -151,29 +165,20 @@ impl PyNode {
         if threads == 0 {
             return Err(InvalidArgument::new_err("serve needs threads >= 1"));
         }
-        let slot = Arc::new(HandlerSlot {
-            handler: Mutex::new(Some(handler)),
-        });
-        let serving = Arc::clone(&slot);
-        let path = name.to_owned();
-        self.node
-            .serve(name, threads, move |request| {
-                Python::attach(|py| {
-                    drain_releases(py);
-                    let Some(handler) = serving.handler(py) else {
-                        return Err(format!("the handler of {path} was collected"));
-                    };
-                    let writable = request.peer.is_some() && request.local_peer.is_none();
-                    let message = PyTensorMessage::received(py, request.message, writable)
-                        .map_err(|e| handler_failure(py, &e))?;
-                    let result = handler
-                        .call1(py, (message,))
-                        .map_err(|e| handler_failure(py, &e))?;
-                    reply_from_py(result.bind(py), pickle).map_err(|e| handler_failure(py, &e))
-                })
-            })
+        let endpoint = self
+            .node
+            .endpoint(name)
             .map_err(|e| to_py(&e, &format!("serving {name:?}")))?;
+        let slot = HandlerSlot::new(handler);
+        let threads =
+            handlers::spawn(&Arc::new(endpoint), &slot, threads, pickle).map_err(|e| {
+                to_py(
+                    &tensorwire_engine::Error::io("spawning a handler thread", e),
+                    name,
+                )
+            })?;
         lock(&self.handlers).push(slot);
+        lock(&self.threads).extend(threads);
         Ok(())
     }
 
@@ -228,7 +233,11 @@ impl PyNode {
     /// threads. Idempotent.
     fn close(&self, py: Python<'_>) {
         let node = self.node.clone();
-        py.detach(move || node.shutdown());
+        let threads = std::mem::take(&mut *lock(&self.threads));
+        py.detach(move || {
+            node.shutdown();
+            join(threads);
+        });
         drain_releases(py);
     }
 
@@ -252,21 +261,6 @@ impl PyNode {
             drop(handler);
         }
     }
-}
-
-impl HandlerSlot {
-    fn handler(&self, py: Python<'_>) -> Option<Py<PyAny>> {
-        lock(&self.handler).as_ref().map(|h| h.clone_ref(py))
-    }
-}
-
-/// The text an engine peer gets for a handler's exception.
-fn handler_failure(py: Python<'_>, err: &PyErr) -> String {
-    let kind = err
-        .get_type(py)
-        .name()
-        .map_or_else(|_| "Exception".to_owned(), |n| n.to_string());
-    format!("{kind}: {}", err.value(py))
 }
 
 /// `"host:port"` to one socket address.

@@ -6,6 +6,7 @@
 //! withdrawn by its ticket, so it cannot swallow the wake-up meant for another.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -29,6 +30,10 @@ pub(crate) struct Mailbox {
     state: Mutex<State>,
     not_empty: Condvar,
     capacity: usize,
+    /// Takers polling in `pop_spinning` now.
+    spinning: AtomicUsize,
+    /// Requests in the queue (mirrors `state.queue`, read without the lock by pollers).
+    queued: AtomicUsize,
 }
 
 #[derive(Debug, Default)]
@@ -50,6 +55,8 @@ impl Mailbox {
             state: Mutex::new(State::default()),
             not_empty: Condvar::new(),
             capacity: capacity.max(1),
+            spinning: AtomicUsize::new(0),
+            queued: AtomicUsize::new(0),
         }
     }
 
@@ -67,6 +74,7 @@ impl Mailbox {
         }
         incoming.settle(false);
         state.queue.push_back(incoming);
+        self.queued.store(state.queue.len(), Ordering::Release);
         self.wake_a_taker(state);
         Push::Pushed
     }
@@ -85,6 +93,7 @@ impl Mailbox {
         let mut state = self.lock();
         loop {
             if let Some(item) = state.queue.pop_front() {
+                self.queued.store(state.queue.len(), Ordering::Release);
                 self.admit_waiter(state);
                 return Ok(Some(item));
             }
@@ -116,10 +125,46 @@ impl Mailbox {
         }
     }
 
+    /// `pop`, polling for up to `spin` before it sleeps: while it polls, a push wakes no
+    /// sleeping taker (this one takes the request), so a steady stream of requests costs no
+    /// thread wake-ups. One taker polls at a time; others sleep at once.
+    pub(crate) fn pop_spinning(
+        &self,
+        spin: Duration,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Incoming>, Error> {
+        let start = std::time::Instant::now();
+        // One poller is enough to take the next request; more would only burn CPU.
+        if self.spinning.fetch_add(1, Ordering::AcqRel) > 0 {
+            self.spinning.fetch_sub(1, Ordering::AcqRel);
+            return self.pop(timeout);
+        }
+        let found = loop {
+            if self.queued.load(Ordering::Acquire) > 0
+                && let Some(found) = self.pop(Some(Duration::ZERO)).transpose()
+            {
+                break Some(found);
+            }
+            if start.elapsed() >= spin {
+                break None;
+            }
+            for _ in 0..32 {
+                std::hint::spin_loop();
+            }
+        };
+        self.spinning.fetch_sub(1, Ordering::AcqRel);
+        match found {
+            Some(found) => found.map(Some),
+            // Anything pushed meanwhile is in the queue, which `pop` looks at first.
+            None => self.pop(timeout.map(|t| t.saturating_sub(start.elapsed()))),
+        }
+    }
+
     /// The async form of `pop`.
     pub(crate) fn poll_pop(&self, cx: &mut Context<'_>) -> Poll<Result<Incoming, Error>> {
         let mut state = self.lock();
         if let Some(item) = state.queue.pop_front() {
+            self.queued.store(state.queue.len(), Ordering::Release);
             self.admit_waiter(state);
             return Poll::Ready(Ok(item));
         }
@@ -137,6 +182,7 @@ impl Mailbox {
         let (queued, waiting, wakers) = {
             let mut state = self.lock();
             state.closed = true;
+            self.queued.store(0, Ordering::Release);
             (
                 std::mem::take(&mut state.queue),
                 std::mem::take(&mut state.waiting),
@@ -150,7 +196,7 @@ impl Mailbox {
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.lock().queue.len()
+        self.queued.load(Ordering::Acquire)
     }
 
     /// After a pop: the oldest waiting request moves in and is told so (outside the lock).
@@ -160,6 +206,7 @@ impl Mailbox {
         };
         incoming.settle(true);
         state.queue.push_back(incoming);
+        self.queued.store(state.queue.len(), Ordering::Release);
         self.wake_a_taker(state);
     }
 
@@ -168,7 +215,8 @@ impl Mailbox {
     /// wait again).
     fn wake_a_taker(&self, mut state: MutexGuard<'_, State>) {
         let wakers = std::mem::take(&mut state.async_takers);
-        let blocked = state.blocked_takers > 0;
+        // A taker polling for requests takes this one: a sleeping one need not be woken.
+        let blocked = state.blocked_takers > 0 && self.spinning.load(Ordering::Acquire) == 0;
         drop(state);
         if blocked {
             self.not_empty.notify_one();

@@ -182,6 +182,21 @@ impl Endpoint {
         self.mailbox.pop(timeout)
     }
 
+    /// [`Endpoint::recv_blocking`], polling for up to `spin` before it sleeps — for a thread
+    /// that answers a steady stream of requests: while it polls, an arriving request wakes no
+    /// sleeping thread.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::MailboxClosed`] once the node shut down.
+    pub fn recv_spinning(
+        &self,
+        spin: Duration,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Incoming>, Error> {
+        self.mailbox.pop_spinning(spin, timeout)
+    }
+
     /// Requests waiting in the mailbox now.
     pub fn queued(&self) -> usize {
         self.mailbox.len()
