@@ -79,9 +79,8 @@ fn serve(py: Python<'_>, endpoint: &Endpoint, slot: &HandlerSlot, pickle: bool) 
         };
         let spin = spin.saturating_sub(last.elapsed());
         let next = py.detach(|| next_request(endpoint, spin));
-        let incoming = match next {
-            Ok(incoming) => incoming,
-            Err(_) => return, // the mailbox closed: the node shut down
+        let Ok(incoming) = next else {
+            return; // the mailbox closed: the node shut down
         };
         let now = Instant::now();
         // A moving average over the last few gaps (weight 1/4 for the newest).
