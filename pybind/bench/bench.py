@@ -45,6 +45,7 @@ import asyncio
 import ctypes
 import importlib.metadata
 import json
+import os
 import platform
 import signal
 import statistics
@@ -57,9 +58,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+# No case here multiplies matrices: keep OpenBLAS from starting worker threads that poll
+# for work and take CPU from whichever peer is measured (the same for every peer).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import tensorwire as tw
+import numpy as np  # noqa: E402
+
+import tensorwire as tw  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PTR1_BENCH = ROOT / "target" / "release" / "ptr1-bench"  # --fixture overrides it

@@ -1,10 +1,11 @@
 //! The asyncio bridge: engine completions wake an event loop through one eventfd, and the
 //! loop drains every ready operation in one callback (no thread hop per message).
 //!
-//! Each operation is a Rust future (an ask's or tell's `Pending`, a mailbox receive). Its
-//! waker pushes the operation's token and writes the eventfd only when the queue was empty;
-//! `Pump.drain`, run by the loop's reader callback, polls the woken futures and returns the
-//! finished ones. Cancelling drops the future, which cancels the engine operation.
+//! Each operation is a Rust future (an ask's or tell's `Pending`, a mailbox receive), polled
+//! once when it starts. Its waker (made once per operation) pushes the operation's token and
+//! writes the eventfd only when the queue was empty; `Pump.drain`, run by the loop's reader
+//! callback, polls the woken futures and returns the finished ones. Cancelling drops the
+//! future, which cancels the engine operation.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -28,7 +29,8 @@ pub(crate) type Job = Pin<Box<dyn Future<Output = Outcome> + Send>>;
 struct Queue {
     eventfd: OwnedFd,
     woken: Mutex<Vec<u64>>,
-    jobs: Mutex<HashMap<u64, Job>>,
+    /// Operations in flight, each with the waker it was last polled with.
+    jobs: Mutex<HashMap<u64, (Job, Waker)>>,
     next: AtomicU64,
 }
 
@@ -127,30 +129,34 @@ impl Pump {
         tokens.dedup();
         let mut done = Vec::new();
         for token in tokens {
-            let Some(mut job) = lock(&self.queue.jobs).remove(&token) else {
+            let Some((mut job, waker)) = lock(&self.queue.jobs).remove(&token) else {
                 continue; // cancelled, or finished already
             };
-            let waker = Waker::from(Arc::new(Token {
-                queue: Arc::downgrade(&self.queue),
-                token,
-            }));
             match job.as_mut().poll(&mut Context::from_waker(&waker)) {
                 Poll::Ready(outcome) => match outcome(py) {
                     Ok(value) => done.push((token, true, value)),
                     Err(err) => done.push((token, false, err.into_value(py).into_any())),
                 },
                 Poll::Pending => {
-                    lock(&self.queue.jobs).insert(token, job);
+                    lock(&self.queue.jobs).insert(token, (job, waker));
                 }
             }
         }
         done
     }
 
-    /// Drops the operation (the engine cancels it). Idempotent.
-    fn cancel(&self, token: u64) {
-        let job = lock(&self.queue.jobs).remove(&token);
-        drop(job);
+    /// Drops the operation (the engine cancels it); idempotent. If it had finished already
+    /// (its result not delivered yet), returns `(ok, value_or_exception)` instead, so nothing
+    /// that arrived — a request taken from a mailbox — is lost.
+    fn cancel(&self, py: Python<'_>, token: u64) -> Option<(bool, Py<PyAny>)> {
+        let (mut job, waker) = lock(&self.queue.jobs).remove(&token)?;
+        match job.as_mut().poll(&mut Context::from_waker(&waker)) {
+            Poll::Ready(outcome) => Some(match outcome(py) {
+                Ok(value) => (true, value),
+                Err(err) => (false, err.into_value(py).into_any()),
+            }),
+            Poll::Pending => None, // dropped here: the engine cancels it
+        }
     }
 
     /// Operations in flight.
@@ -160,11 +166,28 @@ impl Pump {
 }
 
 impl Pump {
-    /// Registers `job`; its first poll happens in the next `drain`. Returns its token.
-    pub(crate) fn start(&self, job: Job) -> u64 {
+    /// Registers `job` and polls it once now (its waker is set; a job already done is
+    /// delivered by the next `drain`). Returns its token.
+    pub(crate) fn start(&self, mut job: Job) -> u64 {
         let token = self.queue.next.fetch_add(1, Ordering::Relaxed);
-        lock(&self.queue.jobs).insert(token, job);
-        self.queue.wake(token);
+        let waker = Waker::from(Arc::new(Token {
+            queue: Arc::downgrade(&self.queue),
+            token,
+        }));
+        // Polled under the jobs' lock: a `drain` on another thread that sees this token woken
+        // waits for the job to be listed instead of taking the wake for a cancelled one.
+        let mut jobs = lock(&self.queue.jobs);
+        match job.as_mut().poll(&mut Context::from_waker(&waker)) {
+            Poll::Ready(outcome) => {
+                let ready: Job = Box::pin(std::future::ready(outcome));
+                jobs.insert(token, (ready, waker));
+                drop(jobs);
+                self.queue.wake(token);
+            }
+            Poll::Pending => {
+                jobs.insert(token, (job, waker));
+            }
+        }
         token
     }
 }

@@ -112,7 +112,7 @@ impl PyRef {
     ) -> PyResult<()> {
         drain_releases(py);
         let (message, timeout) = (message.get().inner.clone(), seconds(timeout)?);
-        let pending = py.detach(|| self.node.tell_to(&self.to, message, timeout));
+        let pending = self.node.tell_to(&self.to, message, timeout);
         let context = (self.to.path().to_owned(), self.to.peer());
         pending.detach(move |result| {
             if let Err(e) = result {
@@ -133,7 +133,9 @@ impl PyRef {
     ) -> PyResult<u64> {
         drain_releases(py);
         let (message, timeout) = (message.get().inner.clone(), seconds(timeout)?);
-        let pending = py.detach(|| self.node.ask_to(&self.to, message, timeout));
+        // Starting never waits (a copy, a connection or a hello happens on the transport's
+        // threads): no need to let go of the GIL for it.
+        let pending = self.node.ask_to(&self.to, message, timeout);
         let (pickle, context) = (self.pickle, ContextLater::of(self, "ask"));
         Ok(pump.get().start(Box::pin(async move {
             let (result, route) = finish(pending).await;
@@ -155,7 +157,7 @@ impl PyRef {
     ) -> PyResult<u64> {
         drain_releases(py);
         let (message, timeout) = (message.get().inner.clone(), seconds(timeout)?);
-        let pending = py.detach(|| self.node.tell_to(&self.to, message, timeout));
+        let pending = self.node.tell_to(&self.to, message, timeout);
         let context = ContextLater::of(self, "tell");
         Ok(pump.get().start(Box::pin(async move {
             let (result, _) = finish(pending).await;

@@ -71,7 +71,9 @@ class _LoopPump:
                 if orphan is not None:
                     orphan(fut.result())
             else:
-                self.pump.cancel(token)
+                finished = self.pump.cancel(token)
+                if finished is not None and finished[0] and orphan is not None:
+                    orphan(finished[1])
             raise
         finally:
             self.futures.pop(token, None)
