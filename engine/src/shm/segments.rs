@@ -56,6 +56,8 @@ struct Pool {
     state: Mutex<State>,
     /// Signalled when a slot comes back (credit), if anybody waits.
     credit: Condvar,
+    /// Whether `state.retired` may hold anything (checked without the lock).
+    any_retired: std::sync::atomic::AtomicBool,
     /// Told (with no lock held) when a segment is retired (peers must unmap it).
     listener: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
 }
@@ -87,6 +89,7 @@ impl Segments {
                 ..State::default()
             }),
             credit: Condvar::new(),
+            any_retired: std::sync::atomic::AtomicBool::new(false),
             listener: Mutex::new(None),
         }))
     }
@@ -193,6 +196,13 @@ impl Segments {
 
     /// Segments retired since the last call (peers that mapped them are told to unmap).
     pub(crate) fn take_retired(&self) -> Vec<u64> {
+        if !self
+            .0
+            .any_retired
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            return Vec::new();
+        }
         std::mem::take(&mut self.0.lock().retired)
     }
 }
@@ -333,6 +343,8 @@ impl Pool {
                 free.retain(|(segment, _)| segment.id != id);
             }
             state.retired.push(id);
+            self.any_retired
+                .store(true, std::sync::atomic::Ordering::Release);
             idle_bytes -= len;
             retired += 1;
         }

@@ -123,6 +123,10 @@ pub(crate) struct RunArgs {
     /// The engine's busy-poll budget in microseconds.
     #[arg(long = "busy-poll-us")]
     busy_poll_us: Option<u64>,
+    /// Shared memory: send buffers in loaned slots (filled once, frozen, sent without a copy)
+    /// instead of copying them in (`--transport shm` only).
+    #[arg(long)]
+    loaned: bool,
     /// TLS: the CA the server's certificate must chain to (PEM).
     #[arg(long)]
     ca: Option<String>,
@@ -226,6 +230,7 @@ impl From<&RunArgs> for Options {
             messages: a.messages,
             inflight: a.inflight as usize,
             verify: a.verify,
+            loaned: a.loaned,
             busy_poll: a.busy_poll_us.map(Duration::from_micros),
             ca: a.ca.clone(),
             cert: a.cert.clone(),

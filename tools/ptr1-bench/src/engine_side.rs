@@ -111,7 +111,28 @@ pub(crate) fn client(transport: Transport, options: &Options) -> Result<Node> {
 
 pub(crate) fn run(peer: SocketAddr, options: &Options, message: &TensorMessage) -> Result<Sample> {
     let node = client(options.transport, options)?;
+    if options.loaned {
+        return measure(&node, peer, options, &loaned_like(&node, message)?);
+    }
     measure(&node, peer, options, message)
+}
+
+/// A message of `node`'s loaned, frozen slots with the same version, metadata and buffers.
+pub(crate) fn loaned_like(node: &Node, message: &TensorMessage) -> Result<TensorMessage> {
+    let buffers = message
+        .buffers
+        .iter()
+        .map(|buffer| {
+            let mut loan = node.shm().loan(buffer.len())?;
+            loan.as_mut_slice().copy_from_slice(buffer);
+            Ok(loan.freeze())
+        })
+        .collect::<Result<Vec<Bytes>>>()?;
+    Ok(TensorMessage::new(
+        message.version,
+        message.metadata.clone(),
+        buffers,
+    ))
 }
 
 pub(crate) fn measure(

@@ -197,6 +197,8 @@ pub(crate) struct Options {
     pub(crate) messages: Option<u64>,
     /// run: check every echoed payload.
     pub(crate) verify: bool,
+    /// run: buffers in loaned shared-memory slots (`--transport shm`).
+    pub(crate) loaned: bool,
     /// suite: tiny sizes, one short repetition, payloads verified (a correctness check).
     pub(crate) smoke: bool,
     /// suite: write the table, JSON and plots into this directory.
@@ -270,6 +272,7 @@ impl Options {
             seconds: None,
             messages: None,
             verify: false,
+            loaned: false,
             smoke: false,
             out: None,
             cert: None,
@@ -301,6 +304,9 @@ pub(crate) fn run(options: &Options) -> Result<serde_json::Value> {
         bail!(
             "--messages with --mode inflight needs a tensorwire client; seed and std run for --duration"
         );
+    }
+    if options.loaned && options.transport != Transport::Shm {
+        bail!("--loaned sends buffers in shared-memory loans: it needs --transport shm");
     }
     let message = measure::message(options.size, options.buffers);
     let result = match options.transport {

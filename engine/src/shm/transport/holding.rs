@@ -5,6 +5,7 @@
 //! slot that is leased.
 
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
@@ -25,6 +26,8 @@ const MAX_MAPPED_BYTES: u64 = 1 << 40;
 /// Leases whose views dropped, per connection, waiting for the poll thread to send them.
 pub(crate) struct Releases {
     pending: Mutex<Vec<(Weak<Conn>, u64)>>,
+    /// Whether `pending` may hold anything (the poll thread checks it on every turn).
+    any: AtomicBool,
     wake: Arc<OwnedFd>,
 }
 
@@ -32,6 +35,7 @@ impl Releases {
     pub(crate) fn new(wake: Arc<OwnedFd>) -> Self {
         Self {
             pending: Mutex::new(Vec::new()),
+            any: AtomicBool::new(false),
             wake,
         }
     }
@@ -40,6 +44,7 @@ impl Releases {
         let was_empty = {
             let mut pending = lock(&self.pending);
             pending.push((conn, lease));
+            self.any.store(true, Ordering::Release);
             pending.len() == 1
         };
         // The poll thread sends what waits on every turn; only another thread must wake it
@@ -52,6 +57,9 @@ impl Releases {
     /// Everything waiting, grouped by live connection (leases of a closed connection stay
     /// with the peer until this process exits: there is nobody to tell).
     pub(crate) fn take(&self) -> Vec<(Arc<Conn>, Vec<u64>)> {
+        if !self.any.swap(false, Ordering::AcqRel) {
+            return Vec::new();
+        }
         let pending = std::mem::take(&mut *lock(&self.pending));
         let mut by_conn: Vec<(Arc<Conn>, Vec<u64>)> = Vec::new();
         for (conn, lease) in pending {

@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::shm::segments::Slot;
@@ -18,6 +19,8 @@ use crate::shm::transport::lock;
 #[derive(Default)]
 pub(crate) struct Lending {
     state: Mutex<State>,
+    /// Bumped whenever the orphans change (the poll thread re-reads them only then).
+    orphans_changed: AtomicU64,
 }
 
 #[derive(Default)]
@@ -88,7 +91,7 @@ impl Lending {
             }
             let released = state.leases.remove(&lease);
             if let Some(lease) = &released {
-                Self::uncount(&mut state, holder, lease.slot.capacity() as u64);
+                self.uncount(&mut state, holder, lease.slot.capacity() as u64);
             }
             released
         };
@@ -106,6 +109,7 @@ impl Lending {
             match pidfd {
                 Some(pidfd) => {
                     state.orphans.insert(holder, pidfd);
+                    self.orphans_changed.fetch_add(1, Ordering::AcqRel);
                 }
                 None => {
                     drop(state);
@@ -124,7 +128,9 @@ impl Lending {
     pub(crate) fn exited(&self, holder: u32) {
         let released: Vec<Lease> = {
             let mut state = lock(&self.state);
-            state.orphans.remove(&holder);
+            if state.orphans.remove(&holder).is_some() {
+                self.orphans_changed.fetch_add(1, Ordering::AcqRel);
+            }
             state.by_holder.remove(&holder);
             let ids: Vec<u64> = state
                 .leases
@@ -137,6 +143,11 @@ impl Lending {
                 .collect()
         };
         drop(released);
+    }
+
+    /// A number that changes whenever [`Lending::orphan_fds`] would answer differently.
+    pub(crate) fn orphans_version(&self) -> u64 {
+        self.orphans_changed.load(Ordering::Acquire)
     }
 
     /// The pidfds of holders without a connection, to poll for their exit.
@@ -157,13 +168,15 @@ impl Lending {
         )
     }
 
-    fn uncount(state: &mut State, holder: u32, bytes: u64) {
+    fn uncount(&self, state: &mut State, holder: u32, bytes: u64) {
         if let Some(held) = state.by_holder.get_mut(&holder) {
             held.0 = held.0.saturating_sub(1);
             held.1 = held.1.saturating_sub(bytes);
             if held.0 == 0 {
                 state.by_holder.remove(&holder);
-                state.orphans.remove(&holder);
+                if state.orphans.remove(&holder).is_some() {
+                    self.orphans_changed.fetch_add(1, Ordering::AcqRel);
+                }
             }
         }
     }

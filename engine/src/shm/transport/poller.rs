@@ -56,8 +56,10 @@ struct Poller {
     conns: HashMap<u64, Arc<Conn>>,
     greeting: HashMap<u64, Greeting>,
     next_greeting: u64,
-    /// Orphaned holders' pidfds registered, by pid (the descriptors belong to the lending).
+    /// Orphaned holders' pidfds registered, by pid (the descriptors belong to the lending),
+    /// and the lending's version they were read at.
     orphans: HashMap<u32, RawFd>,
+    orphans_version: Option<u64>,
     buf: Vec<u8>,
     /// When the last event came, and the typical gap between events (an average).
     last_event: Instant,
@@ -95,6 +97,7 @@ pub(crate) fn run(shared: &Arc<Shared>, listener: &OwnedFd) {
         greeting: HashMap::new(),
         next_greeting: 1,
         orphans: HashMap::new(),
+        orphans_version: None,
         buf: vec![0u8; MAX_DATAGRAM],
         last_event: Instant::now(),
         gap: Duration::from_secs(1),
@@ -195,6 +198,11 @@ impl Poller {
 
     /// Watches the pidfds of holders that left with memory of ours, as the lending lists them.
     fn sync_orphans(&mut self, shared: &Shared) {
+        let version = shared.lending.orphans_version();
+        if self.orphans_version == Some(version) {
+            return;
+        }
+        self.orphans_version = Some(version);
         let now: HashMap<u32, RawFd> = shared.lending.orphan_fds().into_iter().collect();
         if now.len() == self.orphans.len()
             && now.iter().all(|(p, fd)| self.orphans.get(p) == Some(fd))

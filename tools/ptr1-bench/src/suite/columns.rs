@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use bytes::Bytes;
 use tensorwire_engine::{Node, Reply, Route, TensorMessage};
 
 use crate::cli::Part;
@@ -299,7 +298,7 @@ impl Lane {
         let loaned;
         let message = match (&self.client, self.column) {
             (Client::Node(node), Column::ShmLoaned) => {
-                loaned = loaned_like(node, message)?;
+                loaned = engine_side::loaned_like(node, message)?;
                 &loaned
             }
             _ => message,
@@ -320,24 +319,6 @@ impl Lane {
         let cpu_used = cpu()?.saturating_sub(before);
         Ok((sample, cpu_used))
     }
-}
-
-/// A message of `node`'s loaned, sealed slots with the same version, metadata and buffers.
-fn loaned_like(node: &Node, message: &TensorMessage) -> Result<TensorMessage> {
-    let buffers = message
-        .buffers
-        .iter()
-        .map(|buffer| {
-            let mut loan = node.shm().loan(buffer.len())?;
-            loan.as_mut_slice().copy_from_slice(buffer);
-            Ok(loan.freeze())
-        })
-        .collect::<Result<Vec<Bytes>>>()?;
-    Ok(TensorMessage::new(
-        message.version,
-        message.metadata.clone(),
-        buffers,
-    ))
 }
 
 /// One echo, then the route the node takes to `addr` must be `expected` (shared memory is
