@@ -9,7 +9,7 @@ use bytes::Bytes;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyMemoryView, PyTuple};
-use tensorwire_engine::Reply;
+use tensorwire_engine::{Reply, Route};
 
 use crate::message::PyTensorMessage;
 
@@ -67,17 +67,18 @@ fn single(msg_type: &str, data: Bytes) -> Reply {
     }
 }
 
-/// An engine reply as a Python value: a `TensorMessage`, `None` for an ack, `bytes`, the
-/// unpickled object (when `pickle`), else a `(msg_type, bytes)` pair.
+/// An engine reply that came over `route` as a Python value: a `TensorMessage`, `None` for an
+/// ack, `bytes`, the unpickled object (when `pickle`), else a `(msg_type, bytes)` pair.
 pub(crate) fn reply_to_py(
     py: Python<'_>,
     reply: Reply,
-    writable: bool,
+    route: Option<Route>,
     pickle: bool,
 ) -> PyResult<Py<PyAny>> {
     match reply {
         Reply::Tensor(message) => {
-            Ok(Py::new(py, PyTensorMessage::received(py, message, writable)?)?.into_any())
+            let (writable, route) = (writable(route), route.map(route_name));
+            Ok(Py::new(py, PyTensorMessage::received(py, message, writable, route)?)?.into_any())
         }
         Reply::Single { msg_type, data } => match msg_type.as_str() {
             ACK if data.is_empty() => Ok(py.None()),
@@ -91,5 +92,21 @@ pub(crate) fn reply_to_py(
                 .into_any()
                 .unbind()),
         },
+    }
+}
+
+/// Whether a reply that came over `route` lies in this process's own receive memory (a
+/// writable view), rather than aliasing a sender here or a peer's shared memory.
+pub(crate) fn writable(route: Option<Route>) -> bool {
+    matches!(route, Some(Route::RawTcp | Route::Http2))
+}
+
+/// A path's name in the Python API.
+pub(crate) fn route_name(route: Route) -> &'static str {
+    match route {
+        Route::LocalMailbox => "local",
+        Route::SharedMemory => "shm",
+        Route::RawTcp => "raw",
+        Route::Http2 => "http2",
     }
 }

@@ -181,7 +181,7 @@ impl PyRequest {
             credentials,
             message: Py::new(
                 py,
-                PyTensorMessage::received(py, request.message, writable)?,
+                PyTensorMessage::received(py, request.message, writable, None)?,
             )?,
             replier: Mutex::new(Some(replier)),
             pickle,

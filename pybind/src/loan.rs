@@ -21,7 +21,7 @@ use crate::buffers::{Buffer, drain_releases};
 use crate::errors::{OutOfMemory, ShutDown};
 
 /// A shared-memory slot on loan: a writable buffer until [`PyLoan::freeze`].
-#[pyclass(frozen, module = "tensorwire._native", name = "Loan")]
+#[pyclass(frozen, weakref, module = "tensorwire._native", name = "Loan")]
 pub(crate) struct PyLoan {
     state: Mutex<State>,
     /// Where the window maps the loan (stable while this object lives) and its length.
@@ -99,6 +99,13 @@ impl PyLoan {
 
     fn __len__(&self) -> usize {
         self.len
+    }
+
+    /// Where this process maps the loan (so an array made with `numpy.ndarray(buffer=loan)`
+    /// can be told to cover it exactly).
+    #[getter]
+    fn address(&self) -> usize {
+        self.ptr
     }
 
     /// Whether it was frozen.

@@ -19,6 +19,8 @@ pub(crate) struct PyTensorMessage {
     pub(crate) inner: TensorMessage,
     /// The Python objects behind `buffers` (what the caller passed, or received `Buffer`s).
     objects: Py<PyList>,
+    /// The path a received reply came over (`None` for messages built here, and requests).
+    route: Option<&'static str>,
 }
 
 #[pymethods]
@@ -43,6 +45,7 @@ impl PyTensorMessage {
         Ok(Self {
             inner: TensorMessage::new(version, metadata, bytes),
             objects: objects.unbind(),
+            route: None,
         })
     }
 
@@ -62,6 +65,13 @@ impl PyTensorMessage {
     #[getter]
     fn buffers<'py>(&self, py: Python<'py>) -> Bound<'py, PyTuple> {
         PyTuple::new(py, self.objects.bind(py).iter()).unwrap_or_else(|_| PyTuple::empty(py))
+    }
+
+    /// The path a received reply came over (`local`, `shm`, `raw`, `http2`); `None` for a
+    /// message built here and for requests.
+    #[getter]
+    fn route(&self) -> Option<&'static str> {
+        self.route
     }
 
     /// The sum of the buffers' lengths.
@@ -99,8 +109,14 @@ impl Drop for PyTensorMessage {
 }
 
 impl PyTensorMessage {
-    /// Wraps a received message; its buffers become `Buffer` views.
-    pub(crate) fn received(py: Python<'_>, inner: TensorMessage, writable: bool) -> PyResult<Self> {
+    /// Wraps a received message; its buffers become `Buffer` views. `route` is the path a
+    /// reply came over.
+    pub(crate) fn received(
+        py: Python<'_>,
+        inner: TensorMessage,
+        writable: bool,
+        route: Option<&'static str>,
+    ) -> PyResult<Self> {
         let objects = PyList::empty(py);
         for bytes in &inner.buffers {
             objects.append(Py::new(py, Buffer::new(bytes.clone(), writable))?)?;
@@ -108,6 +124,7 @@ impl PyTensorMessage {
         Ok(Self {
             inner,
             objects: objects.unbind(),
+            route,
         })
     }
 }

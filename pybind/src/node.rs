@@ -16,11 +16,12 @@ use tensorwire_engine::{Node, Preference};
 
 use crate::buffers::drain_releases;
 use crate::config::{TlsArgs, http2_config, shm_access};
+use crate::convert::route_name;
 use crate::endpoint::PyEndpoint;
 use crate::errors::{InvalidArgument, OutOfMemory, to_py};
 use crate::handlers::{self, HandlerSlot};
 use crate::loan::PyLoan;
-use crate::reference::{PyRef, route_name, via};
+use crate::reference::{PyRef, via};
 use crate::shm::PyShm;
 use crate::stats::node_stats;
 
@@ -42,9 +43,12 @@ impl Drop for PyNode {
         let node = self.node.clone();
         let threads = std::mem::take(&mut *lock(&self.threads));
         let detached = Python::try_attach(|py| {
+            let finalizing = finalizing(py);
             py.detach(|| {
                 node.shutdown();
-                join(threads);
+                if !finalizing {
+                    join(threads);
+                }
             })
         });
         if detached.is_none() {
@@ -53,6 +57,15 @@ impl Drop for PyNode {
             self.node.shutdown();
         }
     }
+}
+
+/// Whether the interpreter is shutting down: a thread that tries to take the GIL then blocks
+/// forever, so handler threads must not be joined (the process's exit ends them).
+fn finalizing(py: Python<'_>) -> bool {
+    py.import("sys")
+        .and_then(|sys| sys.call_method0("is_finalizing"))
+        .and_then(|v| v.extract::<bool>())
+        .unwrap_or(true)
 }
 
 /// Joins handler threads, except the calling one (a handler that closed its own node).
@@ -234,9 +247,12 @@ impl PyNode {
     fn close(&self, py: Python<'_>) {
         let node = self.node.clone();
         let threads = std::mem::take(&mut *lock(&self.threads));
+        let finalizing = finalizing(py);
         py.detach(move || {
             node.shutdown();
-            join(threads);
+            if !finalizing {
+                join(threads);
+            }
         });
         drain_releases(py);
     }

@@ -13,7 +13,7 @@ use pyo3::prelude::*;
 use tensorwire_engine::{Destination, Error, Node, Pending, Route, Via};
 
 use crate::buffers::drain_releases;
-use crate::convert::reply_to_py;
+use crate::convert::{reply_to_py, route_name};
 use crate::errors::{InvalidArgument, to_py};
 use crate::message::PyTensorMessage;
 use crate::pump::{Outcome, Pump};
@@ -68,7 +68,7 @@ impl PyRef {
                 .ask_blocking_to(&self.to, message, timeout, Some(&stop))
         });
         match result {
-            Ok((reply, route)) => reply_to_py(py, reply, writable(route), self.pickle),
+            Ok((reply, route)) => reply_to_py(py, reply, Some(route), self.pickle),
             Err(e) => Err(interrupted
                 .into_inner()
                 .unwrap_or_else(PoisonError::into_inner)
@@ -140,7 +140,7 @@ impl PyRef {
         Ok(pump.get().start(Box::pin(async move {
             let (result, route) = finish(pending).await;
             Box::new(move |py: Python<'_>| match result {
-                Ok(reply) => reply_to_py(py, reply, writable(route), pickle),
+                Ok(reply) => reply_to_py(py, reply, route, pickle),
                 Err(e) => Err(to_py(&e, &context.text())),
             }) as Outcome
         })))
@@ -222,12 +222,6 @@ fn interrupt(raised: &Mutex<Option<PyErr>>) -> bool {
     })
 }
 
-/// Whether a reply that came over `route` lies in this process's own receive memory (a
-/// writable view), rather than aliasing a sender here or a peer's shared memory.
-pub(crate) fn writable(route: impl Into<Option<Route>>) -> bool {
-    matches!(route.into(), Some(Route::RawTcp | Route::Http2))
-}
-
 /// `transport=` to the paths a send may take (`auto`: the node's preference).
 pub(crate) fn via(transport: &str) -> PyResult<(Via, &'static str)> {
     Ok(match transport {
@@ -242,15 +236,6 @@ pub(crate) fn via(transport: &str) -> PyResult<(Via, &'static str)> {
             )));
         }
     })
-}
-
-pub(crate) fn route_name(route: Route) -> &'static str {
-    match route {
-        Route::LocalMailbox => "local",
-        Route::SharedMemory => "shm",
-        Route::RawTcp => "raw",
-        Route::Http2 => "http2",
-    }
 }
 
 pub(crate) fn seconds(timeout: f64) -> PyResult<Duration> {

@@ -80,3 +80,24 @@ def test_received_memory_lives_while_a_view_does(node: tw.Node, server: tw.Node)
             tw.TensorMessage(b"", [np.zeros(1 << 20, np.uint32)])
         )
     assert np.array_equal(view, np.arange(1 << 20, dtype=np.uint32))
+
+
+def test_a_node_left_open_with_handler_threads_does_not_hang_the_interpreters_exit() -> None:
+    # At exit, a handler thread that wakes cannot take the GIL any more (CPython parks it for
+    # good): the node dropped during finalization must not wait for it.
+    import subprocess
+    import sys
+
+    script = (
+        "import tensorwire as tw\n"
+        "n = tw.Node()\n"
+        "n.serve('echo', lambda m: m, threads=2)\n"
+        "r = n.ref(n.address, 'echo')\n"
+        "assert r.ask(tw.TensorMessage(b'', [b'abc'])).route == 'local'\n"
+        "print('asked')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "asked"

@@ -98,6 +98,7 @@ pub(crate) fn to_json(r: &Results, options: &Options) -> Value {
             "not_applicable": pairs(&r.peers.not_applicable, "peer", "reason"),
             "failed": pairs(&r.peers.failed, "peer", "reason"),
         },
+        "ray_rdt": r.ray.to_json(),
     })
 }
 

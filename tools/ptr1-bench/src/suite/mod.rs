@@ -13,6 +13,7 @@ mod cases;
 mod columns;
 mod json;
 mod peers;
+mod ray_rdt;
 mod references;
 mod server;
 mod table;
@@ -69,6 +70,8 @@ pub(crate) struct Results {
     pub(crate) samples: Vec<Vec<Vec<Measurement>>>,
     pub(crate) references: references::References,
     pub(crate) peers: peers::Peers,
+    /// Ray actor to actor: tensorwire's Ray Direct Transport and Ray's object store.
+    pub(crate) ray: ray_rdt::RayRdt,
     /// Fixture processes' resident memory after start and after the matrix.
     pub(crate) fixture_rss: (FixtureRss, FixtureRss),
     /// A fresh receiver's peak resident memory after one 1 GiB message, per column.
@@ -108,6 +111,7 @@ pub(crate) fn suite(options: &Options) -> Result<()> {
     drop(lanes);
     let references = references::References::measure(&plan);
     let peers = peers::Peers::measure(options, &plan);
+    let ray = ray_rdt::RayRdt::measure(&plan);
     let peak_rss_1gib = if plan.quick {
         Vec::new()
     } else {
@@ -122,6 +126,7 @@ pub(crate) fn suite(options: &Options) -> Result<()> {
         samples,
         references,
         peers,
+        ray,
         fixture_rss: (rss_start, rss_end),
         peak_rss_1gib,
         environment,

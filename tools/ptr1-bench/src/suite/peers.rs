@@ -202,14 +202,14 @@ pub(crate) fn is_tensorwire(name: &str) -> bool {
 }
 
 /// The workspace this binary was built in (`target/<profile>/ptr1-bench` → the root).
-fn workspace_root() -> Option<PathBuf> {
+pub(crate) fn workspace_root() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     exe.ancestors()
         .find(|dir| dir.join("pybind/bench/bench.py").is_file())
         .map(Path::to_path_buf)
 }
 
-fn python_with_tensorwire(root: &Path) -> Option<PathBuf> {
+pub(crate) fn python_with_tensorwire(root: &Path) -> Option<PathBuf> {
     [root.join(".venv/bin/python"), PathBuf::from("python3")]
         .into_iter()
         .find(|python| {

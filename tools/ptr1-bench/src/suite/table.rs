@@ -23,6 +23,7 @@ pub(crate) fn print(r: &Results) {
     references(r);
     memory(r);
     peers_table(r);
+    r.ray.print();
 }
 
 /// Every case on every column, with the ratios.
