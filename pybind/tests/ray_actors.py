@@ -46,6 +46,12 @@ class Producer:
         self.kept = array
         return array
 
+    @ray.method(tensor_transport="tensorwire")
+    def again(self, index: int) -> np.ndarray:
+        """Writes another pattern into the array ``make_loaned`` returned, returns it again."""
+        self.kept[:] = pattern(len(self.kept), index)
+        return self.kept
+
     def scribble(self) -> None:
         """Writes over the array ``make_loaned`` returned (the object must not change)."""
         self.kept[:] = 0
@@ -124,13 +130,6 @@ class Plain:
 
     def make(self, nbytes: int, count: int) -> list[np.ndarray]:
         return [pattern(nbytes, i) for i in range(count)]
-
-
-@ray.remote
-def fetch_in_a_task(refs: list[ray.ObjectRef], nbytes: int) -> bool:
-    """A plain Ray task (no actor Ray set the transport up in) fetching an object."""
-    (arrays,) = ray.get(refs)
-    return bool(np.array_equal(arrays, pattern(nbytes, 5)))
 
 
 def wait_for(predicate: Any, seconds: float) -> bool:

@@ -84,10 +84,16 @@ def test_ray_put_in_the_driver_and_ray_get_in_the_driver(pair: tuple[Any, Any]) 
 
 
 def test_a_plain_ray_task_fetches_after_registering_from_the_metadata(pair: tuple[Any, Any]) -> None:
-    from ray_actors import fetch_in_a_task, pattern
+    import uuid
+
+    from ray_actors import pattern
+    from ray_plain_task import fetch_in_a_task
 
     ref = ray.put(pattern(4096, 5), _tensor_transport="tensorwire")
-    assert ray.get(fetch_in_a_task.remote([ref], 4096), timeout=60)
+    # A runtime_env of its own: a fresh worker, which never imported tensorwire.
+    fresh = {"env_vars": {"PYTHONPATH": HERE, "FRESH_WORKER": uuid.uuid4().hex}}
+    seen = ray.get(fetch_in_a_task.options(runtime_env=fresh).remote([ref], 4096), timeout=120)
+    assert seen == {"registered": True, "intact": True}
 
 
 def test_arrays_from_empty_travel_without_a_copy_and_never_change(pair: tuple[Any, Any]) -> None:
@@ -103,6 +109,14 @@ def test_arrays_from_empty_travel_without_a_copy_and_never_change(pair: tuple[An
     assert after["shm_bytes_copied"] == before["shm_bytes_copied"]
     assert after["shm_zero_copy_buffers"] >= before["shm_zero_copy_buffers"] + 1
     assert np.array_equal(ray.get(ref), pattern(64 * MiB, 3))
+
+
+def test_an_empty_array_returned_again_carries_its_new_bytes(pair: tuple[Any, Any]) -> None:
+    producer, consumer = pair
+    first = producer.make_loaned.remote(MiB)
+    second = producer.again.remote(7)  # the same array, rewritten, returned again
+    assert ray.get(consumer.check.remote(second, MiB, 1, 7))["intact"]
+    assert ray.get(consumer.check.remote(first, MiB, 1, 3))["intact"]
 
 
 def test_ptr1_when_the_consumer_prefers_it(cluster: None) -> None:
@@ -233,9 +247,13 @@ def test_abort_cancels_a_fetch_in_flight(cluster: None) -> None:
         threading.Timer(0.2, manager.abort_transport, ("abort-me", None)).start()
         with pytest.raises(twr.FetchError, match="aborted"):
             manager.wait_fetch_complete(request, timeout=30)
+        # A fetch Ray starts after the abort fails at once.
+        with pytest.raises(twr.FetchError, match="aborted"):
+            manager.fetch_multiple_tensors("abort-me", meta, None)
     finally:
         release()
     assert rt.stats()["fetches_aborted"] >= 1
+    assert wait_for_stat(rt, "fetches_in_flight", 0)
 
 
 def test_target_buffers_are_filled_in_place(cluster: None) -> None:
@@ -252,23 +270,55 @@ def test_target_buffers_are_filled_in_place(cluster: None) -> None:
 def test_a_fetch_without_the_objects_token_gets_nothing(cluster: None) -> None:
     import json
 
-    rt, _, meta = _held_here("guarded", [np.ones(4)])
+    rt, manager, meta = _held_here("guarded", [np.ones(4)])
+    refused = rt.stats().get("requests_refused", 0)
+
+    def ask(request: Any, buffers: tuple[bytes, ...] = ()) -> Any:
+        body = request if isinstance(request, bytes) else json.dumps(request).encode()
+        return ref.ask(tw.TensorMessage(body, list(buffers)), timeout=10)
+
     with tw.Node() as stranger:
         ref = stranger.ref(rt.address, twr._runtime.ENDPOINT)
-        request = {"schema": twr._runtime.SCHEMA, "object": "guarded", "token": "0" * 32}
-        with pytest.raises(tw.RemoteError, match="not held"):
-            ref.ask(tw.TensorMessage(json.dumps(request).encode(), []), timeout=10)
+        good = {"schema": twr._runtime.SCHEMA, "object": "guarded", "token": meta.token}
+        assert len(ask(good).buffers) == 1  # the right token gets the bytes
+        for token in ("0" * 32, "é" * 32, meta.token[:-1]):
+            with pytest.raises(tw.RemoteError, match="not held|fetch request"):
+                ask({**good, "token": token})
+        for bad in (b"\xff not json", b"[" * 100_000, b"{}"):
+            with pytest.raises(tw.RemoteError, match="fetch request"):
+                ask(bad)
         with pytest.raises(tw.RemoteError, match="fetch request"):
-            ref.ask(tw.TensorMessage(b"\xff not json", []), timeout=10)
-    assert rt.stats()["requests_refused"] >= 2
+            ask(good, (b"unasked",))
+        # Freed by Ray: the right token gets nothing either.
+        manager.garbage_collect("guarded", meta, [])
+        with pytest.raises(tw.RemoteError, match="not held"):
+            ask(good)
+    assert rt.stats()["requests_refused"] == refused + 8
+
+
+def test_an_actor_whose_node_cannot_start_fails_at_the_call_with_the_reason(cluster: None) -> None:
+    from ray_actors import Producer
+
+    # 203.0.113.1 (TEST-NET-3) is no address of this host: binding it fails, nothing is sent.
+    env = {"env_vars": {"PYTHONPATH": HERE, "TENSORWIRE_RAY_BIND": "203.0.113.1:0"}}
+    producer = Producer.options(runtime_env=env).remote()
+    with pytest.raises(ValueError, match="cannot start"):
+        producer.make.remote(4096, 1)
 
 
 def test_register_refuses_other_settings_once_registered(cluster: None) -> None:
+    twr._runtime.runtime()  # this process's node runs (started by an earlier test, or now)
     twr.register()  # the settings it runs with: nothing to do
     with pytest.raises(ValueError, match="already runs"):
         twr.register(transport="raw")
     with pytest.raises(ValueError, match="transport="):
         twr.register(transport="carrier-pigeon")
+
+
+def wait_for_stat(rt: Any, name: str, value: int) -> bool:
+    from ray_actors import wait_for
+
+    return wait_for(lambda: rt.stats().get(name) == value, 10)
 
 
 def _held_here(obj_id: str, arrays: list[np.ndarray]) -> tuple[Any, Any, Any]:

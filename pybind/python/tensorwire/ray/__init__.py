@@ -5,8 +5,8 @@ Call :func:`register` in the driver before creating actors, then mark producing 
 "tensorwire")``). Each Ray process that produces or consumes such an object starts one
 tensorwire node; the producer keeps its arrays until Ray frees the object, the consumer
 fetches them with one ask: over shared memory on the same host (zero copies for arrays made
-by :func:`empty`, one otherwise), over PTR1 across hosts, over HTTP/2 + TLS when TLS is
-configured. See ``docs/ray.md``.
+by :func:`empty`, one otherwise; numpy consumers get read-only views, torch consumers a copy),
+over PTR1 across hosts, over HTTP/2 + TLS when TLS is configured. See ``docs/ray.md``.
 
 What it does not do: GPU tensors (CPU numpy arrays and CPU torch tensors only), two-sided
 sends (Ray's ``send_multiple_tensors``; the consumer always fetches), or moving anything that

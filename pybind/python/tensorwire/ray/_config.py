@@ -55,6 +55,11 @@ class Config:
                 values[name] = _parse(name, raw)
         return replace(self, **values)
 
+    def shareable(self) -> Config:
+        """These settings as another process may adopt them: without the bind address
+        (another process, or another host, binds where its own settings say)."""
+        return replace(self, bind=None)
+
     def node_options(self) -> dict[str, Any]:
         """Keyword arguments of :class:`tensorwire.Node` (bind excluded)."""
         return {

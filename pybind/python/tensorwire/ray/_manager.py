@@ -28,7 +28,7 @@ from ray.experimental.rdt.tensor_transport_manager import FetchRequest
 from .. import _errors
 from . import _registry
 from ._config import Config
-from ._runtime import FetchError, FetchTimeout, runtime
+from ._runtime import FetchError, FetchTimeout, current, runtime
 from ..tensors import _TORCH_ONLY
 from ._store import Described
 
@@ -94,16 +94,21 @@ class TensorwireTransport(TensorTransportManager):
         with self._checked_lock:
             if key in self._checked:
                 return True
-        probe: Any = actor.__ray_call__.options(concurrency_group="_ray_system").remote(
-            _start_node, _registry.settings()
+        # Not on "_ray_system": a fetch stalled there would hold the check up.
+        probe: Any = actor.__ray_call__.options(concurrency_group="_ray_system_error").remote(
+            _start_node, _registry.settings().shareable()
         )
         try:
             ray.get(probe, timeout=60)
+        except ray.exceptions.GetTimeoutError:
+            raise ValueError(
+                f"{actor} did not answer tensorwire's check within 60 s (is it busy or stuck?)"
+            ) from None
         except Exception as e:
             raise ValueError(
                 f"the tensorwire transport cannot start in {actor}: {e}. Install tensorwire "
                 "in the actor's environment and check tensorwire.ray.register()'s settings "
-                "(bind address, TLS files)"
+                "and the actor's TENSORWIRE_RAY_* / TENSORWIRE_TLS_* environment"
             ) from e
         with self._checked_lock:
             self._checked.add(key)
@@ -122,7 +127,7 @@ class TensorwireTransport(TensorTransportManager):
             pid=os.getpid(),
             described=described,
             nbytes=sum(_nbytes(d) for d in described),
-            config=_registry.settings(),
+            config=_registry.settings().shareable(),
         )
 
     def get_communicator_metadata(
@@ -212,10 +217,14 @@ class TensorwireTransport(TensorTransportManager):
     def garbage_collect(
         self, obj_id: str, tensor_transport_meta: TensorTransportMetadata, tensors: list[Any]
     ) -> None:
-        runtime().store.drop(obj_id)
+        rt = current()
+        if rt is not None:
+            rt.store.drop(obj_id)
 
     def abort_transport(self, obj_id: str, communicator_metadata: CommunicatorMetadata) -> None:
-        runtime().abort(obj_id)
+        rt = current()
+        if rt is not None:
+            rt.abort(obj_id)
 
 
 class TensorwireTorchTransport(TensorwireTransport):
@@ -227,7 +236,9 @@ class TensorwireTorchTransport(TensorwireTransport):
 def _start_node(actor: Any, config: Config) -> str:
     """Runs in an actor: starts its node (once, with the caller's settings unless it has its
     own) and says where it listens."""
-    _registry.adopt(config)
+    conflict = _registry.adopt(config)
+    if conflict is not None:
+        raise RuntimeError(f"tensorwire in this process cannot take the caller's settings: {conflict}")
     return runtime().address
 
 

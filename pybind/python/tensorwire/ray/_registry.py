@@ -3,14 +3,16 @@
 Importing :mod:`tensorwire.ray` registers the transport in that process (so a module that
 defines ``@ray.method(tensor_transport="tensorwire")`` passes Ray's check wherever it is
 imported). The settings come from :func:`tensorwire.ray.register` in this process; else from
-the first caller that reached this process (Ray's check before an actor method, or the
-metadata of an object it fetches); else from the environment.
+the latest caller that reached this process before its node started (Ray's check before an
+actor method, or the metadata of an object it fetches); else from the environment. A bind
+address never travels: each process binds where its own settings say.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -62,12 +64,20 @@ def configure(config: Config) -> None:
         _settings, _explicit = config, True
 
 
-def adopt(config: Config) -> None:
-    """Settings a caller sent; kept unless this process was given its own or started."""
+def adopt(config: Config) -> str | None:
+    """Settings a caller sent; kept unless this process was given its own or started. Returns
+    why they cannot apply when this process's node already runs with other settings."""
     global _settings
+    config = config.shareable()
     with _lock:
         if not _explicit and _started is None:
             _settings = config
+            return None
+        if _started is not None and not _explicit:
+            wanted = config.resolved()
+            if wanted.shareable() != _started.shareable():
+                return f"its node already runs with {_started}, not {wanted}"
+        return None
 
 
 def settings() -> Config:
@@ -76,11 +86,19 @@ def settings() -> Config:
         return _settings if _settings is not None else Config()
 
 
-def started(resolved: Config) -> None:
-    """Notes the settings the node was started with."""
+def start(resolve: Callable[[Config], Config]) -> Config:
+    """The settings to start this process's node with, resolved, noted as started (so a
+    ``register()`` from now on cannot be silently lost)."""
     global _started
     with _lock:
-        _started = resolved
+        _started = resolve(_settings if _settings is not None else Config())
+        return _started
+
+
+def start_failed() -> None:
+    global _started
+    with _lock:
+        _started = None
 
 
 def _torch_tensor_type() -> type | None:

@@ -28,7 +28,7 @@ from .._node import Node, Ref
 from ..tensors import _TORCH_ONLY, _to_torch
 from . import _registry
 from ._config import Config
-from ._store import Described, Store
+from ._store import TOKEN_CHARS, Described, Store
 
 ENDPOINT = "/named/tensorwire/ray/objects"
 """The endpoint every process's node serves its held objects on."""
@@ -37,7 +37,13 @@ SCHEMA = "tensorwire.ray/1"
 """What a fetch's metadata says it is."""
 
 _MAX_REFS = 1024
-"""How many producers' references a process keeps (least recently used go first)."""
+"""How many producers' references (and recently aborted objects) a process keeps."""
+
+_MAX_REQUEST = 4096
+"""The longest fetch request served (an object id and a token take about 150 bytes)."""
+
+_ABORT_MEMORY = 60.0
+"""Seconds an aborted object's later fetches fail at once."""
 
 _log = logging.getLogger("tensorwire.ray")
 
@@ -59,20 +65,25 @@ class Runtime:
     """This process's node, the objects it holds, and its fetches in flight."""
 
     def __init__(self, config: Config) -> None:
-        self.config = config.resolved()
+        self.config = config
         bind = self.config.bind or f"{_node_ip()}:0"
         self.node = Node(bind, **self.config.node_options())
+        self.address = _reachable(self.node.address)
+        """Where other processes reach this node (a wildcard bind advertises the Ray node's IP)."""
         self.store = Store()
-        self.node.serve(ENDPOINT, self._serve, threads=2)
-        self._lock = threading.Lock()
+        # Re-entrant: a fetch cancelled from a finalizer runs its done callback on a thread
+        # that may already hold it.
+        self._lock = threading.RLock()
         self._refs: OrderedDict[str, Ref] = OrderedDict()
         self._fetching: dict[str, set[concurrent.futures.Future[Any]]] = {}
+        #: Objects whose fetches were aborted lately, so a fetch Ray starts after the abort
+        #: fails at once instead of running to its timeout.
+        self._aborted: OrderedDict[str, float] = OrderedDict()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.counters: Counter[str] = Counter()
-
-    @property
-    def address(self) -> str:
-        return self.node.address
+        # The native form: a refused request is answered with its reason, not logged (any
+        # peer can send them).
+        self.node._native.serve(ENDPOINT, self._serve, threads=2, pickle=False)
 
     def fetch(self, obj_id: str, address: str, token: str) -> concurrent.futures.Future[Any]:
         """Starts fetching ``obj_id`` from the node at ``address``; the future's result is the
@@ -80,10 +91,12 @@ class Runtime:
         timeout = self.config.timeout or _ray_fetch_timeout()
         request = json.dumps({"schema": SCHEMA, "object": obj_id, "token": token})
         message = TensorMessage(request.encode(), [])
-        future = asyncio.run_coroutine_threadsafe(
-            self._ref(address).ask_async(message, timeout), self._event_loop()
-        )
         with self._lock:
+            if self._aborted.get(obj_id, 0.0) > time.monotonic():
+                raise FetchError(f"fetching object {obj_id} was aborted")
+            future = asyncio.run_coroutine_threadsafe(
+                self._ref(address).ask_async(message, timeout), self._event_loop()
+            )
             self._fetching.setdefault(obj_id, set()).add(future)
         started = time.perf_counter()
         future.add_done_callback(lambda done: self._fetched(obj_id, done, started))
@@ -93,6 +106,9 @@ class Runtime:
         """Cancels this process's fetches of ``obj_id``; returns how many were in flight."""
         with self._lock:
             futures = self._fetching.pop(obj_id, set())
+            self._aborted[obj_id] = time.monotonic() + _ABORT_MEMORY
+            while len(self._aborted) > _MAX_REFS:
+                self._aborted.popitem(last=False)
         in_flight = [f for f in futures if not f.done()]
         # Counted first: cancelling wakes the waiter, who may read the stats at once.
         self.count("fetches_aborted", len(in_flight))
@@ -127,16 +143,15 @@ class Runtime:
                 f"object {obj_id} has {len(described)} arrays, {len(target_buffers)} target "
                 "buffers were given"
             )
+        views = [_view(obj_id, i, b, what) for i, (b, what) in enumerate(zip(buffers, described, strict=True))]
         self.count(f"fetched_{reply.route or 'unknown'}")
         self.count("fetched_bytes", reply.total_bytes)
-        out = []
-        for index, (buffer, what) in enumerate(zip(buffers, described, strict=True)):
-            array = _view(obj_id, index, buffer, what)
-            if target_buffers is None:
-                out.append(_to_torch(array, what.dtype) if what.kind == "torch" else array)
-            else:
-                out.append(_fill(obj_id, index, target_buffers[index], array))
-        return out
+        if target_buffers is not None:
+            return [_fill(obj_id, i, t, a) for i, (t, a) in enumerate(zip(target_buffers, views, strict=True))]
+        return [
+            _to_torch(array, what.dtype) if what.kind == "torch" else array
+            for array, what in zip(views, described, strict=True)
+        ]
 
     def stats(self) -> dict[str, Any]:
         objects, nbytes = self.store.totals()
@@ -161,13 +176,15 @@ class Runtime:
     def _serve(self, message: TensorMessage) -> TensorMessage:
         """Answers a fetch with the object's buffers (a lookup: no copy here)."""
         try:
+            if len(message) or len(message.metadata) > _MAX_REQUEST:
+                raise ValueError
             request = json.loads(bytes(message.metadata))
             obj_id, token = request["object"], request["token"]
             if request.get("schema") != SCHEMA or not isinstance(obj_id, str):
                 raise ValueError
-            if not isinstance(token, str):
+            if not isinstance(token, str) or len(token) != TOKEN_CHARS:
                 raise ValueError
-        except (ValueError, KeyError, TypeError):
+        except Exception:  # anything a peer sends: bad JSON, nesting, types, buffers
             self.count("requests_refused")
             raise ValueError(f"not a {SCHEMA} fetch request") from None
         held = self.store.lookup(obj_id, token)
@@ -247,6 +264,14 @@ def _fill(obj_id: str, index: int, target: Any, array: np.ndarray) -> Any:
     return target
 
 
+def _reachable(address: str) -> str:
+    """``address`` with a wildcard host (``0.0.0.0``, ``[::]``) replaced by this Ray node's IP."""
+    host, _, port = address.rpartition(":")
+    if host in ("0.0.0.0", "[::]", "::"):
+        return f"{_node_ip()}:{port}"
+    return address
+
+
 def _node_ip() -> str:
     try:
         import ray.util
@@ -271,8 +296,12 @@ def runtime() -> Runtime:
     global _runtime
     with _runtime_lock:
         if _runtime is None:
-            _runtime = Runtime(_registry.settings())
-            _registry.started(_runtime.config)
+            config = _registry.start(Config.resolved)
+            try:
+                _runtime = Runtime(config)
+            except BaseException:
+                _registry.start_failed()
+                raise
             atexit.register(_runtime.close)
         return _runtime
 

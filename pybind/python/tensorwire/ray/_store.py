@@ -1,8 +1,9 @@
 """The arrays a producing process keeps for Ray until Ray frees the object.
 
 Each object is held under its Ray object id with a random token: only a fetch that presents
-the token (which travels in Ray's metadata, never on tensorwire's wire unasked) gets the bytes,
-so a peer that can reach the port but guesses object ids gets nothing.
+the token gets the bytes, so a peer that can reach the port but guesses object ids gets
+nothing. The token travels in Ray's metadata and in the fetch; over PTR1 without TLS a peer
+that can read the network can read it (and the arrays) too.
 """
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ from __future__ import annotations
 import hmac
 import secrets
 import threading
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .. import _errors as tw_errors
 from .._native import Buffer, Loan
 
 
@@ -30,12 +31,17 @@ class Described:
     kind: str
 
 
+TOKEN_CHARS = 32
+"""A token is this many lowercase hex digits (128 random bits)."""
+
+
 @dataclass(frozen=True)
 class Held:
     """One object's bytes, in the order Ray listed its arrays."""
 
     token: str
     buffers: tuple[Any, ...]
+    described: tuple[Described, ...]
     nbytes: int
     loaned: int
     """How many of them travel from a frozen loan (no copy on the same host)."""
@@ -48,14 +54,16 @@ class Store:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held: dict[str, Held] = {}
-        #: Loans frozen for an earlier object, so a second object of the same array reuses
-        #: the read-only buffer instead of copying.
-        self._frozen: weakref.WeakKeyDictionary[Loan, Buffer] = weakref.WeakKeyDictionary()
 
     def hold(self, obj_id: str, tensors: Sequence[Any]) -> tuple[str, list[Described]]:
         """Keeps ``tensors`` (numpy arrays or CPU torch tensors) under ``obj_id``; returns the
         object's token and what describes each array. Raises ``ValueError`` (naming the
-        array) for what cannot travel: object dtypes, tensors off the CPU."""
+        array) for what cannot travel: object or structured dtypes, tensors off the CPU.
+        Holding an id again (Ray retrying the task that made it) keeps the first copy."""
+        with self._lock:
+            held = self._held.get(obj_id)
+        if held is not None:
+            return held.token, list(held.described)
         buffers: list[Any] = []
         described: list[Described] = []
         nbytes = loaned = 0
@@ -69,16 +77,16 @@ class Store:
                 buffers.append(_flat_bytes(array))
             described.append(Described(dtype, tuple(int(d) for d in array.shape), kind))
             nbytes += array.nbytes
-        token = secrets.token_hex(16)
+        held = Held(secrets.token_hex(TOKEN_CHARS // 2), tuple(buffers), tuple(described), nbytes, loaned)
         with self._lock:
-            self._held[obj_id] = Held(token, tuple(buffers), nbytes, loaned)
-        return token, described
+            held = self._held.setdefault(obj_id, held)
+        return held.token, list(held.described)
 
     def lookup(self, obj_id: str, token: str) -> Held | None:
         """The object, if it is held here and ``token`` is its token."""
         with self._lock:
             held = self._held.get(obj_id)
-        if held is None or not hmac.compare_digest(held.token, token):
+        if held is None or not hmac.compare_digest(held.token.encode(), token.encode()):
             return None
         return held
 
@@ -92,26 +100,24 @@ class Store:
         with self._lock:
             return len(self._held), sum(h.nbytes for h in self._held.values())
 
-    def _frozen_loan(self, array: np.ndarray) -> Buffer | None:
-        """The read-only buffer of the loan ``array`` covers exactly (made by
-        :func:`tensorwire.ray.empty`), freezing it the first time; ``None`` for any other
-        array. From then on the producer's writes to ``array`` go to a private copy: the
-        object's bytes never change."""
+    @staticmethod
+    def _frozen_loan(array: np.ndarray) -> Buffer | None:
+        """The loan ``array`` covers exactly (made by :func:`tensorwire.ray.empty`), frozen
+        into a read-only buffer; ``None`` for any other array, and for a loan frozen before
+        (an array returned again: its later writes went to a private copy, so its bytes
+        travel as a copy). From then on the producer's writes to ``array`` go to a private
+        copy: the object's bytes never change."""
         base = array.base
         while isinstance(base, np.ndarray):
             base = base.base
-        if not isinstance(base, Loan) or not array.flags.c_contiguous:
+        if not isinstance(base, Loan) or not array.flags.c_contiguous or base.frozen:
             return None
         if array.nbytes != len(base) or array.__array_interface__["data"][0] != base.address:
             return None
-        with self._lock:
-            frozen = self._frozen.get(base)
-            if frozen is None and not base.frozen:
-                try:
-                    frozen = self._frozen[base] = base.freeze()
-                except BufferError:
-                    return None  # a view of it is exported: the bytes travel as a copy
-        return frozen
+        try:
+            return base.freeze()
+        except (BufferError, tw_errors.ShutDown):
+            return None  # a view of it is exported, or it was frozen meanwhile: a copy
 
 
 def _as_array(index: int, tensor: Any) -> tuple[np.ndarray, str, str]:
@@ -120,6 +126,11 @@ def _as_array(index: int, tensor: Any) -> tuple[np.ndarray, str, str]:
     from ..tensors import _as_array as as_array
 
     array, kind, dtype = as_array(f"#{index}", tensor)
+    if array.dtype.fields is not None or array.dtype.kind == "V":
+        raise ValueError(
+            f"array #{index} has the structured dtype {array.dtype}; only plain numeric "
+            "arrays travel (send each field as an array of its own)"
+        )
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
     return array, kind, dtype
