@@ -7,7 +7,6 @@
 //! memfd is not bounded by `/dev/shm`), and sealed so its size can never change. Peers map it
 //! read-only. A slot a holder still references is never written, zeroed or reused.
 
-mod loaned;
 mod manager;
 mod os;
 mod quota;

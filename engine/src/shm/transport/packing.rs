@@ -14,7 +14,7 @@ use tensorwire_proto::shm::{Body, MAX_DATAGRAM, Part, Returned, SHARED_PART_BYTE
 use tensorwire_proto::transport::Error;
 use tensorwire_proto::{Limits, TensorMessage, len_u64};
 
-use crate::shm::loaned;
+use crate::shm::segments::loaned;
 use crate::shm::segments::{Segment, Slot, SlotMut};
 use crate::shm::transport::conn::Conn;
 use crate::shm::transport::lending::Lending;

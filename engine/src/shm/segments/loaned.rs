@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use crate::shm::segments::{Segment, Slot};
+use super::{Segment, Slot};
 
 /// Segments by the start address of their owner's mapping; entries whose segment is gone are
 /// skipped and pruned.
