@@ -40,7 +40,7 @@ pub use pending::Pending;
 pub use pool::{PoolBuffer, PoolConfig, PoolStats, ReceivePool};
 pub use tensorwire_proto::TensorMessage;
 pub use tensorwire_proto::route::{Preference, Route};
-pub use tensorwire_proto::session::SessionConfig;
+pub use tensorwire_proto::session::{Keepalive, SessionConfig};
 pub use tensorwire_proto::transport::{Error, LocalPeer, Reply, RequestKind};
 pub use uring::ZeroCopy;
 

@@ -7,6 +7,8 @@ use std::mem::{size_of, zeroed};
 use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
+use tensorwire_proto::session::Keepalive;
+
 /// Calls a libc function and turns `-1` into the thread's `errno`.
 macro_rules! syscall {
     ($fn:ident ( $($arg:expr),* $(,)? )) => {{
@@ -208,6 +210,19 @@ pub(crate) fn process_exists(pid: u32) -> bool {
         Ok(_) => true,
         Err(e) => e.raw_os_error() == Some(libc::EPERM),
     }
+}
+
+/// Turns TCP keepalive on with `keepalive`'s timing (or leaves it off for `None`).
+pub(crate) fn set_keepalive(fd: RawFd, keepalive: Option<Keepalive>) -> io::Result<()> {
+    let Some(keepalive) = keepalive else {
+        return Ok(());
+    };
+    let (idle, interval, probes) = keepalive.socket_values();
+    let int = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
+    set_int_option(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
+    set_int_option(fd, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, int(idle))?;
+    set_int_option(fd, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, int(interval))?;
+    set_int_option(fd, libc::IPPROTO_TCP, libc::TCP_KEEPCNT, int(probes))
 }
 
 /// Sets `TCP_NODELAY`: frames end in partial segments that must not wait for an ACK.

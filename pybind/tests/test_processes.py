@@ -65,7 +65,7 @@ def test_ctrl_c_interrupts_a_blocking_ask() -> None:
     start = time.monotonic()
     # The node's close waits for the sleeping handler up to its shutdown deadline.
     out, err = child.communicate(timeout=30)
-    assert child.returncode == 0, err
+    assert child.returncode == 0, (out, err)
     assert out.startswith("interrupted after"), out
     assert float(out.split()[2]) < 2.0
     assert time.monotonic() - start < 30

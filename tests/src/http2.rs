@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use tensorwire_compat::{Http2, Http2Config, TlsConfig};
 use tensorwire_engine::{Node, NodeBuilder, Preference, Reply};
+use tokio::runtime::Handle;
 
 use crate::Driver;
 use crate::pki::{Ca, Identity};
@@ -26,15 +27,26 @@ impl Wire {
 
     /// Adds this HTTP/2 transport to `builder` (and turns in-process delivery off).
     pub fn configure(&self, builder: NodeBuilder) -> NodeBuilder {
+        self.configure_on(builder, None)
+    }
+
+    /// [`Wire::configure`] with the transport on `runtime` (`None`: the crate's own).
+    pub fn configure_on(&self, builder: NodeBuilder, runtime: Option<Handle>) -> NodeBuilder {
         let builder = builder.in_process_delivery(false);
+        let factory = |config| {
+            let http2 = Http2::new(config);
+            Arc::new(match runtime {
+                Some(runtime) => http2.on_runtime(runtime),
+                None => http2,
+            })
+        };
         match self {
             Self::H2c => builder
                 .preference(Preference::Http2)
-                .transport(Arc::new(Http2::new(Http2Config::h2c()))),
-            Self::Tls(tls) => builder.transport(Arc::new(Http2::new(Http2Config::tls(
-                tls.clone(),
-                tls.serves(),
-            )))),
+                .transport(factory(Http2Config::h2c())),
+            Self::Tls(tls) => {
+                builder.transport(factory(Http2Config::tls(tls.clone(), tls.serves())))
+            }
         }
     }
 

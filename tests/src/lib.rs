@@ -11,7 +11,9 @@ use tensorwire_engine::{Node, NodeBuilder, Reply, TensorMessage};
 use tensorwire_proto::Limits;
 use tensorwire_proto::ptr1::{self, Frame};
 
+pub mod across;
 pub mod http2;
+pub mod netns;
 pub mod pki;
 
 /// Which PTR1 driver runs a node.

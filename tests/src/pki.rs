@@ -53,6 +53,11 @@ impl Ca {
         )
     }
 
+    /// A server certificate for `names` (DNS names or IP addresses).
+    pub fn server_for(&self, names: &[&str]) -> Identity {
+        self.leaf(names, ExtendedKeyUsagePurpose::ServerAuth, false)
+    }
+
     /// A client certificate whose DNS name (the peer identity handlers see) is `name`.
     pub fn client(&self, name: &str) -> Identity {
         self.leaf(&[name], ExtendedKeyUsagePurpose::ClientAuth, false)

@@ -40,12 +40,26 @@ use crate::runtime;
 #[derive(Clone, Debug, Default)]
 pub struct Http2 {
     config: Http2Config,
+    /// Where the transports run; `None` is the crate's own runtime.
+    runtime: Option<Handle>,
 }
 
 impl Http2 {
-    /// A factory with these settings.
+    /// A factory with these settings; its transports run on the crate's own runtime.
     pub fn new(config: Http2Config) -> Self {
-        Self { config }
+        Self {
+            config,
+            runtime: None,
+        }
+    }
+
+    /// Runs the transports on the application's runtime instead, which must have IO and time
+    /// enabled and outlive the nodes. Sockets are made by that runtime's worker threads, so
+    /// they belong to those threads' network namespace.
+    #[must_use]
+    pub fn on_runtime(mut self, runtime: Handle) -> Self {
+        self.runtime = Some(runtime);
+        self
     }
 }
 
@@ -55,7 +69,12 @@ impl TransportFactory for Http2 {
     }
 
     fn start(&self, setup: TransportSetup) -> Result<Arc<dyn Transport>, Error> {
-        Ok(Http2Transport::start(self.config.clone(), setup)?)
+        let config = self.config.clone();
+        let transport = match &self.runtime {
+            Some(runtime) => Http2Transport::start_on(config, setup, runtime.clone())?,
+            None => Http2Transport::start(config, setup)?,
+        };
+        Ok(transport)
     }
 }
 
@@ -80,6 +99,20 @@ impl Http2Transport {
     /// [`Error::Misuse`] if TLS is required but no certificate is configured; [`Error::Io`] if
     /// the runtime cannot start.
     pub fn start(config: Http2Config, setup: TransportSetup) -> Result<Arc<Self>, Error> {
+        let handle = runtime::handle(2).map_err(|e| Error::io("start the tokio runtime", e))?;
+        Self::start_on(config, setup, handle)
+    }
+
+    /// [`Http2Transport::start`] on the runtime of `handle` (IO and time enabled).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] if TLS is required but no certificate is configured.
+    pub fn start_on(
+        config: Http2Config,
+        setup: TransportSetup,
+        handle: Handle,
+    ) -> Result<Arc<Self>, Error> {
         let acceptor = match &config.tls {
             Some(tls) => tls.server.clone().map(tokio_rustls::TlsAcceptor::from),
             None => None,
@@ -89,7 +122,6 @@ impl Http2Transport {
                 "HTTP/2 requires TLS but no server certificate is configured".into(),
             ));
         }
-        let handle = runtime::handle(2).map_err(|e| Error::io("start the tokio runtime", e))?;
         let TransportSetup {
             inbound,
             memory,

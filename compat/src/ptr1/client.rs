@@ -97,7 +97,7 @@ async fn connection(
     let stream = tokio::select! {
         connected = TcpStream::connect(peer) => match connected {
             Ok(stream) => {
-                let _ = stream.set_nodelay(true);
+                io::tune(&stream, shared.session.keepalive);
                 session.handle_connected();
                 Some(stream)
             }

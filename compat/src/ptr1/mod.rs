@@ -27,13 +27,24 @@ const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
 /// Starts [`TokioDriver`]s: plug it into a node as its fallback.
 #[derive(Clone, Debug, Default)]
 pub struct TokioFallback {
-    _private: (),
+    /// Where the drivers run; `None` is the crate's own runtime.
+    runtime: Option<Handle>,
 }
 
 impl TokioFallback {
-    /// The fallback factory.
+    /// The fallback factory; its drivers run on the crate's own runtime (started on first use,
+    /// shared by every driver of the process).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Runs the drivers on the application's runtime instead, which must have IO and time
+    /// enabled and outlive the nodes. Sockets are made by that runtime's worker threads, so
+    /// they belong to those threads' network namespace.
+    pub fn on_runtime(runtime: Handle) -> Self {
+        Self {
+            runtime: Some(runtime),
+        }
     }
 }
 
@@ -43,7 +54,11 @@ impl DriverFactory for TokioFallback {
     }
 
     fn start(&self, setup: DriverSetup) -> Result<Box<dyn Driver>, Error> {
-        Ok(Box::new(TokioDriver::start(setup)?))
+        let driver = match &self.runtime {
+            Some(runtime) => TokioDriver::start_on(setup, runtime.clone())?,
+            None => TokioDriver::start(setup)?,
+        };
+        Ok(Box::new(driver))
     }
 }
 
@@ -102,6 +117,15 @@ impl TokioDriver {
     /// [`Error::Io`] if the runtime or the listener cannot be set up.
     pub fn start(setup: DriverSetup) -> Result<Self, Error> {
         let handle = runtime::handle(setup.threads).map_err(|e| Error::io("starting tokio", e))?;
+        Self::start_on(setup, handle)
+    }
+
+    /// [`TokioDriver::start`] on the runtime of `handle` (IO and time enabled).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] if the listener cannot be set up.
+    pub fn start_on(setup: DriverSetup, handle: Handle) -> Result<Self, Error> {
         setup
             .listener
             .set_nonblocking(true)

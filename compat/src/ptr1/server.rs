@@ -21,7 +21,7 @@ pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    let _ = stream.set_nodelay(true);
+                    io::tune(&stream, shared.session.keepalive);
                     Shared::spawn(&shared, serve(Arc::clone(&shared), stream, peer));
                 }
                 Err(e) => {

@@ -153,6 +153,9 @@ impl BlockingPool {
         let setup = |source| Error::Connect { peer, source };
         stream.set_nodelay(true).map_err(setup)?;
         stream.set_nonblocking(true).map_err(setup)?;
+        if let Err(e) = sys::set_keepalive(stream.as_raw_fd(), self.session.keepalive) {
+            tracing::debug!(error = %e, "TCP keepalive not set");
+        }
         let session =
             ClientSession::connected(Arc::clone(&self.session), Arc::clone(&self.memory), peer);
         Ok(Conn {
@@ -287,7 +290,9 @@ impl Conn {
             };
             let ready = sys::poll_one(self.stream.as_raw_fd(), events, wait);
             match ready {
-                Ok(0) if wait < until_timeout => {
+                Ok(0) => {
+                    // Asked after every wait that ended with nothing, the session's own timers
+                    // included, so no schedule of timers can keep Ctrl+C from being seen.
                     if interrupt.is_some_and(|stop| stop()) {
                         if let Some(buf) = read.take() {
                             let nothing = Err(std::io::ErrorKind::WouldBlock.into());
@@ -296,8 +301,10 @@ impl Conn {
                         self.session.cancel();
                         return Err(Error::Cancelled);
                     }
+                    if wait >= until_timeout {
+                        self.session.handle_timeout(Instant::now());
+                    }
                 }
-                Ok(0) => self.session.handle_timeout(Instant::now()),
                 Ok(_) => {}
                 Err(e) => self.session.handle_write_error(e, Instant::now()),
             }

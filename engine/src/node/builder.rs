@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tensorwire_proto::Limits;
 use tensorwire_proto::route::Preference;
-use tensorwire_proto::session::{ConnectionPoolConfig, SessionConfig};
+use tensorwire_proto::session::{ConnectionPoolConfig, Keepalive, SessionConfig};
 use tensorwire_proto::transport::{
     Driver, DriverFactory, DriverSetup, Error, HandOff, Transport, TransportFactory, TransportSetup,
 };
@@ -150,6 +150,13 @@ impl NodeBuilder {
     /// How long a request may wait for space in a full mailbox (default 60 s).
     pub fn enqueue_timeout(mut self, timeout: Duration) -> Self {
         self.session.enqueue_timeout = timeout;
+        self
+    }
+
+    /// TCP keepalive on every PTR1 connection (default 15 s idle, 3 probes 3 s apart), so a
+    /// peer that vanished without a FIN is noticed on an idle connection; `None` turns it off.
+    pub fn keepalive(mut self, keepalive: Option<Keepalive>) -> Self {
+        self.session.keepalive = keepalive;
         self
     }
 

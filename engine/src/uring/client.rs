@@ -74,6 +74,9 @@ impl Core {
             }
         };
         let _ = sys::set_nodelay(fd.as_raw_fd());
+        if let Err(e) = sys::set_keepalive(fd.as_raw_fd(), self.ctx.session.keepalive) {
+            tracing::debug!(error = %e, "TCP keepalive not set");
+        }
         let session = ClientSession::connecting(
             Arc::clone(&self.ctx.session),
             Arc::clone(&self.ctx.memory),

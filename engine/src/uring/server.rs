@@ -25,6 +25,9 @@ impl Core {
             return;
         }
         let _ = sys::set_nodelay(fd.as_raw_fd());
+        if let Err(e) = sys::set_keepalive(fd.as_raw_fd(), self.ctx.session.keepalive) {
+            tracing::debug!(error = %e, "TCP keepalive not set");
+        }
         let peer = sys::peer_addr(fd.as_raw_fd()).ok();
         let zero_copy = self.ctx.zero_copy.allowed(peer);
         let session = ServerSession::new(

@@ -29,7 +29,7 @@ use std::fmt;
 use std::io;
 use std::time::Duration;
 
-pub use crate::config::{ConnectionPoolConfig, SessionConfig};
+pub use crate::config::{ConnectionPoolConfig, Keepalive, SessionConfig};
 pub use client::{ClientEvent, ClientRequest, ClientSession};
 pub use pool::{Checkin, Checkout, ConnectionPool, Expired, WaiterId};
 pub use read_buf::ReadBuf;

@@ -1,6 +1,7 @@
 //! Cross-crate integration tests: real sockets, real io_uring, the tokio fallback, a second
 //! process.
 
+mod across;
 mod conformance;
 mod defects;
 mod engine;

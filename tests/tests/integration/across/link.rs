@@ -1,0 +1,127 @@
+//! Links that are slower, smaller or larger than loopback, and more than one client.
+
+use std::time::Instant;
+
+use tensorwire_tests::across::{Deliveries, start_node, start_server};
+use tensorwire_tests::netns::Testbed;
+use tensorwire_tests::{Driver, checksum, tensor};
+
+use super::{LONG, across, ask_digest, ask_digest_of, message};
+
+across!(
+    a_256_mib_ask_arrives_intact_over_a_1_gbit_link,
+    round_trips_are_intact_at_mtu_1280_and_9000,
+    two_clients_on_two_hosts_load_one_server,
+);
+
+/// `htb` at 1 Gbit/s both ways: a 256 MiB ask and a 16 MiB echo arrive intact, at about the
+/// link's rate.
+fn a_256_mib_ask_arrives_intact_over_a_1_gbit_link(driver: Driver) {
+    let bed = Testbed::new(2);
+    bed.limit_rate(bed.host(1), "1gbit");
+    let deliveries = Deliveries::default();
+    let server = start_server(bed.host(0), driver, None, &deliveries, |b| b);
+    let peer = bed.host(0).addr(server.local_addr().port());
+    let client = start_node(bed.host(1), driver, None, |b| b);
+    let request = message(1, 4, 64 << 20);
+    bed.host(1).enter(|| {
+        let started = Instant::now();
+        ask_digest_of(&client, peer, request, LONG).expect("256 MiB over 1 Gbit/s");
+        let took = started.elapsed();
+        let mbit = 256.0 * 8.0 * 1.048_576 / took.as_secs_f64();
+        println!(
+            "256 MiB over htb 1 Gbit/s ({}): {took:?}, {mbit:.0} Mbit/s",
+            driver.name()
+        );
+        assert!(mbit < 1100.0, "the rate limit held ({mbit:.0} Mbit/s)");
+        let request = message(2, 1, 16 << 20);
+        let want = checksum(&request);
+        let reply = client
+            .ask(peer, "echo", request, LONG)
+            .wait()
+            .expect("16 MiB echo");
+        assert_eq!(checksum(&tensor(reply)), want, "the echo is intact");
+    });
+    assert_eq!(deliveries.of(1), 1);
+}
+
+/// Segments of 1,280 and 9,000 bytes carry the same frames.
+fn round_trips_are_intact_at_mtu_1280_and_9000(driver: Driver) {
+    let bed = Testbed::new(2);
+    let deliveries = Deliveries::default();
+    let server = start_server(bed.host(0), driver, None, &deliveries, |b| b);
+    let peer = bed.host(0).addr(server.local_addr().port());
+    let client = start_node(bed.host(1), driver, None, |b| b);
+    for (round, mtu) in [1280u32, 9000].into_iter().enumerate() {
+        bed.set_mtu(mtu);
+        let base = u32::try_from(round).expect("two rounds") * 100;
+        bed.host(1).enter(|| {
+            for (i, (count, len)) in [(1, 100), (16, 1 << 20), (1, 64 << 20), (3, 12_345)]
+                .into_iter()
+                .enumerate()
+            {
+                let id = base + u32::try_from(i).expect("four sizes");
+                let request = message(id, count, len);
+                let want = checksum(&request);
+                let reply = client
+                    .ask(peer, "echo", request, LONG)
+                    .wait()
+                    .unwrap_or_else(|e| panic!("MTU {mtu}, {count} × {len} B: {e}"));
+                assert_eq!(
+                    checksum(&tensor(reply)),
+                    want,
+                    "MTU {mtu}: the echo is intact"
+                );
+                ask_digest(&client, peer, id, count, len, LONG).expect("digest");
+            }
+        });
+    }
+    assert_eq!(deliveries.distinct(), 8);
+    assert!(deliveries.duplicates().is_empty());
+}
+
+/// Three hosts: clients on hosts 1 and 2 ask the server on host 0 at the same time.
+fn two_clients_on_two_hosts_load_one_server(driver: Driver) {
+    let bed = Testbed::new(3);
+    let deliveries = Deliveries::default();
+    let server = start_server(bed.host(0), driver, None, &deliveries, |b| b);
+    let peer = bed.host(0).addr(server.local_addr().port());
+    let clients: Vec<_> = (1..3)
+        .map(|h| start_node(bed.host(h), driver, None, |b| b))
+        .collect();
+    std::thread::scope(|scope| {
+        for (h, client) in clients.iter().enumerate() {
+            let host = bed.host(h + 1);
+            scope.spawn(move || {
+                host.enter(|| {
+                    let base = u32::try_from(h).expect("two clients") * 1000;
+                    let mut window = Vec::new();
+                    for i in 0..200u32 {
+                        let len = [4096, 65_536, 1 << 20][i as usize % 3];
+                        let request = message(base + i, 2, len);
+                        let want = checksum(&request);
+                        window.push((base + i, want, client.ask(peer, "digest", request, LONG)));
+                        if window.len() == 8 {
+                            let (id, want, pending) = window.remove(0);
+                            super::check_digest(&pending.wait().expect("an ask"), id, want);
+                        }
+                    }
+                    for (id, want, pending) in window {
+                        super::check_digest(&pending.wait().expect("an ask"), id, want);
+                    }
+                });
+            });
+        }
+    });
+    assert_eq!(
+        deliveries.distinct(),
+        400,
+        "every ask of both clients was delivered"
+    );
+    assert!(deliveries.duplicates().is_empty());
+    let accepted = server.stats().gauges.connections;
+    println!(
+        "three hosts ({}): server holds {accepted} connections",
+        driver.name()
+    );
+}
