@@ -1,6 +1,6 @@
 """A test bed of hosts for pytest: network namespaces joined by a bridge, with faults.
 
-The same shape as the Rust harness (`tests/src/netns.rs`): a switch namespace with a bridge,
+The same shape as the Rust harness (`netbed/src/lib.rs`): a switch namespace with a bridge,
 and hosts whose `eth0` is at `10.201.0.(i + 1)/24`. The namespaces are unnamed and held by
 file descriptors of this process, so nothing outlives it, also when a test fails or pytest
 is killed. Programs run inside a host through `nsenter`. Needs root, iproute2 and nftables.

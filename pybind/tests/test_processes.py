@@ -38,9 +38,12 @@ def test_the_seed_example_runs(transport: str) -> None:
 
 
 ASKER = """
-import sys, time, tensorwire as tw
+import signal, sys, time, tensorwire as tw
+# A shell that starts the test run in the background hands SIGINT down ignored; Ctrl+C is what
+# is tested here, so the child takes Python's own handler back.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 with tw.Node() as server, tw.Node() as client:
-    server.serve("slow", lambda m: time.sleep(30))
+    server.serve("slow", lambda m: time.sleep(5))
     ref = client.ref(server.address, "slow", transport="raw")
     print("asking", flush=True)
     start = time.monotonic()
@@ -68,4 +71,4 @@ def test_ctrl_c_interrupts_a_blocking_ask() -> None:
     assert child.returncode == 0, (out, err)
     assert out.startswith("interrupted after"), out
     assert float(out.split()[2]) < 2.0
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 20

@@ -15,6 +15,9 @@ use crate::pki::{Ca, Identity};
 pub enum Wire {
     /// Clear text; sends go over HTTP/2 because the preference says so.
     H2c,
+    /// h2c whose idle PING keepalive has this interval and timeout (default 10 s each): a
+    /// connection whose peer went silent is closed after about twice this.
+    H2cKeepAlive(std::time::Duration),
     /// TLS with this configuration (required, so plaintext is refused, if it can serve TLS).
     Tls(TlsConfig),
 }
@@ -44,6 +47,14 @@ impl Wire {
             Self::H2c => builder
                 .preference(Preference::Http2)
                 .transport(factory(Http2Config::h2c())),
+            Self::H2cKeepAlive(every) => {
+                let mut config = Http2Config::h2c();
+                config.keep_alive_interval = *every;
+                config.keep_alive_timeout = *every;
+                builder
+                    .preference(Preference::Http2)
+                    .transport(factory(config))
+            }
             Self::Tls(tls) => {
                 builder.transport(factory(Http2Config::tls(tls.clone(), tls.serves())))
             }

@@ -13,8 +13,10 @@ use tensorwire_proto::ptr1::{self, Frame};
 
 pub mod across;
 pub mod http2;
-pub mod netns;
 pub mod pki;
+
+/// The network test bed (hosts in network namespaces, faults on the wire).
+pub use tensorwire_netbed as netns;
 
 /// Which PTR1 driver runs a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::units::{parse_duration, parse_size};
+use crate::units::{parse_duration, parse_percent, parse_size};
 use crate::{Handlers, Mode, Options, Transport};
 
 /// The PTR1 fixture server and transport benchmark of tensorwire.
@@ -191,6 +191,18 @@ pub(crate) struct CompareArgs {
     /// Asks outstanding in the in-flight cases (at most 512 MiB of payload outstanding).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     inflight: u32,
+    /// Across hosts: the fixtures (and iperf3's server) on one host of a network test bed —
+    /// two network namespaces joined by veth through a bridge, root needed — and this process
+    /// on the other; the PTR1 and HTTP/2 columns, iperf3 between the same hosts.
+    #[arg(long)]
+    netns: bool,
+    /// With --netns: limit the client host's link to RATE both ways (tc syntax: 1gbit, 500mbit).
+    #[arg(long, requires = "netns", value_name = "RATE")]
+    rate: Option<String>,
+    /// With --netns: drop this share of TCP packets at the client host, at random, both ways
+    /// (e.g. 0.1%).
+    #[arg(long, requires = "netns", value_parser = parse_percent, value_name = "PERCENT")]
+    loss: Option<f64>,
 }
 
 impl RunArgs {
@@ -253,6 +265,9 @@ impl From<&CompareArgs> for Options {
             handlers: a.handlers,
             only: a.only.clone(),
             inflight: a.inflight as usize,
+            netns: a.netns,
+            rate: a.rate.clone(),
+            loss_percent: a.loss,
             ..Self::defaults()
         }
     }

@@ -25,6 +25,7 @@ mod engine_side;
 mod environment;
 mod measure;
 mod memcpy;
+mod placement;
 mod plots;
 mod progress;
 mod report;
@@ -214,6 +215,12 @@ pub(crate) struct Options {
     pub(crate) tls_self_signed: Option<String>,
     /// Server: refuse plaintext (PTR1 and h2c).
     pub(crate) require_tls: bool,
+    /// suite: fixtures on another host of a network test bed.
+    pub(crate) netns: bool,
+    /// suite --netns: the client link's rate limit (tc syntax).
+    pub(crate) rate: Option<String>,
+    /// suite --netns: random loss at the client host, in percent.
+    pub(crate) loss_percent: Option<f64>,
 }
 
 fn serve(options: &Options) -> Result<()> {
@@ -281,6 +288,9 @@ impl Options {
             ca: None,
             tls_self_signed: None,
             require_tls: false,
+            netns: false,
+            rate: None,
+            loss_percent: None,
         }
     }
 }

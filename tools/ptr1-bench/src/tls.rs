@@ -16,7 +16,7 @@ use crate::Options;
 pub(crate) fn server(options: &Options) -> Result<Option<TlsConfig>> {
     let (cert, key) = match (&options.cert, &options.key, &options.tls_self_signed) {
         (Some(cert), Some(key), _) => (read(cert)?, read(key)?),
-        (None, None, Some(dir)) => self_signed(Path::new(dir))?,
+        (None, None, Some(dir)) => self_signed(Path::new(dir), options.listen.ip())?,
         (None, None, None) => return Ok(None),
         _ => anyhow::bail!("--cert and --key go together"),
     };
@@ -44,8 +44,9 @@ fn read(path: &str) -> Result<Vec<u8>> {
     std::fs::read(path).with_context(|| format!("reading {path}"))
 }
 
-/// A CA and a server certificate for `localhost` and `127.0.0.1`; the CA goes to `dir/ca.pem`.
-fn self_signed(dir: &Path) -> Result<(Vec<u8>, Vec<u8>)> {
+/// A CA and a server certificate for `localhost`, `127.0.0.1` and the address the fixture
+/// listens on (a test-bed host's, with `suite --netns`); the CA goes to `dir/ca.pem`.
+fn self_signed(dir: &Path, listen: std::net::IpAddr) -> Result<(Vec<u8>, Vec<u8>)> {
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca.key_usages = vec![
@@ -58,7 +59,11 @@ fn self_signed(dir: &Path) -> Result<(Vec<u8>, Vec<u8>)> {
     let ca_key = KeyPair::generate()?;
     let ca_cert = ca.self_signed(&ca_key)?;
     let issuer = Issuer::new(ca, ca_key);
-    let mut leaf = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])?;
+    let mut names = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
+    if !listen.is_loopback() && !listen.is_unspecified() {
+        names.push(listen.to_string());
+    }
+    let mut leaf = CertificateParams::new(names)?;
     leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     leaf.distinguished_name
         .push(DnType::CommonName, "localhost");

@@ -69,9 +69,30 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
 }
 
+/// Parses a percentage: `0.1%` or `0.1`, from 0 to 100.
+pub(crate) fn parse_percent(text: &str) -> Result<f64, String> {
+    let text = text.trim();
+    let number = text.strip_suffix('%').unwrap_or(text).trim();
+    match number.parse::<f64>() {
+        Ok(p) if (0.0..=100.0).contains(&p) => Ok(p),
+        _ => Err(format!(
+            "{text:?} is not a percentage from 0 to 100 (e.g. 0.1%)"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn percentages_take_an_optional_sign_and_stay_in_range() {
+        assert_eq!(parse_percent("0.1%"), Ok(0.1));
+        assert_eq!(parse_percent(" 1 "), Ok(1.0));
+        assert!(parse_percent("101%").is_err());
+        assert!(parse_percent("-1").is_err());
+        assert!(parse_percent("lots").is_err());
+    }
 
     #[test]
     fn sizes_parse_with_binary_and_decimal_units() {

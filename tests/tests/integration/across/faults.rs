@@ -5,9 +5,10 @@ use std::time::{Duration, Instant};
 use tensorwire_engine::Keepalive;
 use tensorwire_tests::Driver;
 use tensorwire_tests::across::{Deliveries, HostNode, start_node, start_server, start_server_on};
+use tensorwire_tests::http2::Wire;
 use tensorwire_tests::netns::{Host, Testbed};
 
-use super::{LONG, across, ask_digest, ask_digest_of, eventually, message};
+use super::{LONG, across, ask_digest, ask_digest_of, eventually, message, mutual_tls};
 
 across!(
     a_black_hole_mid_transfer_fails_the_ask_in_time_and_frees_both_ends,
@@ -15,11 +16,39 @@ across!(
     a_reset_mid_body_fails_cleanly_and_delivers_nothing,
 );
 
+#[test]
+fn a_reset_mid_body_over_h2c_fails_cleanly_and_delivers_nothing() {
+    let _serial = tensorwire_tests::serial();
+    reset_mid_body(Driver::Uring, Some((&Wire::H2c, &Wire::H2c)));
+}
+
+#[test]
+fn a_reset_mid_body_over_tls_fails_cleanly_and_delivers_nothing() {
+    let _serial = tensorwire_tests::serial();
+    let (server, client) = mutual_tls();
+    reset_mid_body(Driver::Uring, Some((&server, &client)));
+}
+
+fn a_reset_mid_body_fails_cleanly_and_delivers_nothing(driver: Driver) {
+    reset_mid_body(driver, None);
+}
+
 /// A server whose body deadline is short: a body that stops moving for 1 s is given up.
-fn impatient_server(host: &Host, driver: Driver, deliveries: &Deliveries) -> HostNode {
-    start_server(host, driver, None, deliveries, |b| {
+fn impatient_server(
+    host: &Host,
+    driver: Driver,
+    wire: Option<&Wire>,
+    deliveries: &Deliveries,
+) -> HostNode {
+    start_server(host, driver, wire, deliveries, |b| {
         b.min_transfer_rate(1 << 20, Duration::from_secs(1))
     })
+}
+
+/// Connections the node holds on any path.
+fn connections(node: &HostNode) -> usize {
+    let stats = node.stats();
+    stats.gauges.connections + stats.transport_connections
 }
 
 /// Sends a 256 MiB ask over a 1 Gbit/s link (about 2 s on the wire) and applies `fault` once
@@ -58,24 +87,41 @@ fn ask_with_fault_mid_body(
 /// deadline, the server's body deadline frees its connection and receive memory, and once
 /// the hole is lifted new asks go through on new connections.
 fn a_black_hole_mid_transfer_fails_the_ask_in_time_and_frees_both_ends(driver: Driver) {
+    black_hole_mid_transfer(driver, None);
+}
+
+/// The black-hole case over h2c: HTTP/2 has no body rate deadline, its PING keepalive (1 s
+/// here, on both ends) is what closes the silent connection.
+#[test]
+fn a_black_hole_mid_transfer_over_h2c_fails_the_ask_in_time_and_frees_both_ends() {
+    let _serial = tensorwire_tests::serial();
+    let wire = Wire::H2cKeepAlive(Duration::from_secs(1));
+    black_hole_mid_transfer(Driver::Uring, Some(&wire));
+}
+
+/// Both ways dropped while a body is moving, over PTR1 or over `http2` on both ends.
+fn black_hole_mid_transfer(driver: Driver, http2: Option<&Wire>) {
     let bed = Testbed::new(2);
     bed.limit_rate(bed.host(1), "1gbit");
     let deliveries = Deliveries::default();
-    let server = impatient_server(bed.host(0), driver, &deliveries);
+    let server = impatient_server(bed.host(0), driver, http2, &deliveries);
     let peer = bed.host(0).addr(server.local_addr().port());
-    let client = start_node(bed.host(1), driver, None, |b| b);
+    let client = start_node(bed.host(1), driver, http2, |b| b);
     let timeout = Duration::from_secs(3);
     let (outcome, took) =
         ask_with_fault_mid_body(&bed, &server, &client, timeout, || bed.host(0).black_hole());
     let err = outcome.expect_err("the ask cannot finish through a black hole");
-    assert!(err.is_timeout(), "a timeout, classified: {err}");
+    // The deadline, or (HTTP/2 here, with its 1 s PING) the keepalive finding the link dead.
+    assert!(
+        err.is_timeout() || err.is_connection(),
+        "a timeout or a dead connection, classified: {err}"
+    );
     assert!(
         took < timeout + Duration::from_secs(1),
         "failed after {took:?}"
     );
-    let freed = eventually(Duration::from_secs(5), || {
-        let stats = server.stats();
-        stats.gauges.connections == 0 && stats.pool.receiving_bytes == 0
+    let freed = eventually(Duration::from_secs(6), || {
+        connections(&server) == 0 && server.stats().pool.receiving_bytes == 0
     });
     assert!(
         freed,
@@ -83,10 +129,9 @@ fn a_black_hole_mid_transfer_fails_the_ask_in_time_and_frees_both_ends(driver: D
         server.stats()
     );
     assert!(
-        eventually(Duration::from_secs(2), || client.stats().gauges.connections
-            == 0),
+        eventually(Duration::from_secs(4), || connections(&client) == 0),
         "the client closed the connection its ask gave up: {:?}",
-        client.stats().gauges
+        client.stats()
     );
     bed.host(0).clear_faults();
     bed.host(1)
@@ -147,14 +192,16 @@ fn an_idle_connection_to_a_peer_that_vanished_is_dropped_before_reuse(driver: Dr
 }
 
 /// Resets both ways while a body is moving: the ask fails with a connection error (not its
-/// deadline), the handler never sees a part of it, and nothing is sent again later.
-fn a_reset_mid_body_fails_cleanly_and_delivers_nothing(driver: Driver) {
+/// deadline), the handler never sees a part of it, and nothing is sent again later. Over PTR1,
+/// or over HTTP/2 with the (server, client) wires.
+fn reset_mid_body(driver: Driver, http2: Option<(&Wire, &Wire)>) {
     let bed = Testbed::new(2);
     bed.limit_rate(bed.host(1), "1gbit");
     let deliveries = Deliveries::default();
-    let server = impatient_server(bed.host(0), driver, &deliveries);
+    let (server_wire, client_wire) = http2.unzip();
+    let server = impatient_server(bed.host(0), driver, server_wire, &deliveries);
     let peer = bed.host(0).addr(server.local_addr().port());
-    let client = start_node(bed.host(1), driver, None, |b| b);
+    let client = start_node(bed.host(1), driver, client_wire, |b| b);
     let timeout = Duration::from_secs(20);
     let (outcome, took) = ask_with_fault_mid_body(&bed, &server, &client, timeout, || {
         bed.host(0).reset_arrivals();
@@ -166,14 +213,18 @@ fn a_reset_mid_body_fails_cleanly_and_delivers_nothing(driver: Driver) {
         "the reset is reported as such, not as a timeout: {err}"
     );
     assert!(took < timeout, "failed after {took:?}");
-    println!("{} reset mid-body: {err} after {took:?}", driver.name());
+    let path = if http2.is_some() {
+        "HTTP/2"
+    } else {
+        driver.name()
+    };
+    println!("{path} reset mid-body: {err} after {took:?}");
     bed.host(0).clear_faults();
     bed.host(1).clear_faults();
     assert!(
-        eventually(Duration::from_secs(5), || server.stats().gauges.connections
-            == 0),
+        eventually(Duration::from_secs(5), || connections(&server) == 0),
         "the server dropped the reset connection: {:?}",
-        server.stats().gauges
+        server.stats()
     );
     bed.host(1)
         .enter(|| ask_digest(&client, peer, 2, 1, 1 << 20, LONG))

@@ -3,6 +3,7 @@
 use std::time::Instant;
 
 use tensorwire_tests::across::{Deliveries, start_node, start_server};
+use tensorwire_tests::http2::Wire;
 use tensorwire_tests::netns::Testbed;
 use tensorwire_tests::{Driver, checksum, tensor};
 
@@ -14,25 +15,62 @@ across!(
     two_clients_on_two_hosts_load_one_server,
 );
 
-/// `htb` at 1 Gbit/s both ways: a 256 MiB ask and a 16 MiB echo arrive intact, at about the
-/// link's rate.
 fn a_256_mib_ask_arrives_intact_over_a_1_gbit_link(driver: Driver) {
+    big_ask_over_a_slow_link(driver, None);
+}
+
+fn round_trips_are_intact_at_mtu_1280_and_9000(driver: Driver) {
+    round_trips_at_mtus(driver, None);
+}
+
+#[test]
+fn over_h2c_a_256_mib_ask_arrives_intact_over_a_1_gbit_link() {
+    let _serial = tensorwire_tests::serial();
+    big_ask_over_a_slow_link(Driver::Uring, Some((&Wire::H2c, &Wire::H2c)));
+}
+
+#[test]
+fn over_tls_a_256_mib_ask_arrives_intact_over_a_1_gbit_link() {
+    let _serial = tensorwire_tests::serial();
+    let (server, client) = super::mutual_tls();
+    big_ask_over_a_slow_link(Driver::Uring, Some((&server, &client)));
+}
+
+#[test]
+fn over_h2c_round_trips_are_intact_at_mtu_1280_and_9000() {
+    let _serial = tensorwire_tests::serial();
+    round_trips_at_mtus(Driver::Uring, Some((&Wire::H2c, &Wire::H2c)));
+}
+
+#[test]
+fn over_tls_round_trips_are_intact_at_mtu_1280_and_9000() {
+    let _serial = tensorwire_tests::serial();
+    let (server, client) = super::mutual_tls();
+    round_trips_at_mtus(Driver::Uring, Some((&server, &client)));
+}
+
+/// `htb` at 1 Gbit/s both ways: a 256 MiB ask and a 16 MiB echo arrive intact, at about the
+/// link's rate; over PTR1, or over HTTP/2 with the (server, client) wires.
+fn big_ask_over_a_slow_link(driver: Driver, http2: Option<(&Wire, &Wire)>) {
     let bed = Testbed::new(2);
     bed.limit_rate(bed.host(1), "1gbit");
     let deliveries = Deliveries::default();
-    let server = start_server(bed.host(0), driver, None, &deliveries, |b| b);
+    let (server_wire, client_wire) = http2.unzip();
+    let server = start_server(bed.host(0), driver, server_wire, &deliveries, |b| b);
     let peer = bed.host(0).addr(server.local_addr().port());
-    let client = start_node(bed.host(1), driver, None, |b| b);
+    let client = start_node(bed.host(1), driver, client_wire, |b| b);
+    let path = if http2.is_some() {
+        "HTTP/2"
+    } else {
+        driver.name()
+    };
     let request = message(1, 4, 64 << 20);
     bed.host(1).enter(|| {
         let started = Instant::now();
         ask_digest_of(&client, peer, request, LONG).expect("256 MiB over 1 Gbit/s");
         let took = started.elapsed();
         let mbit = 256.0 * 8.0 * 1.048_576 / took.as_secs_f64();
-        println!(
-            "256 MiB over htb 1 Gbit/s ({}): {took:?}, {mbit:.0} Mbit/s",
-            driver.name()
-        );
+        println!("256 MiB over htb 1 Gbit/s ({path}): {took:?}, {mbit:.0} Mbit/s");
         assert!(mbit < 1100.0, "the rate limit held ({mbit:.0} Mbit/s)");
         let request = message(2, 1, 16 << 20);
         let want = checksum(&request);
@@ -43,15 +81,22 @@ fn a_256_mib_ask_arrives_intact_over_a_1_gbit_link(driver: Driver) {
         assert_eq!(checksum(&tensor(reply)), want, "the echo is intact");
     });
     assert_eq!(deliveries.of(1), 1);
+    if http2.is_some() {
+        assert!(
+            client.stats().transport_connections >= 1,
+            "HTTP/2 carried the asks"
+        );
+    }
 }
 
-/// Segments of 1,280 and 9,000 bytes carry the same frames.
-fn round_trips_are_intact_at_mtu_1280_and_9000(driver: Driver) {
+/// Segments of 1,280 and 9,000 bytes carry the same frames (PTR1, or HTTP/2 with the wires).
+fn round_trips_at_mtus(driver: Driver, http2: Option<(&Wire, &Wire)>) {
     let bed = Testbed::new(2);
     let deliveries = Deliveries::default();
-    let server = start_server(bed.host(0), driver, None, &deliveries, |b| b);
+    let (server_wire, client_wire) = http2.unzip();
+    let server = start_server(bed.host(0), driver, server_wire, &deliveries, |b| b);
     let peer = bed.host(0).addr(server.local_addr().port());
-    let client = start_node(bed.host(1), driver, None, |b| b);
+    let client = start_node(bed.host(1), driver, client_wire, |b| b);
     for (round, mtu) in [1280u32, 9000].into_iter().enumerate() {
         bed.set_mtu(mtu);
         let base = u32::try_from(round).expect("two rounds") * 100;
@@ -78,6 +123,12 @@ fn round_trips_are_intact_at_mtu_1280_and_9000(driver: Driver) {
     }
     assert_eq!(deliveries.distinct(), 8);
     assert!(deliveries.duplicates().is_empty());
+    if http2.is_some() {
+        assert!(
+            client.stats().transport_connections >= 1,
+            "HTTP/2 carried the asks"
+        );
+    }
 }
 
 /// Three hosts: clients on hosts 1 and 2 ask the server on host 0 at the same time.

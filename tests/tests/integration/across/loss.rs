@@ -61,7 +61,7 @@ fn thousand_mixed_asks_under_loss(driver: Driver, per_mille: u32, http2: Option<
     let peer = bed.host(0).addr(server.local_addr().port());
     let client = start_node(bed.host(1), driver, client_wire, |b| b);
     let path = match client_wire {
-        Some(Wire::H2c) => "h2c",
+        Some(Wire::H2c | Wire::H2cKeepAlive(_)) => "h2c",
         Some(Wire::Tls(_)) => "TLS",
         None => driver.name(),
     };

@@ -81,8 +81,23 @@ pub(crate) struct Results {
 
 pub(crate) fn suite(options: &Options) -> Result<()> {
     let exe = std::env::current_exe()?;
+    if options.netns {
+        crate::placement::across_hosts(options.rate.as_deref(), options.loss_percent)?;
+        say!(
+            "across hosts: fixtures on 10.201.0.1, this process on 10.201.0.2 (network \
+             namespaces, veth through a bridge){}{}; the local mailbox, shared memory and the \
+             Python peers are same-host paths and not measured",
+            options.rate.as_ref().map_or(String::new(), |rate| format!(
+                ", client link limited to {rate}"
+            )),
+            options.loss_percent.map_or(String::new(), |p| format!(
+                ", {p}% of TCP packets dropped at random"
+            ))
+        );
+    }
     let plan = Plan::new(options);
-    let environment = environment::describe();
+    let mut environment = environment::describe();
+    environment["netns"] = crate::placement::describe();
     if plan.smoke {
         say!(
             "smoke run: tiny sizes, one short repetition, every echoed payload verified byte for \
@@ -117,7 +132,6 @@ pub(crate) fn suite(options: &Options) -> Result<()> {
     } else {
         references::peak_rss_for_one_gib(&exe, options, &columns)
     };
-    let mut environment = environment;
     environment["packages"] = peers.versions_json(&references);
     let results = Results {
         plan,
@@ -199,7 +213,11 @@ impl Plan {
             0.5
         });
         let sizes = cases::sizes(quick, smoke);
-        let parts = options.only.clone().unwrap_or_else(|| Part::ALL.to_vec());
+        let mut parts = options.only.clone().unwrap_or_else(|| Part::ALL.to_vec());
+        if options.netns {
+            // Across hosts only the network paths apply.
+            parts.retain(|part| matches!(part, Part::Ptr1 | Part::Http2));
+        }
         Self {
             reps,
             seconds,

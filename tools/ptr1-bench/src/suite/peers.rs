@@ -44,6 +44,9 @@ impl Peers {
         if plan.smoke {
             return skipped("not run in --smoke (a correctness check of tensorwire's own paths)");
         }
+        if crate::placement::is_across() {
+            return skipped("same-host peers: not run with --netns");
+        }
         if !plan.parts.contains(&Part::Peers) {
             return skipped("not asked for (--only)");
         }

@@ -36,6 +36,9 @@ impl RayRdt {
         if plan.smoke {
             return skipped("not run in --smoke");
         }
+        if crate::placement::is_across() {
+            return skipped("same-host peers: not run with --netns");
+        }
         if !plan.parts.contains(&Part::Peers) {
             return skipped("not asked for (--only)");
         }

@@ -1,6 +1,6 @@
-//! The physical references the tables divide by — iperf3 over loopback (what one TCP stream
-//! moves here) and single-thread memcpy (what one copy costs) — and the receivers' peak memory
-//! for one 1 GiB message.
+//! The physical references the tables divide by — iperf3 over loopback or across the test bed
+//! (what one TCP stream moves here) and single-thread memcpy (what one copy costs) — and the
+//! receivers' peak memory for one 1 GiB message.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -13,7 +13,8 @@ use crate::suite::{Plan, median};
 use crate::{Mode, Options, measure};
 
 pub(crate) struct References {
-    /// iperf3 single-stream loopback GB/s per repetition, or why it is missing.
+    /// iperf3 single-stream GB/s (loopback, or across the test bed) per repetition, or why
+    /// it is missing.
     pub(crate) iperf3: Result<Vec<f64>, String>,
     /// iperf3's version line.
     pub(crate) iperf3_version: Option<String>,
@@ -63,14 +64,16 @@ impl References {
     }
 }
 
-/// One iperf3 run: single stream over loopback, GB/s received.
+/// One iperf3 run: single stream over loopback (or, with `--netns`, from this host to the
+/// fixtures' host), GB/s received.
 fn iperf3_once(seconds: u32) -> Result<f64> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port()
         .to_string();
-    let mut server = Command::new("iperf3")
-        .args(["-s", "-1", "-p", &port])
+    let server_ip = crate::placement::server_ip().to_string();
+    let mut server = crate::placement::server_command("iperf3")
+        .args(["-s", "-1", "-B", &server_ip, "-p", &port])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -79,7 +82,7 @@ fn iperf3_once(seconds: u32) -> Result<f64> {
     let output = Command::new("iperf3")
         .args([
             "-c",
-            "127.0.0.1",
+            &server_ip,
             "-p",
             &port,
             "-t",

@@ -1,9 +1,10 @@
-//! A fixture server in a child process (`ptr1-bench serve`), killed when dropped.
+//! A fixture server in a child process (`ptr1-bench serve`, on the test bed's server host with
+//! `--netns`), killed when dropped.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 
 use anyhow::{Context, Result};
 
@@ -22,13 +23,14 @@ impl Server {
         handlers: Handlers,
         extra: &[&str],
     ) -> Result<Self> {
-        let mut child = Command::new(exe)
+        let listen = format!("{}:0", crate::placement::server_ip());
+        let mut child = crate::placement::server_command(&exe.display().to_string())
             .args([
                 "serve",
                 "--transport",
                 transport.name(),
                 "--listen",
-                "127.0.0.1:0",
+                &listen,
                 "--handlers",
                 handlers.name(),
             ])

@@ -108,7 +108,12 @@ fn references(r: &Results) {
     match &r.references.iperf3 {
         Ok(_) => {
             let gb = r.references.iperf3_median();
-            say!("\niperf3, one TCP stream over loopback: {gb:.2} GB/s");
+            let over = if crate::placement::is_across() {
+                "across the test bed's veth pair"
+            } else {
+                "over loopback"
+            };
+            say!("\niperf3, one TCP stream {over}: {gb:.2} GB/s");
         }
         Err(why) => say!("\niperf3: {why}"),
     }

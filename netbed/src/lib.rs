@@ -14,6 +14,9 @@
 //! Faults use what these kernels have: nftables for loss, black holes and resets, `htb` for
 //! rate limits, `ip link` for flaps and MTU. `netem` is not available (no delay, no
 //! reordering).
+//!
+//! It does not route to anything outside the bed, does not need (or touch) `/run/netns`, and
+//! does not work without root.
 
 use std::fs::File;
 use std::io::Write;
@@ -128,6 +131,17 @@ impl Host {
         })
     }
 
+    /// Moves the calling thread into this host for good: every thread and child process it
+    /// starts afterwards is inside too (a benchmark's main thread, before it starts anything).
+    pub fn join_current_thread(&self) {
+        self.ns.join_this_thread();
+    }
+
+    /// A path to this host's namespace that other processes can open (`nsenter --net=`).
+    pub fn namespace_path(&self) -> String {
+        self.ns.path()
+    }
+
     /// `program` as a child process inside this host's namespace.
     pub fn command(&self, program: &str) -> Command {
         self.ns.command(program)
@@ -146,7 +160,13 @@ impl Host {
     /// Drops `per_mille` of every thousand TCP packets this host sends or receives, at random
     /// (nftables `numgen random`). Replaces earlier faults of this host.
     pub fn drop_randomly(&self, per_mille: u32) {
-        let rule = format!("meta l4proto tcp numgen random mod 1000 < {per_mille} drop");
+        self.drop_per_100k(per_mille.saturating_mul(100));
+    }
+
+    /// Drops `per_100k` of every 100,000 TCP packets this host sends or receives, at random
+    /// (`1000` is 1 %). Replaces earlier faults of this host.
+    pub fn drop_per_100k(&self, per_100k: u32) {
+        let rule = format!("meta l4proto tcp numgen random mod 100000 < {per_100k} drop");
         self.faults(&rule, &rule);
     }
 
