@@ -8,11 +8,11 @@
 //! The namespaces have no names in `/run/netns`: each lives as long as this process holds its
 //! file descriptor (or a thread or child process is inside it), so a test that fails, panics
 //! or is killed leaves nothing behind. Code runs inside a host with [`Host::enter`] (a thread
-//! of this process; every thread it starts, like a node's driver and handler threads, is
+//! of this process; every thread it starts, like the driver threads of a node built there, is
 //! inside too) or [`Host::command`] (a child process, through `nsenter`).
 //!
-//! Faults use what these kernels have: nftables for loss, black holes and resets, `htb` for
-//! rate limits, `ip link` for flaps and MTU. `netem` is not available (no delay, no
+//! Faults use what these kernels have: nftables for loss (on the bridge, on wire-sized frames),
+//! black holes and resets, `htb` for rate limits, `ip link` for flaps and MTU. `netem` is not available (no delay, no
 //! reordering).
 //!
 //! It does not route to anything outside the bed, does not need (or touch) `/run/netns`, and
@@ -46,6 +46,10 @@ impl Testbed {
     ///
     /// If the namespaces or links cannot be made (the tests need root, `ip`, `nsenter`).
     pub fn new(hosts: usize) -> Self {
+        assert!(
+            hosts <= 253,
+            "at most 253 hosts (10.201.0.1 to 10.201.0.253)"
+        );
         require_tools();
         let switch = Namespace::new("switch");
         switch.run(&["ip", "link", "set", "lo", "up"]);
@@ -88,6 +92,78 @@ impl Testbed {
         self.switch.run(&["ip", "link", "set", "br0", "mtu", &mtu]);
     }
 
+    /// Drops `per_mille` of every thousand frames on `host`'s link, both ways, at random; see
+    /// [`Testbed::drop_per_100k`].
+    pub fn drop_randomly(&self, host: &Host, per_mille: u32) {
+        self.drop_per_100k(host, per_mille.saturating_mul(100));
+    }
+
+    /// Drops `per_100k` of every 100,000 frames on `host`'s link, both ways, at random (`1000`
+    /// is 1 %): nftables `numgen random` on the bridge, for frames from or to the host's port.
+    /// Every host first sends wire-sized frames ([`Testbed::wire_sized_frames`]). Replaces the
+    /// link's earlier loss.
+    pub fn drop_per_100k(&self, host: &Host, per_100k: u32) {
+        self.wire_sized_frames();
+        self.clear_loss(host);
+        let (port, rule) = (
+            format!("p{}", host.index),
+            format!("numgen random mod 100000 < {per_100k} counter drop"),
+        );
+        let ruleset = format!(
+            "table bridge twloss{index} {{\n\
+             \x20 chain forward {{ type filter hook forward priority 0; policy accept;\n\
+             \x20   iifname \"{port}\" {rule}; oifname \"{port}\" {rule}; }}\n\
+             }}\n",
+            index = host.index
+        );
+        self.switch.load_nft(&ruleset);
+    }
+
+    /// Frames the loss on `host`'s link dropped so far (both ways).
+    pub fn dropped_frames(&self, host: &Host) -> u64 {
+        let table = format!("twloss{}", host.index);
+        let listed = self
+            .switch
+            .command("nft")
+            .args(["list", "table", "bridge", &table])
+            .output()
+            .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+            .unwrap_or_default();
+        // Each rule says `… counter packets N bytes M drop`.
+        let words: Vec<&str> = listed.split_whitespace().collect();
+        words
+            .windows(2)
+            .filter(|pair| pair[0] == "packets")
+            .filter_map(|pair| pair[1].parse::<u64>().ok())
+            .sum()
+    }
+
+    /// Removes the loss on `host`'s link.
+    pub fn clear_loss(&self, host: &Host) {
+        let table = format!("twloss{}", host.index);
+        let _ = self
+            .switch
+            .command("nft")
+            .args(["delete", "table", "bridge", &table])
+            .stderr(Stdio::null())
+            .status();
+    }
+
+    /// Turns TCP segmentation offload off on every host (`ethtool -K eth0 tso off gso off`), so
+    /// the kernel cuts segments before the veth and every frame on a link is one packet on a
+    /// wire. Otherwise a veth carries 64 KiB GSO packets whole, and a rule that drops "a
+    /// frame" would drop up to 44 segments at once. Costs throughput (about 6 Gbit/s instead
+    /// of 13 for one iperf3 stream here).
+    ///
+    /// # Panics
+    ///
+    /// If `ethtool` is missing (Debian: ethtool).
+    pub fn wire_sized_frames(&self) {
+        for host in &self.hosts {
+            host.run(&["ethtool", "-K", "eth0", "tso", "off", "gso", "off"]);
+        }
+    }
+
     /// Limits `host`'s link to `rate` (tc syntax, e.g. `1gbit`) both ways, with `htb`.
     pub fn limit_rate(&self, host: &Host, rate: &str) {
         let port = format!("p{}", host.index);
@@ -96,9 +172,10 @@ impl Testbed {
                 "tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default",
                 "10", "r2q", "1000",
             ]);
+            // A burst of a few 64 KiB GSO packets: tc's default (rate / HZ) is smaller than one.
             ns.run(&[
                 "tc", "class", "replace", "dev", dev, "parent", "1:", "classid", "1:10", "htb",
-                "rate", rate, "ceil", rate,
+                "rate", rate, "ceil", rate, "burst", "256k", "cburst", "256k",
             ]);
         }
     }
@@ -157,19 +234,6 @@ impl Host {
         self.run(&["ip", "link", "set", "eth0", if up { "up" } else { "down" }]);
     }
 
-    /// Drops `per_mille` of every thousand TCP packets this host sends or receives, at random
-    /// (nftables `numgen random`). Replaces earlier faults of this host.
-    pub fn drop_randomly(&self, per_mille: u32) {
-        self.drop_per_100k(per_mille.saturating_mul(100));
-    }
-
-    /// Drops `per_100k` of every 100,000 TCP packets this host sends or receives, at random
-    /// (`1000` is 1 %). Replaces earlier faults of this host.
-    pub fn drop_per_100k(&self, per_100k: u32) {
-        let rule = format!("meta l4proto tcp numgen random mod 100000 < {per_100k} drop");
-        self.faults(&rule, &rule);
-    }
-
     /// Drops every TCP packet this host sends or receives, silently. Replaces earlier faults.
     pub fn black_hole(&self) {
         self.faults("meta l4proto tcp drop", "meta l4proto tcp drop");
@@ -196,32 +260,12 @@ impl Host {
     /// Loads a `twfault` table whose input chain ends in `input` and output chain in `output`.
     fn faults(&self, input: &str, output: &str) {
         self.clear_faults();
-        let ruleset = format!(
+        self.ns.load_nft(&format!(
             "table inet twfault {{\n\
              \x20 chain input {{ type filter hook input priority 0; policy accept; {input}; }}\n\
              \x20 chain output {{ type filter hook output priority 0; policy accept; {output}; }}\n\
              }}\n"
-        );
-        let mut child = self
-            .command("nft")
-            .args(["-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("nft starts (install nftables)");
-        child
-            .stdin
-            .take()
-            .expect("a pipe")
-            .write_all(ruleset.as_bytes())
-            .expect("nft reads the ruleset");
-        let output = child.wait_with_output().expect("nft runs");
-        assert!(
-            output.status.success(),
-            "nft refused {ruleset}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        ));
     }
 }
 
@@ -279,6 +323,30 @@ impl Namespace {
         command
     }
 
+    /// Loads `ruleset` with `nft -f -`; panics with nft's complaint if it is refused.
+    fn load_nft(&self, ruleset: &str) {
+        let mut child = self
+            .command("nft")
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("nft starts (install nftables)");
+        child
+            .stdin
+            .take()
+            .expect("a pipe")
+            .write_all(ruleset.as_bytes())
+            .expect("nft reads the ruleset");
+        let output = child.wait_with_output().expect("nft runs");
+        assert!(
+            output.status.success(),
+            "nft refused {ruleset}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
     fn run(&self, args: &[&str]) {
         let output = self
             .command(args[0])
@@ -306,7 +374,7 @@ fn require_tools() {
         assert!(
             found,
             "the network test bed needs `{tool}` (Debian: iproute2, util-linux, nftables); \
-             .ci/run installs them"
+             scripts/install-deps installs them"
         );
     }
 }

@@ -42,8 +42,10 @@ pub struct SessionConfig {
     pub max_window: usize,
     /// TCP keepalive on every PTR1 connection, both roles (default on: 15 s idle, then 3
     /// probes 3 s apart). A peer that vanished without a FIN — a host gone, a link cut, a
-    /// black hole — is noticed on an idle pooled connection within about 24 s, before the
-    /// pool hands it to a request; `None` turns it off.
+    /// black hole — is noticed on a connection that sat idle about 24 s, and the pool drops
+    /// it before a request could be handed to it. A connection reused sooner, or one with
+    /// bytes in flight (keepalive does not probe those), is bounded by the request's
+    /// deadline instead. `None` turns it off.
     pub keepalive: Option<Keepalive>,
 }
 
@@ -70,11 +72,17 @@ impl Default for Keepalive {
 }
 
 impl Keepalive {
-    /// Whole seconds before the first probe, between probes, and the probe count, each at
-    /// least 1 (what `TCP_KEEPIDLE`, `TCP_KEEPINTVL` and `TCP_KEEPCNT` take).
+    /// Whole seconds before the first probe, between probes, and the probe count, within what
+    /// Linux accepts for `TCP_KEEPIDLE` and `TCP_KEEPINTVL` (1 to 32,767 s) and `TCP_KEEPCNT`
+    /// (1 to 127).
     pub fn socket_values(&self) -> (u32, u32, u32) {
-        let secs = |d: Duration| u32::try_from(d.as_secs()).unwrap_or(u32::MAX).max(1);
-        (secs(self.idle), secs(self.interval), self.probes.max(1))
+        const MAX_SECS: u64 = 32_767;
+        let secs = |d: Duration| u32::try_from(d.as_secs().clamp(1, MAX_SECS)).unwrap_or(1);
+        (
+            secs(self.idle),
+            secs(self.interval),
+            self.probes.clamp(1, 127),
+        )
     }
 }
 
@@ -145,7 +153,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keepalive_socket_values_are_whole_seconds_of_at_least_one() {
+    fn keepalive_socket_values_are_whole_seconds_within_what_linux_takes() {
         let keepalive = Keepalive {
             idle: Duration::from_millis(2_700),
             interval: Duration::ZERO,
@@ -156,7 +164,12 @@ mod tests {
             idle: Duration::from_secs(u64::MAX),
             ..Keepalive::default()
         };
-        assert_eq!(huge.socket_values(), (u32::MAX, 3, 3));
+        assert_eq!(huge.socket_values(), (32_767, 3, 3));
+        let many = Keepalive {
+            probes: 1000,
+            ..Keepalive::default()
+        };
+        assert_eq!(many.socket_values(), (15, 3, 127));
         assert_eq!(
             SessionConfig::default().keepalive,
             Some(Keepalive::default())

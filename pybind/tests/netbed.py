@@ -3,7 +3,7 @@
 The same shape as the Rust harness (`netbed/src/lib.rs`): a switch namespace with a bridge,
 and hosts whose `eth0` is at `10.201.0.(i + 1)/24`. The namespaces are unnamed and held by
 file descriptors of this process, so nothing outlives it, also when a test fails or pytest
-is killed. Programs run inside a host through `nsenter`. Needs root, iproute2 and nftables.
+is killed. Programs run inside a host through `nsenter`. Needs root, iproute2, nftables and ethtool.
 """
 
 from __future__ import annotations
@@ -69,33 +69,16 @@ class Host(Namespace):
         """`args` as a child process inside this host."""
         return subprocess.Popen(self.argv(args), text=True, **kwargs)  # type: ignore[call-overload, no-any-return]
 
-    def drop_randomly(self, per_mille: int) -> None:
-        """Drops `per_mille` of every thousand TCP packets this host sends or receives."""
-        rule = f"meta l4proto tcp numgen random mod 1000 < {per_mille} drop"
-        self.clear_faults()
-        self.run(
-            "nft", "-f", "-",
-            stdin=(
-                "table inet twfault {\n"
-                f"  chain input {{ type filter hook input priority 0; policy accept; {rule}; }}\n"
-                f"  chain output {{ type filter hook output priority 0; policy accept; {rule}; }}\n"
-                "}\n"
-            ),
-        )
-
-    def clear_faults(self) -> None:
-        subprocess.run(self.argv(["nft", "delete", "table", "inet", "twfault"]), capture_output=True)
-
 
 class NetBed:
     """A switch and `hosts` hosts; a context manager that removes everything on exit."""
 
     def __init__(self, hosts: int) -> None:
-        for tool in ("ip", "nsenter", "nft"):
+        for tool in ("ip", "nsenter", "nft", "ethtool"):
             if shutil.which(tool) is None:
                 raise RuntimeError(
                     f"the network test bed needs `{tool}` (Debian: iproute2, util-linux, "
-                    "nftables); .ci/run installs them"
+                    "nftables, ethtool); scripts/install-deps installs them"
                 )
         self.switch = Namespace("switch")
         self.hosts: list[Host] = []
@@ -116,6 +99,23 @@ class NetBed:
         except BaseException:
             self.close()
             raise
+
+    def drop_randomly(self, host: int, per_mille: int) -> None:
+        """Drops `per_mille` of every thousand frames on host `host`'s link, both ways, at
+        random (nftables on the bridge). Segmentation offload goes off on every host first, so
+        each frame is one packet on a wire: a veth otherwise carries 64 KiB GSO packets whole."""
+        for each in self.hosts:
+            each.run("ethtool", "-K", "eth0", "tso", "off", "gso", "off")
+        port, rule = f"p{host}", f"numgen random mod 1000 < {per_mille} drop"
+        self.switch.run(
+            "nft", "-f", "-",
+            stdin=(
+                f"table bridge twloss{host} {{\n"
+                "  chain forward { type filter hook forward priority 0; policy accept;\n"
+                f"    iifname \"{port}\" {rule}; oifname \"{port}\" {rule}; }}\n"
+                "}\n"
+            ),
+        )
 
     def __enter__(self) -> NetBed:
         return self

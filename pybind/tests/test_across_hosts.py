@@ -4,8 +4,10 @@ and asks that survive packet loss. Each node is its own process inside its host.
 from __future__ import annotations
 
 import json
+import select
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -53,23 +55,30 @@ def bed() -> Iterator[NetBed]:
 
 def ask_across(bed: NetBed, asks: int) -> dict[str, object]:
     server_host, client_host = bed.hosts
-    server = server_host.popen(
-        [sys.executable, "-c", SERVER, f"{server_host.ip}:0"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )
-    try:
-        assert server.stdout is not None
-        address = server.stdout.readline().strip()
-        assert address.startswith(server_host.ip), (address, server.stderr)
-        client = subprocess.run(
-            client_host.argv([sys.executable, "-c", CLIENT, address, str(asks), f"{client_host.ip}:0"]),
-            capture_output=True, text=True, timeout=240,
+    with tempfile.TemporaryFile("w+") as server_err:
+        server = server_host.popen(
+            [sys.executable, "-c", SERVER, f"{server_host.ip}:0"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=server_err,
         )
-        assert client.returncode == 0, client.stderr
-        result: dict[str, object] = json.loads(client.stdout)
-        return result
-    finally:
-        server.communicate(input="", timeout=30)
+        try:
+            assert server.stdout is not None
+            ready, _, _ = select.select([server.stdout], [], [], 60)
+            address = server.stdout.readline().strip() if ready else ""
+            server_err.seek(0)
+            assert address.startswith(server_host.ip), (address, server_err.read())
+            client = subprocess.run(
+                client_host.argv([sys.executable, "-c", CLIENT, address, str(asks), f"{client_host.ip}:0"]),
+                capture_output=True, text=True, timeout=240,
+            )
+            assert client.returncode == 0, client.stderr
+            result: dict[str, object] = json.loads(client.stdout)
+            return result
+        finally:
+            try:
+                server.communicate(input="", timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
 
 
 def test_a_python_node_on_another_host_is_reached_over_ptr1_and_says_why(bed: NetBed) -> None:
@@ -81,7 +90,7 @@ def test_a_python_node_on_another_host_is_reached_over_ptr1_and_says_why(bed: Ne
 
 @pytest.mark.parametrize("per_mille", [1, 10])
 def test_python_asks_survive_packet_loss(bed: NetBed, per_mille: int) -> None:
-    bed.hosts[1].drop_randomly(per_mille)
+    bed.drop_randomly(1, per_mille)
     result = ask_across(bed, 200)
     print(f"Python at {per_mille}‰ loss: {result}")
     assert result["intact"] == 200, result

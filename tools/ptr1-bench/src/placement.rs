@@ -33,18 +33,24 @@ pub(crate) fn across_hosts(rate: Option<&str>, loss_percent: Option<f64>) -> Res
         Some(p) => Some(format!("{:.0}", p * 1000.0).parse::<u32>()?),
         None => None,
     };
-    let testbed = std::panic::catch_unwind(|| Testbed::new(2)).map_err(|_| {
+    // The test bed panics with the failing command's output; here that becomes an error.
+    let testbed = std::panic::catch_unwind(|| {
+        let testbed = Testbed::new(2);
+        if let Some(rate) = rate {
+            testbed.limit_rate(testbed.host(1), rate);
+        }
+        if let Some(per_100k) = per_100k {
+            testbed.drop_per_100k(testbed.host(1), per_100k);
+        }
+        testbed
+    })
+    .map_err(|_| {
         anyhow::anyhow!(
-            "cannot make the network test bed (root, iproute2, util-linux and nftables are \
-             needed; the panic above says which)"
+            "cannot set up the network test bed (root, iproute2, util-linux and nftables are \
+             needed, and --rate takes tc's syntax such as 1gbit; the message above says what \
+             failed)"
         )
     })?;
-    if let Some(rate) = rate {
-        testbed.limit_rate(testbed.host(1), rate);
-    }
-    if let Some(per_100k) = per_100k {
-        testbed.host(1).drop_per_100k(per_100k);
-    }
     testbed.host(1).join_current_thread();
     let bed = Bed {
         testbed,

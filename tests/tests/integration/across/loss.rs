@@ -1,5 +1,6 @@
-//! Random packet loss (nftables `numgen random`, both directions): TCP retransmits, every ask
-//! is answered correctly and delivered once.
+//! Random loss of wire-sized frames on the client's link (nftables `numgen random` on the
+//! bridge, both directions): TCP retransmits, every ask is answered correctly and delivered
+//! once.
 
 use std::time::Instant;
 
@@ -51,7 +52,7 @@ fn shape(i: u32) -> (usize, usize) {
     (count, (bytes / count).max(1))
 }
 
-/// 1,000 asks, 8 in flight, while `per_mille` of the client host's TCP packets are dropped;
+/// 1,000 asks, 8 in flight, while `per_mille` of the frames on the client's link are dropped;
 /// over PTR1, or over HTTP/2 with the (server, client) wires.
 fn thousand_mixed_asks_under_loss(driver: Driver, per_mille: u32, http2: Option<(&Wire, &Wire)>) {
     let bed = Testbed::new(2);
@@ -65,7 +66,7 @@ fn thousand_mixed_asks_under_loss(driver: Driver, per_mille: u32, http2: Option<
         Some(Wire::Tls(_)) => "TLS",
         None => driver.name(),
     };
-    bed.host(1).drop_randomly(per_mille);
+    bed.drop_randomly(bed.host(1), per_mille);
     let mut latencies = Vec::with_capacity(1000);
     let started = Instant::now();
     bed.host(1).enter(|| {
@@ -95,7 +96,9 @@ fn thousand_mixed_asks_under_loss(driver: Driver, per_mille: u32, http2: Option<
         window.into_iter().for_each(&mut finish);
     });
     let took = started.elapsed();
-    bed.host(1).clear_faults();
+    let dropped = bed.dropped_frames(bed.host(1));
+    bed.clear_loss(bed.host(1));
+    assert!(dropped > 0, "the loss was in force");
     if http2.is_some() {
         assert!(
             client.stats().transport_connections >= 1,
@@ -109,7 +112,7 @@ fn thousand_mixed_asks_under_loss(driver: Driver, per_mille: u32, http2: Option<
         "none was delivered twice"
     );
     println!(
-        "{path} at {per_mille}‰ loss: 1,000 asks in {took:?}; latency {}",
+        "{path} at {per_mille}‰ loss: 1,000 asks in {took:?}, {dropped} frames dropped; latency {}",
         percentiles(&mut latencies)
     );
 }

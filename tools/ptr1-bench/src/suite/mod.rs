@@ -16,6 +16,7 @@ mod peers;
 mod ray_rdt;
 mod references;
 mod server;
+mod setup;
 mod table;
 
 use std::path::Path;
@@ -96,6 +97,9 @@ pub(crate) fn suite(options: &Options) -> Result<()> {
         );
     }
     let plan = Plan::new(options);
+    if plan.parts.is_empty() {
+        anyhow::bail!("--netns measures the ptr1 and http2 parts only; --only left none of them");
+    }
     let mut environment = environment::describe();
     environment["netns"] = crate::placement::describe();
     if plan.smoke {
@@ -114,6 +118,7 @@ pub(crate) fn suite(options: &Options) -> Result<()> {
     );
     let args: Vec<String> = std::env::args().skip(1).collect();
     say!("command: ptr1-bench {}", args.join(" "));
+    setup::prepare(&plan);
     let mut lanes = Lanes::start(&exe, options, &plan.parts)?;
     for (column, why) in &lanes.unavailable {
         say!("{}: not measured here: {why}", column.name());
