@@ -6,7 +6,8 @@ use std::net::SocketAddr;
 use tensorwire_proto::route::{self, Capabilities, Locality, Preference, Route};
 use tensorwire_proto::transport::Error;
 
-use super::{Node, NodeInner, Target, local};
+use super::send::Target;
+use super::{Node, NodeInner, local};
 use crate::shm::transport::Reach;
 
 /// Which paths one send may take.
