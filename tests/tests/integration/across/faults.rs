@@ -8,7 +8,8 @@ use tensorwire_tests::across::{Deliveries, HostNode, start_node, start_server, s
 use tensorwire_tests::http2::Wire;
 use tensorwire_tests::netns::{Host, Testbed};
 
-use super::{LONG, across, ask_digest, ask_digest_of, eventually, message, mutual_tls};
+use super::over_http2;
+use super::{LONG, across, ask_digest, ask_digest_of, eventually, message};
 
 across!(
     a_black_hole_mid_transfer_fails_the_ask_in_time_and_frees_both_ends,
@@ -16,18 +17,7 @@ across!(
     a_reset_mid_body_fails_cleanly_and_delivers_nothing,
 );
 
-#[test]
-fn a_reset_mid_body_over_h2c_fails_cleanly_and_delivers_nothing() {
-    let _serial = tensorwire_tests::serial();
-    reset_mid_body(Driver::Uring, Some((&Wire::H2c, &Wire::H2c)));
-}
-
-#[test]
-fn a_reset_mid_body_over_tls_fails_cleanly_and_delivers_nothing() {
-    let _serial = tensorwire_tests::serial();
-    let (server, client) = mutual_tls();
-    reset_mid_body(Driver::Uring, Some((&server, &client)));
-}
+over_http2!(reset_mid_body => a_reset_mid_body_over_h2c_fails_cleanly_and_delivers_nothing, a_reset_mid_body_over_tls_fails_cleanly_and_delivers_nothing);
 
 fn a_reset_mid_body_fails_cleanly_and_delivers_nothing(driver: Driver) {
     reset_mid_body(driver, None);

@@ -10,6 +10,7 @@ use tensorwire_tests::across::{Deliveries, start_node, start_server, start_serve
 use tensorwire_tests::http2::Wire;
 use tensorwire_tests::netns::{Host, Testbed};
 
+use super::over_http2;
 use super::{LONG, across, ask_digest, check_digest, message};
 
 across!(
@@ -25,18 +26,7 @@ fn a_link_flap_under_64_asks_ends_every_ask_in_time(driver: Driver) {
     link_flap_under_64_asks(driver, None);
 }
 
-#[test]
-fn a_link_flap_under_64_asks_over_h2c_ends_every_ask_in_time() {
-    let _serial = tensorwire_tests::serial();
-    link_flap_under_64_asks(Driver::Uring, Some((&Wire::H2c, &Wire::H2c)));
-}
-
-#[test]
-fn a_link_flap_under_64_asks_over_tls_ends_every_ask_in_time() {
-    let _serial = tensorwire_tests::serial();
-    let (server, client) = super::mutual_tls();
-    link_flap_under_64_asks(Driver::Uring, Some((&server, &client)));
-}
+over_http2!(link_flap_under_64_asks => a_link_flap_under_64_asks_over_h2c_ends_every_ask_in_time, a_link_flap_under_64_asks_over_tls_ends_every_ask_in_time);
 
 /// The flap case over PTR1, or over HTTP/2 with the (server, client) wires.
 fn link_flap_under_64_asks(driver: Driver, http2: Option<(&Wire, &Wire)>) {

@@ -7,6 +7,7 @@ use tensorwire_tests::http2::Wire;
 use tensorwire_tests::netns::Testbed;
 use tensorwire_tests::{Driver, checksum, tensor};
 
+use super::over_http2;
 use super::{LONG, across, ask_digest, ask_digest_of, message};
 
 across!(
@@ -23,31 +24,9 @@ fn round_trips_are_intact_at_mtu_1280_and_9000(driver: Driver) {
     round_trips_at_mtus(driver, None);
 }
 
-#[test]
-fn over_h2c_a_256_mib_ask_arrives_intact_over_a_1_gbit_link() {
-    let _serial = tensorwire_tests::serial();
-    big_ask_over_a_slow_link(Driver::Uring, Some((&Wire::H2c, &Wire::H2c)));
-}
+over_http2!(big_ask_over_a_slow_link => over_h2c_a_256_mib_ask_arrives_intact_over_a_1_gbit_link, over_tls_a_256_mib_ask_arrives_intact_over_a_1_gbit_link);
 
-#[test]
-fn over_tls_a_256_mib_ask_arrives_intact_over_a_1_gbit_link() {
-    let _serial = tensorwire_tests::serial();
-    let (server, client) = super::mutual_tls();
-    big_ask_over_a_slow_link(Driver::Uring, Some((&server, &client)));
-}
-
-#[test]
-fn over_h2c_round_trips_are_intact_at_mtu_1280_and_9000() {
-    let _serial = tensorwire_tests::serial();
-    round_trips_at_mtus(Driver::Uring, Some((&Wire::H2c, &Wire::H2c)));
-}
-
-#[test]
-fn over_tls_round_trips_are_intact_at_mtu_1280_and_9000() {
-    let _serial = tensorwire_tests::serial();
-    let (server, client) = super::mutual_tls();
-    round_trips_at_mtus(Driver::Uring, Some((&server, &client)));
-}
+over_http2!(round_trips_at_mtus => over_h2c_round_trips_are_intact_at_mtu_1280_and_9000, over_tls_round_trips_are_intact_at_mtu_1280_and_9000);
 
 /// `htb` at 1 Gbit/s both ways: a 256 MiB ask and a 16 MiB echo arrive intact, at about the
 /// link's rate; over PTR1, or over HTTP/2 with the (server, client) wires.

@@ -9,7 +9,8 @@ use tensorwire_tests::across::{Deliveries, start_node, start_server};
 use tensorwire_tests::http2::Wire;
 use tensorwire_tests::netns::Testbed;
 
-use super::{LONG, across, check_digest, message, mutual_tls, percentiles};
+use super::over_http2;
+use super::{LONG, across, check_digest, message, percentiles};
 
 across!(
     asks_survive_a_tenth_of_a_percent_loss,
@@ -24,18 +25,7 @@ fn asks_survive_one_percent_loss(driver: Driver) {
     thousand_mixed_asks_under_loss(driver, 10, None);
 }
 
-#[test]
-fn h2c_asks_survive_one_percent_loss() {
-    let _serial = tensorwire_tests::serial();
-    thousand_mixed_asks_under_loss(Driver::Uring, 10, Some((&Wire::H2c, &Wire::H2c)));
-}
-
-#[test]
-fn tls_asks_survive_one_percent_loss() {
-    let _serial = tensorwire_tests::serial();
-    let (server, client) = mutual_tls();
-    thousand_mixed_asks_under_loss(Driver::Uring, 10, Some((&server, &client)));
-}
+over_http2!(|driver, wires| thousand_mixed_asks_under_loss(driver, 10, wires) => h2c_asks_survive_one_percent_loss, tls_asks_survive_one_percent_loss);
 
 /// The sizes of the 1,000 asks: mostly 4 KiB to 256 KiB, every tenth 1 to 16 MiB, with 1 to
 /// 16 buffers (about 0.7 GB in all).

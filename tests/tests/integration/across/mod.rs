@@ -37,6 +37,28 @@ macro_rules! across {
 
 pub(crate) use across;
 
+/// Instantiates `case` (called with the io_uring driver and the server's and client's HTTP/2
+/// wires) as a test over h2c named `$h2c` and one over mutual TLS named `$tls`.
+macro_rules! over_http2 {
+    ($case:expr => $h2c:ident, $tls:ident) => {
+        #[test]
+        fn $h2c() {
+            let _serial = tensorwire_tests::serial();
+            let wire = tensorwire_tests::http2::Wire::H2c;
+            ($case)(tensorwire_tests::Driver::Uring, Some((&wire, &wire)));
+        }
+
+        #[test]
+        fn $tls() {
+            let _serial = tensorwire_tests::serial();
+            let (server, client) = super::mutual_tls();
+            ($case)(tensorwire_tests::Driver::Uring, Some((&server, &client)));
+        }
+    };
+}
+
+pub(crate) use over_http2;
+
 /// TLS for a server on host 0 that requires client certificates, and for a client with one.
 pub(crate) fn mutual_tls() -> (Wire, Wire) {
     let pki = Pki::new();
