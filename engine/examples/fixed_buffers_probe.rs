@@ -43,8 +43,10 @@ struct Mmap {
     len: usize,
 }
 
-// SAFETY: plain memory owned by this value; it is only written through raw pointers, by one
-// receiver (or the kernel on its behalf) at a time, and never read for its contents.
+// SAFETY: plain memory owned by this value, like a `Vec<u8>`; no thread affinity. Through
+// `&Mmap` the safe methods only compute addresses (`at`, `iovec`), never touch the bytes; the
+// bytes are written (or, for the provided buffers, read) through raw pointers by one receiver
+// thread, or the kernel on its behalf, at a time.
 unsafe impl Send for Mmap {}
 // SAFETY: as above.
 unsafe impl Sync for Mmap {}
@@ -203,7 +205,9 @@ impl BufRing {
         let slot = usize::from(self.tail & (PBUFS - 1));
         let addr = self.bufs.at(usize::from(bid) * SCRATCH) as u64;
         // SAFETY: the slot is masked into the entries mapping; the kernel reads only slots between
-        // its head and the published tail, and this one is past the published tail.
+        // its head and the published tail, and this one is past the published tail. For slot 0
+        // the reference also spans the tail field the kernel reads, but the setters write only
+        // addr, len and bid, never the tail.
         let e = unsafe { &mut *self.entries.ptr.cast::<BufRingEntry>().add(slot) };
         e.set_addr(addr);
         e.set_len(u32_len(SCRATCH));
@@ -261,76 +265,89 @@ fn receive(
     let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
     let (mut rx, mut got, mut armed) = (Rx::default(), 0, false);
     let t0 = go();
-    let mut t1 = None;
-    while let Some(p) = &mut pbuf {
-        if !armed && got < total {
-            let sqe = opcode::RecvMulti::new(fd, 0).build();
-            // SAFETY: the buffer ring outlives the ring, which owns the request.
-            unsafe { ring.submission().push(&sqe) }.map_err(|_| io::Error::other("SQ full"))?;
-            (rx.arms, armed) = (rx.arms + 1, true);
-        }
-        if !armed {
-            break; // every byte is in and the request is over (EOF)
-        }
-        enter(&ring, &mut rx)?;
-        for cqe in ring.completion() {
-            rx.cqes += 1;
-            armed &= cqueue::more(cqe.flags());
-            match cqe.result() {
-                0 if got < total => return Err(io::Error::other("recv_multi: early EOF")),
-                0 => {}
-                n if n > 0 => {
-                    let n = usize::try_from(n).unwrap_or(0).min(SCRATCH);
-                    let bid = cqueue::buffer_select(cqe.flags())
-                        .ok_or_else(|| io::Error::other("no buffer id"))?;
-                    // SAFETY: the kernel wrote n <= SCRATCH bytes into buffer bid, ours until
-                    // given back below; scratch holds SCRATCH bytes; they do not overlap.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            p.bufs.at(usize::from(bid) * SCRATCH),
-                            scratch.as_mut_ptr(),
-                            n,
-                        )
-                    };
-                    std::hint::black_box(&mut scratch);
-                    p.give(bid);
-                    got += n;
+    // The requests run in here; if one fails, a request may still be in flight (an
+    // `io_uring_enter` error, a multishot receive still armed): the process exits without
+    // unwinding, so `scratch`, `hdr`, `iov` and the provided buffers are never freed while
+    // the kernel may still write into them.
+    let mut io = || -> RxOut {
+        let mut t1 = None;
+        while let Some(p) = &mut pbuf {
+            if !armed && got < total {
+                let sqe = opcode::RecvMulti::new(fd, 0).build();
+                // SAFETY: the buffer ring outlives the ring, which owns the request.
+                unsafe { ring.submission().push(&sqe) }.map_err(|_| io::Error::other("SQ full"))?;
+                (rx.arms, armed) = (rx.arms + 1, true);
+            }
+            if !armed {
+                break; // every byte is in and the request is over (EOF)
+            }
+            enter(&ring, &mut rx)?;
+            for cqe in ring.completion() {
+                rx.cqes += 1;
+                armed &= cqueue::more(cqe.flags());
+                match cqe.result() {
+                    0 if got < total => return Err(io::Error::other("recv_multi: early EOF")),
+                    0 => {}
+                    n if n > 0 => {
+                        let n = usize::try_from(n).unwrap_or(0).min(SCRATCH);
+                        let bid = cqueue::buffer_select(cqe.flags())
+                            .ok_or_else(|| io::Error::other("no buffer id"))?;
+                        // SAFETY: the kernel wrote n <= SCRATCH bytes into buffer bid, ours until
+                        // given back below; scratch holds SCRATCH bytes; they do not overlap.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                p.bufs.at(usize::from(bid) * SCRATCH),
+                                scratch.as_mut_ptr(),
+                                n,
+                            )
+                        };
+                        std::hint::black_box(&mut scratch);
+                        p.give(bid);
+                        got += n;
+                    }
+                    e if -e == libc::ENOBUFS => rx.enobufs += 1,
+                    e => return Err(ctx("recv_multi")(io::Error::from_raw_os_error(-e))),
                 }
-                e if -e == libc::ENOBUFS => rx.enobufs += 1,
-                e => return Err(ctx("recv_multi")(io::Error::from_raw_os_error(-e))),
+            }
+            p.publish();
+            if got >= total && t1.is_none() {
+                t1 = Some(stamp()); // then wait for the sender's EOF to end the request
             }
         }
-        p.publish();
-        if got >= total && t1.is_none() {
-            t1 = Some(stamp()); // then wait for the sender's EOF to end the request
+        while pbuf.is_none() && got < total {
+            let off = got % msg;
+            let sqe = match v {
+                Variant::RecvMsgAll => {
+                    (iov.iov_base, iov.iov_len) = (dst.at(off).cast(), msg - off);
+                    (hdr.msg_iov, hdr.msg_iovlen) = (&raw mut iov, 1);
+                    let flags = u32::try_from(libc::MSG_WAITALL).unwrap_or(0);
+                    opcode::RecvMsg::new(fd, &raw mut hdr).flags(flags).build()
+                }
+                Variant::ReadFixed => {
+                    opcode::ReadFixed::new(fd, dst.at(off), u32_len(msg - off), 0).build()
+                }
+                _ => opcode::Recv::new(fd, scratch.as_mut_ptr(), u32_len(SCRATCH)).build(),
+            };
+            // SAFETY: hdr, iov, dst and scratch outlive the call, which waits for the completion.
+            got += unsafe { one(&mut ring, &sqe, &mut rx) }?;
         }
-    }
-    while pbuf.is_none() && got < total {
-        let off = got % msg;
-        let sqe = match v {
-            Variant::RecvMsgAll => {
-                (iov.iov_base, iov.iov_len) = (dst.at(off).cast(), msg - off);
-                (hdr.msg_iov, hdr.msg_iovlen) = (&raw mut iov, 1);
-                let flags = u32::try_from(libc::MSG_WAITALL).unwrap_or(0);
-                opcode::RecvMsg::new(fd, &raw mut hdr).flags(flags).build()
-            }
-            Variant::ReadFixed => {
-                opcode::ReadFixed::new(fd, dst.at(off), u32_len(msg - off), 0).build()
-            }
-            _ => opcode::Recv::new(fd, scratch.as_mut_ptr(), u32_len(SCRATCH)).build(),
-        };
-        // SAFETY: hdr, iov, dst and scratch outlive the call, which waits for the completion.
-        got += unsafe { one(&mut ring, &sqe, &mut rx) }?;
-    }
-    Ok((rx, t0, t1.unwrap_or_else(stamp)))
+        Ok((rx, t0, t1.unwrap_or_else(stamp)))
+    };
+    io().or_else(|e| {
+        eprintln!("receive failed with a request possibly still in flight: {e}; exiting");
+        std::process::exit(1)
+    })
 }
 
 /// Submits one SQE, waits for its CQE, returns its byte count.
 ///
 /// # Safety
-/// Everything `sqe` points at must stay valid until this returns.
+/// Everything `sqe` points at must stay valid until this returns. On success this returns after
+/// the request's completion; if `io_uring_enter` fails (other than `EINTR`) it returns early and
+/// the request may still be in flight until the ring is dropped.
 unsafe fn one(ring: &mut IoUring, sqe: &squeue::Entry, rx: &mut Rx) -> io::Result<usize> {
-    // SAFETY: the caller keeps the SQE's memory valid; this waits for the request's completion.
+    // SAFETY: the caller keeps the SQE's memory valid; this waits for the request's completion
+    // (except on an `io_uring_enter` error, see above).
     unsafe { ring.submission().push(sqe) }.map_err(|_| io::Error::other("SQ full"))?;
     loop {
         enter(ring, rx)?;

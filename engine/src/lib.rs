@@ -31,6 +31,7 @@ mod pending;
 mod pool;
 pub mod shm;
 pub mod stats;
+mod sync;
 mod sys;
 mod uring;
 

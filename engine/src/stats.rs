@@ -1,9 +1,10 @@
 //! Engine counters beyond the proto stats: zero-copy sends, why the io_uring driver could not
 //! be used, and which driver each node of this process runs.
 
+use crate::sync::lock;
 use std::net::SocketAddr;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, PoisonError};
 
 static FALLBACK_REASON: Mutex<Option<String>> = Mutex::new(None);
 static NODES: Mutex<Vec<(SocketAddr, &'static str)>> = Mutex::new(Vec::new());
@@ -34,23 +35,18 @@ pub fn snapshot() -> EngineStats {
         zero_copy_done: ZERO_COPY_DONE.load(Relaxed),
         zero_copy_copied: ZERO_COPY_COPIED.load(Relaxed),
         fallback_reason: fallback_reason(),
-        drivers: NODES.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+        drivers: lock(&NODES).clone(),
     }
 }
 
 /// Why this process could not use io_uring, if a node ever found out.
 pub fn fallback_reason() -> Option<String> {
-    FALLBACK_REASON
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone()
+    lock(&FALLBACK_REASON).clone()
 }
 
 /// Records (and logs once) why io_uring could not be used.
 pub(crate) fn record_fallback(reason: &str, fallback: Option<&str>) {
-    let mut slot = FALLBACK_REASON
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
+    let mut slot = lock(&FALLBACK_REASON);
     if slot.is_none() {
         match fallback {
             Some(driver) => tracing::warn!(
@@ -68,17 +64,11 @@ pub(crate) fn record_fallback(reason: &str, fallback: Option<&str>) {
 }
 
 pub(crate) fn register_node(addr: SocketAddr, driver: &'static str) {
-    NODES
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .push((addr, driver));
+    lock(&NODES).push((addr, driver));
 }
 
 pub(crate) fn unregister_node(addr: SocketAddr) {
-    NODES
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .retain(|(a, _)| *a != addr);
+    lock(&NODES).retain(|(a, _)| *a != addr);
 }
 
 pub(crate) fn record_zero_copy_request() {

@@ -133,6 +133,9 @@ pub struct ConnectionPoolConfig {
     pub idle_per_peer: usize,
     /// Connections per peer at most (default 32); further requests wait in order.
     pub max_per_peer: usize,
+    /// Requests waiting for a connection at most, over all peers of one driver thread
+    /// (default 16,384); a request beyond it fails at once with `Error::Overloaded`.
+    pub max_waiting: usize,
     /// How long a connection above the idle cap may stay idle (default 1 s), so a burst does
     /// not close what the next burst would reopen.
     pub trim_after: Duration,
@@ -143,6 +146,7 @@ impl Default for ConnectionPoolConfig {
         Self {
             idle_per_peer: 8,
             max_per_peer: 32,
+            max_waiting: 16_384,
             trim_after: Duration::from_secs(1),
         }
     }

@@ -1,14 +1,19 @@
 //! Entry points for the cargo-fuzz targets in `fuzz/` (compiled only under `cfg(fuzzing)`).
 //!
-//! Each one decodes the input both in one piece and split into chunks whose sizes the input
-//! itself chooses, checks that both agree, and checks that no more memory was requested than
-//! the (small) fuzzing limits allow.
+//! Each decoder target decodes the input both in one piece and split into chunks whose sizes
+//! the input itself chooses, checks that both agree, and checks that no more memory was
+//! requested than the (small) fuzzing limits allow. The PTR1 sessions are driven by scripts of
+//! driver steps (`sessions`).
+
+mod sessions;
 
 use std::cell::Cell;
 
 use bytes::Bytes;
 
 use crate::{Limits, WireError, ptm1, ptr1};
+
+pub use sessions::{ptr1_client_session, ptr1_server_session};
 
 /// Limits small enough that any accepted layout can be allocated quickly.
 fn limits() -> Limits {

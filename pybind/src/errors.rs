@@ -85,7 +85,10 @@ fn classify(err: &Error, message: String) -> (&'static str, PyErr) {
         Error::Encode(_) => ("InvalidArgument", InvalidArgument::new_err(message)),
         Error::Memory(_) => ("OutOfMemory", OutOfMemory::new_err(message)),
         Error::Overloaded { .. } => ("Overloaded", Overloaded::new_err(message)),
-        Error::DriverUnavailable { .. } | Error::RouteUnavailable { .. } => (
+        Error::DriverUnavailable { .. }
+        | Error::RouteUnavailable { .. }
+        | Error::DriverFailed { .. }
+        | Error::Abandoned => (
             "TransportUnavailable",
             TransportUnavailable::new_err(message),
         ),

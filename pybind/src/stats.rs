@@ -73,6 +73,7 @@ pub(crate) fn node_stats<'py>(py: Python<'py>, node: &Node) -> PyResult<Bound<'p
             ("operations", gauges.operations),
             ("peers", gauges.peers),
             ("waiting", gauges.waiting),
+            ("failed_cores", gauges.failed_cores),
         ]
         .into_py_dict(py)?,
     )?;

@@ -28,10 +28,57 @@ use crate::http2::tls::ALPN_H2;
 use crate::http2::wire;
 use crate::http2::{Guard, Shared};
 
-/// Connections by peer.
-#[derive(Default)]
+/// Connections by peer. Peers whose connection closed (or never opened) and that no request
+/// is using are swept out whenever the map has doubled since the last sweep, so it stays
+/// bounded by the peers in use, not by every peer ever called.
 pub(crate) struct Peers {
-    slots: std::sync::Mutex<HashMap<SocketAddr, Slot>>,
+    slots: std::sync::Mutex<PeerSlots>,
+}
+
+struct PeerSlots {
+    by_peer: HashMap<SocketAddr, Slot>,
+    /// The size that starts the next sweep.
+    sweep_at: usize,
+}
+
+/// Peers the map holds before its first sweep.
+const FIRST_SWEEP: usize = 16;
+
+impl Default for Peers {
+    fn default() -> Self {
+        Self {
+            slots: std::sync::Mutex::new(PeerSlots {
+                by_peer: HashMap::new(),
+                sweep_at: FIRST_SWEEP,
+            }),
+        }
+    }
+}
+
+impl Peers {
+    /// `peer`'s slot, made if there is none.
+    fn slot(&self, peer: SocketAddr) -> Slot {
+        let mut slots = crate::sync::lock(&self.slots);
+        if !slots.by_peer.contains_key(&peer) && slots.by_peer.len() >= slots.sweep_at {
+            slots.by_peer.retain(|_, slot| in_use(slot));
+            slots.sweep_at = (slots.by_peer.len() * 2).max(FIRST_SWEEP);
+        }
+        Arc::clone(slots.by_peer.entry(peer).or_default())
+    }
+
+    /// Peers in the map.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        crate::sync::lock(&self.slots).by_peer.len()
+    }
+}
+
+/// Whether a request holds the slot, or it has an open connection.
+fn in_use(slot: &Slot) -> bool {
+    Arc::strong_count(slot) > 1
+        || slot.try_lock().map_or(true, |sender| {
+            sender.as_ref().is_some_and(|s| !s.is_closed())
+        })
 }
 
 /// A peer's connection, if open; locked while one is being opened.
@@ -279,10 +326,7 @@ async fn connection(
     shared: &Arc<Shared>,
     peer: SocketAddr,
 ) -> Result<SendRequest<ChunkBody>, Error> {
-    let slot = {
-        let mut slots = crate::sync::lock(&shared.peers.slots);
-        Arc::clone(slots.entry(peer).or_default())
-    };
+    let slot = shared.peers.slot(peer);
     let mut slot = slot.lock().await;
     if let Some(sender) = slot.as_ref().filter(|s| !s.is_closed()) {
         return Ok(sender.clone());
@@ -421,4 +465,25 @@ where
         }
     });
     Ok(sender)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_without_a_connection_or_a_request_leave_the_map() {
+        let peers = Peers::default();
+        let peer = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+        // A request is using this one (its connection is being opened).
+        let held = peers.slot(peer(1));
+        for port in 2..10_000 {
+            drop(peers.slot(peer(port)));
+        }
+        assert!(peers.len() <= FIRST_SWEEP + 1, "{} peers kept", peers.len());
+        assert!(
+            Arc::ptr_eq(&held, &peers.slot(peer(1))),
+            "the held slot was kept"
+        );
+    }
 }

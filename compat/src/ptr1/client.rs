@@ -35,6 +35,10 @@ pub(crate) fn start(shared: &Arc<Shared>, outgoing: Outgoing) {
             }
         }
         Checkout::Connect(outgoing) => connect(shared, outgoing),
+        Checkout::Full(outgoing) => {
+            let error = lock(&shared.pool).full_error();
+            outgoing.completion.complete(Err(error));
+        }
         Checkout::Queued(id) => {
             // Its deadline runs in the pool (the janitor); a caller that gives up takes it out
             // at once. The hook may run right here, so it must not take the pool's lock itself.

@@ -11,12 +11,13 @@
 //! nothing buffered and the socket shows nothing new (a peer close, stray bytes); a close that
 //! arrives after that check fails the request, which is never replayed.
 
-use std::collections::HashMap;
+mod idle;
+
 use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tensorwire_proto::Limits;
@@ -24,7 +25,9 @@ use tensorwire_proto::TensorMessage;
 use tensorwire_proto::session::{ClientEvent, ClientRequest, ClientSession, SessionConfig};
 use tensorwire_proto::transport::{ActorPath, Answer, Deadline, Error, ReceiveMemory, RequestKind};
 
+use crate::sync::lock;
 use crate::sys;
+use idle::IdleConns;
 
 /// How often a waiting exchange asks its interrupt whether to give up.
 const INTERRUPT_SLICE: Duration = Duration::from_millis(100);
@@ -38,11 +41,10 @@ pub(crate) struct BlockingPool {
     session: Arc<SessionConfig>,
     memory: Arc<dyn ReceiveMemory>,
     limits: Limits,
-    idle_per_peer: usize,
     /// How long a caller polls for its reply before sleeping, when the connection's recent
     /// exchanges were that quick.
     busy_poll: Duration,
-    idle: Mutex<HashMap<SocketAddr, Vec<Conn>>>,
+    idle: Mutex<IdleConns<Conn>>,
     closed: AtomicBool,
 }
 
@@ -62,13 +64,14 @@ impl BlockingPool {
         idle_per_peer: usize,
         busy_poll: Duration,
     ) -> Self {
+        let idle_timeout = session.idle_timeout;
         Self {
             session,
             memory,
             limits,
-            idle_per_peer,
             busy_poll,
-            idle: Mutex::new(HashMap::new()),
+            // A connection idle longer than the idle timeout is one its server closes.
+            idle: Mutex::new(IdleConns::new(idle_per_peer, idle_timeout)),
             closed: AtomicBool::new(false),
         }
     }
@@ -92,11 +95,8 @@ impl BlockingPool {
         let mut conn = self.take(peer, deadline)?;
         let outcome = conn.run(request, self.busy_poll, interrupt);
         if conn.session.is_reusable() && !self.closed.load(Ordering::Acquire) {
-            let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-            let list = idle.entry(peer).or_default();
-            if list.len() < self.idle_per_peer {
-                list.push(conn);
-            }
+            let over = lock(&self.idle).put(peer, conn, Instant::now());
+            drop(over); // outside the lock
         }
         outcome
     }
@@ -104,19 +104,14 @@ impl BlockingPool {
     /// Closes every pooled connection; later calls fail with [`Error::Shutdown`].
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
-        let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(PoisonError::into_inner));
+        let idle = lock(&self.idle).drain();
         drop(idle);
     }
 
     /// A pooled connection that is still in step, or a new one.
     fn take(&self, peer: SocketAddr, deadline: Deadline) -> Result<Conn, Error> {
         loop {
-            let pooled = self
-                .idle
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get_mut(&peer)
-                .and_then(Vec::pop);
+            let pooled = lock(&self.idle).take(peer);
             let Some(conn) = pooled else { break };
             // Readable while idle means the peer closed, or sent bytes nobody asked for.
             let events = libc::POLLIN | libc::POLLRDHUP;

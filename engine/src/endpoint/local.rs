@@ -1,10 +1,11 @@
 //! Answers to requests sent within the process, straight into a `Pending`.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use tensorwire_proto::transport::{Error, Reply, Responder};
 
 use crate::pending::{Completer, schedule_timer};
+use crate::sync::lock;
 
 /// A request's result slot, shared with the sender: whichever side settles it first takes
 /// the completer (the sender completes a tell at once when the mailbox takes it directly, and
@@ -50,5 +51,5 @@ impl Responder for LocalResponder {
 }
 
 fn take<T>(slot: &SharedCompleter<T>) -> Option<Completer<T>> {
-    slot.lock().unwrap_or_else(PoisonError::into_inner).take()
+    lock(slot).take()
 }

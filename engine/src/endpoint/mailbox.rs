@@ -5,7 +5,7 @@
 //! tell's Ack): one freed slot admits exactly one waiter, and a waiter that gave up was
 //! withdrawn by its ticket, so it cannot swallow the wake-up meant for another.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
@@ -23,6 +23,9 @@ pub(crate) enum Push {
     Waiting(u64),
     /// The mailbox is closed; the request is handed back.
     Closed(Incoming),
+    /// The mailbox is full and as many requests as it may hold wait for space already; the
+    /// request is handed back.
+    Full(Incoming),
 }
 
 #[derive(Debug)]
@@ -30,6 +33,8 @@ pub(crate) struct Mailbox {
     state: Mutex<State>,
     not_empty: Condvar,
     capacity: usize,
+    /// Requests that may wait for space at most.
+    waiting_capacity: usize,
     /// Takers polling in `pop_spinning` now.
     spinning: AtomicUsize,
     /// Requests in the queue (mirrors `state.queue`, read without the lock by pollers).
@@ -39,8 +44,8 @@ pub(crate) struct Mailbox {
 #[derive(Debug, Default)]
 struct State {
     queue: VecDeque<Incoming>,
-    /// Requests waiting for space, oldest first, with their tickets.
-    waiting: VecDeque<(u64, Incoming)>,
+    /// Requests waiting for space by ticket: the oldest first, withdrawn by ticket at once.
+    waiting: BTreeMap<u64, Incoming>,
     next_ticket: u64,
     closed: bool,
     /// Threads blocked in `pop`: the condition variable is signalled only if there are any.
@@ -50,11 +55,13 @@ struct State {
 }
 
 impl Mailbox {
-    pub(crate) fn new(capacity: usize) -> Self {
+    /// A mailbox of `capacity` requests, with up to `waiting_capacity` more waiting for space.
+    pub(crate) fn new(capacity: usize, waiting_capacity: usize) -> Self {
         Self {
             state: Mutex::new(State::default()),
             not_empty: Condvar::new(),
             capacity: capacity.max(1),
+            waiting_capacity,
             spinning: AtomicUsize::new(0),
             queued: AtomicUsize::new(0),
         }
@@ -67,9 +74,12 @@ impl Mailbox {
             return Push::Closed(incoming);
         }
         if state.queue.len() >= self.capacity || !state.waiting.is_empty() {
+            if state.waiting.len() >= self.waiting_capacity {
+                return Push::Full(incoming);
+            }
             let ticket = state.next_ticket;
             state.next_ticket += 1;
-            state.waiting.push_back((ticket, incoming));
+            state.waiting.insert(ticket, incoming);
             return Push::Waiting(ticket);
         }
         incoming.settle(false);
@@ -81,9 +91,7 @@ impl Mailbox {
 
     /// Takes back a waiting request (its sender gave up). `None` if it got in meanwhile.
     pub(crate) fn withdraw(&self, ticket: u64) -> Option<Incoming> {
-        let mut state = self.lock();
-        let index = state.waiting.iter().position(|(t, _)| *t == ticket)?;
-        state.waiting.remove(index).map(|(_, incoming)| incoming)
+        self.lock().waiting.remove(&ticket)
     }
 
     /// Takes the oldest request, waiting up to `timeout` (`None`: forever). `Ok(None)` on
@@ -199,9 +207,17 @@ impl Mailbox {
         self.queued.load(Ordering::Acquire)
     }
 
+    /// The error for a request refused with [`Push::Full`].
+    pub(crate) fn full_error(&self) -> Error {
+        Error::Overloaded {
+            what: "the list of requests waiting for mailbox space",
+            capacity: self.waiting_capacity,
+        }
+    }
+
     /// After a pop: the oldest waiting request moves in and is told so (outside the lock).
     fn admit_waiter(&self, mut state: MutexGuard<'_, State>) {
-        let Some((_, mut incoming)) = state.waiting.pop_front() else {
+        let Some((_, mut incoming)) = state.waiting.pop_first() else {
             return;
         };
         incoming.settle(true);
@@ -225,6 +241,6 @@ impl Mailbox {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.state)
     }
 }

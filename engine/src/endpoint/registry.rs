@@ -30,6 +30,8 @@ struct Entry {
 pub(crate) struct Registry {
     endpoints: RwLock<HashMap<String, Arc<Entry>>>,
     mailbox_capacity: usize,
+    /// Requests that may wait for space in each mailbox.
+    waiting_capacity: usize,
     closed: AtomicBool,
 }
 
@@ -47,10 +49,13 @@ impl std::fmt::Debug for Registry {
 }
 
 impl Registry {
-    pub(crate) fn new(mailbox_capacity: usize) -> Self {
+    /// Endpoints whose mailboxes hold `mailbox_capacity` requests, and `waiting_capacity` more
+    /// that wait for space.
+    pub(crate) fn new(mailbox_capacity: usize, waiting_capacity: usize) -> Self {
         Self {
             endpoints: RwLock::new(HashMap::new()),
             mailbox_capacity,
+            waiting_capacity,
             closed: AtomicBool::new(false),
         }
     }
@@ -79,7 +84,7 @@ impl Registry {
                 path: path.to_string(),
             });
         }
-        let mailbox = Arc::new(Mailbox::new(capacity.max(1)));
+        let mailbox = Arc::new(Mailbox::new(capacity.max(1), self.waiting_capacity));
         let entry = Entry {
             mailbox: Arc::clone(&mailbox),
             served,
@@ -134,8 +139,21 @@ impl Inbound for Registry {
     }
 
     fn deliver(&self, request: InboundRequest, responder: Box<dyn Responder>) -> Delivery {
+        self.deliver_or_refuse(request, responder)
+            .unwrap_or_else(|refusal| Delivery::Refused(refusal.to_string()))
+    }
+}
+
+impl Registry {
+    /// [`Inbound::deliver`] with the refusal as an error (the in-process path hands it to the
+    /// caller as it is).
+    pub(crate) fn deliver_or_refuse(
+        &self,
+        request: InboundRequest,
+        responder: Box<dyn Responder>,
+    ) -> Result<Delivery, Error> {
         let Some(entry) = self.lookup(&request.path) else {
-            return Delivery::Refused(unknown(&request.path));
+            return Err(Error::UnknownEndpoint { path: request.path });
         };
         match &entry.served {
             Served::OnCore(handler) => {
@@ -144,21 +162,25 @@ impl Inbound for Registry {
                 if kind == RequestKind::Ask {
                     responder.respond(result);
                 }
-                Delivery::Enqueued
+                Ok(Delivery::Enqueued)
             }
             Served::Mailbox => {
                 match entry
                     .mailbox
                     .push(Incoming::new(Request::from(request), responder))
                 {
-                    Push::Pushed => Delivery::Enqueued,
-                    Push::Waiting(ticket) => Delivery::Waiting(Box::new(Ticket {
+                    Push::Pushed => Ok(Delivery::Enqueued),
+                    Push::Waiting(ticket) => Ok(Delivery::Waiting(Box::new(Ticket {
                         mailbox: Arc::clone(&entry.mailbox),
                         ticket,
-                    })),
+                    }))),
                     Push::Closed(incoming) => {
                         incoming.disarm();
-                        Delivery::Refused(Error::MailboxClosed.to_string())
+                        Err(Error::MailboxClosed)
+                    }
+                    Push::Full(incoming) => {
+                        incoming.disarm();
+                        Err(entry.mailbox.full_error())
                     }
                 }
             }

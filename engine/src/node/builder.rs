@@ -31,6 +31,7 @@ pub struct NodeBuilder {
     cores: usize,
     ring_entries: u32,
     mailbox_capacity: usize,
+    mailbox_waiting: usize,
     session: SessionConfig,
     pool: ConnectionPoolConfig,
     limits: Option<Limits>,
@@ -77,6 +78,7 @@ impl NodeBuilder {
             cores,
             ring_entries: 256,
             mailbox_capacity: 256,
+            mailbox_waiting: 4096,
             session: SessionConfig::default(),
             pool: ConnectionPoolConfig::default(),
             limits: None,
@@ -112,6 +114,14 @@ impl NodeBuilder {
     /// Mailbox capacity of each endpoint (default 256).
     pub fn mailbox_capacity(mut self, capacity: usize) -> Self {
         self.mailbox_capacity = capacity.max(1);
+        self
+    }
+
+    /// Requests that may wait for space in each endpoint's full mailbox, in order (default
+    /// 4,096); a request beyond it is refused at once with `Error::Overloaded` (its peer gets
+    /// that text as an error reply).
+    pub fn mailbox_waiting_capacity(mut self, capacity: usize) -> Self {
+        self.mailbox_waiting = capacity;
         self
     }
 
@@ -183,6 +193,14 @@ impl NodeBuilder {
     /// in order, for one to become free (their deadline still runs).
     pub fn max_connections_per_peer(mut self, count: usize) -> Self {
         self.pool.max_per_peer = count.max(1);
+        self
+    }
+
+    /// Most requests waiting for a connection per driver thread, over all peers (default
+    /// 16,384); a request beyond it fails at once with `Error::Overloaded` instead of queueing
+    /// without bound behind peers that do not answer.
+    pub fn max_waiting_requests(mut self, count: usize) -> Self {
+        self.pool.max_waiting = count;
         self
     }
 
@@ -368,7 +386,7 @@ impl NodeBuilder {
         let mut session = self.session.clone();
         session.limits = limits;
         let session = Arc::new(session);
-        let registry = Arc::new(Registry::new(self.mailbox_capacity));
+        let registry = Arc::new(Registry::new(self.mailbox_capacity, self.mailbox_waiting));
         let pool = ReceivePool::new(self.receive_pool);
         let transport: Option<Arc<dyn Transport>> = match &self.transport {
             Some(factory) => Some(factory.start(TransportSetup::new(

@@ -14,6 +14,7 @@ use tensorwire_proto::transport::{
 use crate::endpoint::{LocalResponder, SharedCompleter};
 use crate::node::NodeInner;
 use crate::pending::{Completer, Pending, pair, schedule_timer};
+use crate::sync::lock;
 
 /// Read on every send (to route it), written only when a node starts or stops.
 struct LocalNodes(RwLock<HashMap<SocketAddr, Weak<NodeInner>>>);
@@ -139,28 +140,41 @@ fn deliver<T: Send + 'static>(
         return false;
     }
     let request = InboundRequest::new(kind, path.to_string(), message);
-    match target.registry.deliver(request, Box::new(responder)) {
-        Delivery::Waiting(withdraw) => {
-            // Give up the wait at the deadline (the request's own expiry fails it).
+    match target
+        .registry
+        .deliver_or_refuse(request, Box::new(responder))
+    {
+        Ok(Delivery::Waiting(withdraw)) => {
+            // Give up the wait when the caller does (it dropped its `Pending`) or at the
+            // deadline (the request's own expiry fails it), whichever comes first.
+            let withdraw = Arc::new(Mutex::new(Some(withdraw)));
+            let once = move || {
+                let taken = lock(&withdraw).take();
+                if let Some(withdraw) = taken {
+                    let _ = withdraw.withdraw();
+                }
+            };
             if let Some(at) = deadline.at() {
-                schedule_timer(
-                    at,
-                    Box::new(move || {
-                        let _ = withdraw.withdraw();
-                    }),
-                );
+                schedule_timer(at, Box::new(once.clone()));
+            }
+            if let Some(completer) = &*lock(shared) {
+                completer.on_cancel(Box::new(once));
             }
             false
         }
-        // It was admitted a moment ago: the endpoint closed since.
-        Delivery::Refused(_) => {
+        Ok(Delivery::Enqueued) => true,
+        // Not returned: `deliver_or_refuse` returns every refusal as an error.
+        Ok(Delivery::Refused(_)) => {
             fail(Error::MailboxClosed);
             false
         }
-        Delivery::Enqueued => true,
+        Err(refusal) => {
+            fail(refusal);
+            false
+        }
     }
 }
 
 fn take<T>(shared: &SharedCompleter<T>) -> Option<Completer<T>> {
-    shared.lock().unwrap_or_else(PoisonError::into_inner).take()
+    lock(shared).take()
 }

@@ -9,7 +9,7 @@ mod send;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -28,6 +28,7 @@ use crate::pool::{PoolStats, ReceivePool};
 use crate::shm::ShmManager;
 use crate::shm::transport::ShmTransport;
 use crate::stats;
+use crate::sync::lock;
 
 /// A running tensorwire node: it serves its endpoints on one port and sends to other nodes.
 ///
@@ -463,8 +464,4 @@ impl Drop for NodeInner {
     fn drop(&mut self) {
         self.shutdown();
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -13,7 +13,7 @@ use tensorwire_proto::transport::{
 };
 
 use super::{Destination, Node, NodeInner, local};
-use crate::pending::{AskCompletion, Pending, TellCompletion, pair};
+use crate::pending::{AskCompletion, Pending, TellCompletion, ask_reply, pair};
 
 impl Node {
     /// Routes and starts one send; `here`: the caller waits for it anyway, so a copy may run
@@ -32,7 +32,7 @@ impl Node {
         match self.inner.choose_to_send(to.peer, to.via) {
             Ok(Target::Local(target)) => C::local(&target, &to.path, message, deadline),
             Ok(target) => {
-                let (completion, pending) = C::pair();
+                let (completion, pending) = C::pair(to.peer);
                 let request = OutboundRequest::new(
                     to.peer,
                     to.path.clone(),
@@ -75,7 +75,7 @@ impl Node {
             }
             Target::Local(target) => C::local(&target, &to.path, message, deadline),
             target => {
-                let (completion, pending) = C::pair();
+                let (completion, pending) = C::pair(to.peer);
                 let request = OutboundRequest::new(
                     to.peer,
                     to.path.clone(),
@@ -117,7 +117,7 @@ const INTERRUPT_SLICE: Duration = Duration::from_millis(100);
 pub(super) trait Call {
     type Output: Send + 'static;
     const KIND: RequestKind;
-    fn pair() -> (Box<dyn Completion>, Pending<Self::Output>);
+    fn pair(peer: SocketAddr) -> (Box<dyn Completion>, Pending<Self::Output>);
     fn local(
         target: &NodeInner,
         path: &ActorPath,
@@ -133,29 +133,22 @@ pub(super) struct Tell;
 impl Call for Ask {
     type Output = Reply;
     const KIND: RequestKind = RequestKind::Ask;
-    fn pair() -> (Box<dyn Completion>, Pending<Reply>) {
+    fn pair(peer: SocketAddr) -> (Box<dyn Completion>, Pending<Reply>) {
         let (completer, pending) = pair();
-        (Box::new(AskCompletion(completer)), pending)
+        (Box::new(AskCompletion { completer, peer }), pending)
     }
     fn local(t: &NodeInner, p: &ActorPath, m: TensorMessage, d: Deadline) -> Pending<Reply> {
         local::ask(t, p, m, d)
     }
     fn answer(peer: SocketAddr, answer: Answer) -> Result<Reply, Error> {
-        match answer {
-            Answer::Reply(reply) => Ok(reply),
-            Answer::Ack => Err(Error::UnexpectedReply {
-                peer,
-                request: "ask",
-                reply: "Ack",
-            }),
-        }
+        ask_reply(peer, answer)
     }
 }
 
 impl Call for Tell {
     type Output = ();
     const KIND: RequestKind = RequestKind::Tell;
-    fn pair() -> (Box<dyn Completion>, Pending<()>) {
+    fn pair(_: SocketAddr) -> (Box<dyn Completion>, Pending<()>) {
         let (completer, pending) = pair();
         (Box::new(TellCompletion(completer)), pending)
     }

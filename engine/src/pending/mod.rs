@@ -4,12 +4,14 @@
 mod timer;
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use crate::sync::lock;
 use tensorwire_proto::route::Route;
 use tensorwire_proto::transport::{Answer, Completion, Deadline, Error, Reply};
 
@@ -325,14 +327,15 @@ impl<T> Completer<T> {
         }
     }
 
-    fn finish(&self, result: Option<Result<T, Error>>) {
+    /// Delivers `result` (`None`: abandoned) unless a result is there already; whether it did.
+    fn finish(&self, result: Option<Result<T, Error>>) -> bool {
         let (waker, timer, waiting, hook, detached) = {
             let mut state = lock(&self.slot.state);
             if state.done {
-                return;
+                return false;
             }
             state.done = true;
-            state.result = Some(result.unwrap_or(Err(Error::Shutdown)));
+            state.result = Some(result.unwrap_or(Err(Error::Abandoned)));
             self.slot.done.store(true, Ordering::Release);
             let detached = state
                 .on_done
@@ -359,41 +362,60 @@ impl<T> Completer<T> {
         if let Some(waker) = waker {
             waker.wake();
         }
+        true
     }
 }
 
 impl<T> Drop for Completer<T> {
     /// A completer dropped without a result (a thread or core went away) fails the request
-    /// instead of leaving it hanging.
+    /// as abandoned instead of leaving it hanging (a shutdown completes its requests with
+    /// [`Error::Shutdown`] before it drops anything).
     fn drop(&mut self) {
-        self.finish(None);
+        if self.finish(None) {
+            tracing::warn!("a request was dropped without an answer");
+        }
     }
 }
 
 /// An ask's completion: the transport's answer becomes a [`Reply`].
-pub(crate) struct AskCompletion(pub(crate) Completer<Reply>);
+pub(crate) struct AskCompletion {
+    pub(crate) completer: Completer<Reply>,
+    /// Who is asked: an answer that does not fit an ask is that peer's fault.
+    pub(crate) peer: SocketAddr,
+}
+
+/// The reply in `answer` to an ask of `peer`; an Ack is the peer breaking the protocol.
+pub(crate) fn ask_reply(peer: SocketAddr, answer: Answer) -> Result<Reply, Error> {
+    match answer {
+        Answer::Reply(reply) => Ok(reply),
+        Answer::Ack => Err(Error::UnexpectedReply {
+            peer,
+            request: "ask",
+            reply: "Ack",
+        }),
+    }
+}
 
 /// A tell's completion: the transport's acknowledgement becomes `()`.
 pub(crate) struct TellCompletion(pub(crate) Completer<()>);
 
 impl Completion for AskCompletion {
     fn complete(self: Box<Self>, outcome: Result<Answer, Error>) {
-        self.0.complete(outcome.and_then(|answer| match answer {
-            Answer::Reply(reply) => Ok(reply),
-            Answer::Ack => Err(Error::Misuse("an ask was answered with an Ack".into())),
-        }));
+        let peer = self.peer;
+        self.completer
+            .complete(outcome.and_then(|answer| ask_reply(peer, answer)));
     }
 
     fn is_cancelled(&self) -> bool {
-        self.0.is_cancelled()
+        self.completer.is_cancelled()
     }
 
     fn on_cancel(&self, hook: Box<dyn FnOnce() + Send>) {
-        self.0.on_cancel(hook);
+        self.completer.on_cancel(hook);
     }
 
     fn routed(&self, route: Route) {
-        self.0.set_route(route);
+        self.completer.set_route(route);
     }
 }
 
@@ -415,25 +437,21 @@ impl Completion for TellCompletion {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// The deadline thread is process-wide: tests that count its entries run one at a time.
-    fn timers() -> MutexGuard<'static, ()> {
+    fn timers() -> std::sync::MutexGuard<'static, ()> {
         static TIMERS: Mutex<()> = Mutex::new(());
         lock(&TIMERS)
     }
 
     #[test]
-    fn dropped_completer_fails_the_waiter_instead_of_hanging() {
+    fn dropped_completer_fails_the_waiter_as_abandoned_instead_of_hanging() {
         let (completer, pending) = pair::<u32>();
         drop(completer);
-        assert!(matches!(pending.wait(), Err(Error::Shutdown)));
+        assert!(matches!(pending.wait(), Err(Error::Abandoned)));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! asks, waits for mailbox space, idle-slot release). Started on first use; sleeps until the
 //! earliest deadline.
 
+use crate::sync::lock;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
@@ -46,7 +47,7 @@ fn timer() -> &'static Timer {
 /// Runs `action` at `at` unless cancelled first; returns the id for [`cancel`].
 pub(crate) fn schedule(at: Instant, action: Action) -> u64 {
     let timer = timer();
-    let mut queue = timer.queue.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut queue = lock(&timer.queue);
     let id = queue.next_id;
     queue.next_id += 1;
     if queue.heap.len() > 2 * queue.actions.len() + 1024 {
@@ -79,25 +80,20 @@ pub(crate) fn schedule(at: Instant, action: Action) -> u64 {
 /// Entries in the heap and live deadlines (for tests).
 #[cfg(test)]
 pub(crate) fn sizes() -> (usize, usize) {
-    let queue = timer().queue.lock().unwrap_or_else(PoisonError::into_inner);
+    let queue = lock(&timer().queue);
     (queue.heap.len(), queue.actions.len())
 }
 
 /// Forgets a deadline (its request completed).
 pub(crate) fn cancel(id: u64) {
     let timer = timer();
-    let action = timer
-        .queue
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .actions
-        .remove(&id);
+    let action = lock(&timer.queue).actions.remove(&id);
     drop(action); // outside the lock: it may drop a request's last references
 }
 
 fn run() {
     let timer = timer();
-    let mut queue = timer.queue.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut queue = lock(&timer.queue);
     loop {
         let now = Instant::now();
         match queue.heap.peek().copied() {
@@ -109,7 +105,7 @@ fn run() {
                     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(action)).is_err() {
                         tracing::error!("a deadline action panicked; the deadline thread goes on");
                     }
-                    queue = timer.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                    queue = lock(&timer.queue);
                 }
             }
             Some(Reverse((at, _))) => {

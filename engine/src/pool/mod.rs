@@ -29,6 +29,7 @@ use bytes::Bytes;
 use tensorwire_proto::transport::{Error, ReceiveMemory, RecvBuffer, RecvStorage};
 use tensorwire_proto::{ReceiveBuffer, len_u64};
 
+use crate::sync::lock;
 use mapping::{Mapping, PAGE};
 
 /// Receive-pool settings.
@@ -431,13 +432,6 @@ fn class_size(len: usize) -> usize {
     let step = (base / 4).max(PAGE);
     let size = len.div_ceil(step).saturating_mul(step);
     size.div_ceil(PAGE).saturating_mul(PAGE)
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic while holding this lock cannot leave the map inconsistent (single push/pop).
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

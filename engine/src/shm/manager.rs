@@ -11,7 +11,7 @@
 //! A lease bounds when a region may be *mapped*; a view already mapped keeps its bytes, which
 //! never change, after the lease ends, the name is unpublished, or the manager is cleared.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -250,10 +250,7 @@ impl ShmManager {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Leases<Bytes>> {
-        self.inner
-            .leases
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.inner.leases)
     }
 
     fn reclaim(leases: &mut Leases<Bytes>, now: Instant) {

@@ -20,12 +20,13 @@ impl Core {
             return outgoing.completion.complete(Err(Error::Cancelled));
         }
         if self.stopping {
-            return outgoing.completion.complete(Err(Error::Shutdown));
+            return outgoing.completion.complete(Err(self.stop_error()));
         }
         let deadline = outgoing.request.deadline().at();
         match self.pool.checkout(outgoing.peer, outgoing, deadline) {
             Checkout::Reuse(key, outgoing) => self.begin(key, outgoing),
             Checkout::Connect(outgoing) => self.connect(outgoing),
+            Checkout::Full(outgoing) => outgoing.completion.complete(Err(self.pool.full_error())),
             Checkout::Queued(id) => {
                 // Its deadline runs in the pool; a caller that gives up takes it out at once.
                 if let Some(waiting) = self.pool.waiter(id) {
@@ -43,7 +44,7 @@ impl Core {
         let peer = outgoing.peer;
         if outgoing.completion.is_cancelled() || self.stopping {
             let error = if self.stopping {
-                Error::Shutdown
+                self.stop_error()
             } else {
                 Error::Cancelled
             };

@@ -6,8 +6,8 @@
 use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use tensorwire_proto::session::{ClientRequest, WaiterId};
@@ -39,6 +39,9 @@ pub(crate) enum Event {
     CancelWaiting { id: WaiterId },
     /// Fail everything, close every connection, stop.
     Shutdown,
+    /// A fault for the driver's tests to inject.
+    #[cfg(test)]
+    Fault(crate::uring::core::Fault),
 }
 
 /// The way into a core from any thread (cheap to clone).
@@ -61,6 +64,19 @@ pub(crate) struct CoreShared {
     pub(crate) operations: AtomicUsize,
     pub(crate) peers: AtomicUsize,
     pub(crate) waiting: AtomicUsize,
+    /// Why the core stopped serving while the node lives (its ring failed, or recovering
+    /// from a panic panicked): set once, and the driver sends it nothing more.
+    pub(crate) failure: OnceLock<String>,
+}
+
+impl CoreShared {
+    /// The error for a request this core cannot carry because it failed.
+    pub(crate) fn failed_error(&self) -> Option<Error> {
+        self.failure.get().map(|reason| Error::DriverFailed {
+            driver: "io_uring",
+            reason: reason.clone(),
+        })
+    }
 }
 
 /// The receiving ends, owned by the core.
@@ -90,6 +106,7 @@ impl CoreHandle {
             operations: AtomicUsize::new(0),
             peers: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
+            failure: OnceLock::new(),
         });
         let inbox = Inbox {
             requests: requests_rx,
@@ -109,7 +126,10 @@ impl CoreHandle {
                 };
                 (outgoing, error)
             }
-            Err(TrySendError::Disconnected(outgoing)) => (outgoing, Error::Shutdown),
+            Err(TrySendError::Disconnected(outgoing)) => {
+                let error = self.shared.failed_error().unwrap_or(Error::Shutdown);
+                (outgoing, error)
+            }
         };
         outgoing.completion.complete(Err(error));
     }

@@ -54,6 +54,21 @@ pub(crate) struct Core {
     recent_conns: [(Option<ConnKey>, Instant); 2],
     /// The time of the current loop turn.
     pub(crate) now: Instant,
+    /// A fault the driver's tests injected.
+    #[cfg(test)]
+    pub(crate) fault: Option<Fault>,
+}
+
+/// Faults the driver's tests inject into a core (through [`Event::Fault`]).
+#[cfg(test)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// The next turn fails as if the ring had.
+    RingError,
+    /// The next turn panics (once).
+    Panic,
+    /// The next turn panics, and so does the recovery from it.
+    PanicInRecovery,
 }
 
 impl Core {
@@ -85,6 +100,8 @@ impl Core {
             last_work: Instant::now(),
             recent_conns: [(None, Instant::now()); 2],
             now: Instant::now(),
+            #[cfg(test)]
+            fault: None,
         }
     }
 
@@ -101,21 +118,25 @@ impl Core {
             match turn {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
-                    tracing::error!(error = %e, "a core's ring failed; closing its connections");
-                    self.stop_all();
+                    self.fail(format!("its ring failed: {e}"));
                     break;
                 }
                 Err(panic) => {
-                    let text = panic
-                        .downcast_ref::<&str>()
-                        .copied()
-                        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-                        .unwrap_or("(no message)");
+                    let text = panic_text(&*panic);
                     tracing::error!(
                         panic = text,
                         "a core thread panicked; closing its connections"
                     );
-                    self.recover();
+                    let recovered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        self.recover(text);
+                    }));
+                    if let Err(again) = recovered {
+                        self.fail(format!(
+                            "recovering from a panic ({text}) panicked: {}",
+                            panic_text(&*again)
+                        ));
+                        break;
+                    }
                 }
             }
             if self.stopping {
@@ -135,8 +156,27 @@ impl Core {
         }
         // Anything still queued fails instead of hanging.
         while let Ok(outgoing) = self.inbox.requests.try_recv() {
-            outgoing.completion.complete(Err(Error::Shutdown));
+            outgoing.completion.complete(Err(self.stop_error()));
         }
+    }
+
+    /// Takes this core out of its driver for good (the driver sends it nothing more, and says
+    /// why in every error once no core is left), then fails everything it holds.
+    fn fail(&mut self, reason: String) {
+        tracing::error!(
+            reason = %reason,
+            "a core thread failed and is taken out of the driver; the other cores go on"
+        );
+        let _ = self.handle.shared.failure.set(reason);
+        let stopped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.stop_all()));
+        if stopped.is_err() {
+            tracing::error!("failing the requests of a failed core panicked");
+        }
+    }
+
+    /// What a request gets that this core can no longer carry.
+    pub(crate) fn stop_error(&self) -> Error {
+        self.handle.shared.failed_error().unwrap_or(Error::Shutdown)
     }
 
     /// One round: submit and wait (until the nearest deadline), then completions, timers and
@@ -181,6 +221,16 @@ impl Core {
         }
         self.run_backlog();
         self.update_gauges();
+        #[cfg(test)]
+        match self.fault {
+            Some(Fault::RingError) => return Err(io::Error::other("an injected ring failure")),
+            Some(Fault::Panic) => {
+                self.fault = None;
+                panic!("an injected panic");
+            }
+            Some(Fault::PanicInRecovery) => panic!("an injected panic"),
+            None => {}
+        }
         Ok(())
     }
 
@@ -331,6 +381,8 @@ impl Core {
             Event::Cancel { conn, request } => self.on_cancel(conn, request),
             Event::CancelWaiting { id } => self.on_cancel_waiting(id),
             Event::Shutdown => self.stop_all(),
+            #[cfg(test)]
+            Event::Fault(fault) => self.fault = Some(fault),
         }
     }
 
@@ -348,12 +400,15 @@ impl Core {
 
     /// After a caught panic: every connection (whose state may be half-updated) is closed, its
     /// request failed; the core's own operations are armed again if they were lost.
-    fn recover(&mut self) {
-        let panicked = || {
-            Error::io(
-                "serving the request",
-                io::Error::other("the driver thread panicked"),
-            )
+    fn recover(&mut self, text: &str) {
+        #[cfg(test)]
+        if self.fault == Some(Fault::PanicInRecovery) {
+            panic!("an injected panic in recovery");
+        }
+        let reason = format!("a panic was caught on its core thread: {text}");
+        let panicked = || Error::DriverFailed {
+            driver: "io_uring",
+            reason: reason.clone(),
         };
         self.close_all(panicked);
         for Backlog { outgoing, .. } in std::mem::take(&mut self.backlog) {
@@ -375,17 +430,19 @@ impl Core {
             }
         }
         // The waiters first: closing connections would hand them new ones.
+        let shared = Arc::clone(&self.handle.shared);
+        let error = || shared.failed_error().unwrap_or(Error::Shutdown);
         let (waiting, idle) = self.pool.drain();
         for outgoing in waiting {
-            outgoing.completion.complete(Err(Error::Shutdown));
+            outgoing.completion.complete(Err(error()));
         }
-        self.close_all(|| Error::Shutdown);
+        self.close_all(error);
         idle.into_iter().for_each(|conn| self.close(conn));
         for Backlog { outgoing, .. } in std::mem::take(&mut self.backlog) {
-            outgoing.completion.complete(Err(Error::Shutdown));
+            outgoing.completion.complete(Err(error()));
         }
         while let Ok(outgoing) = self.inbox.requests.try_recv() {
-            outgoing.completion.complete(Err(Error::Shutdown));
+            outgoing.completion.complete(Err(error()));
         }
     }
 
@@ -460,6 +517,15 @@ impl Core {
         shared.peers.store(self.pool.peers(), Ordering::Relaxed);
         shared.waiting.store(self.pool.waiting(), Ordering::Relaxed);
     }
+}
+
+/// The message of a caught panic.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
 }
 
 /// A request to start once the current handler is done: on a connection, or on a new one.

@@ -15,12 +15,14 @@ mod keys;
 mod op;
 mod ring;
 mod server;
+#[cfg(test)]
+mod tests;
 mod timers;
 
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -33,6 +35,7 @@ use tensorwire_proto::transport::{
 
 pub(crate) use ring::availability;
 
+use crate::sync::lock;
 use commands::{CoreHandle, Event, Outgoing};
 
 /// When frames are sent with `SENDMSG_ZC` (the kernel sends from the frame's own pages instead
@@ -146,6 +149,29 @@ impl UringDriver {
     }
 }
 
+impl UringDriver {
+    /// The next core in the round-robin that has not failed; once every one has, the error
+    /// names why the first one did.
+    fn next_live_core(&self) -> Result<&CoreHandle, Error> {
+        let count = self.cores.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let live = (0..count)
+            .filter_map(|step| self.cores.get(start.wrapping_add(step) % count))
+            .find(|core| core.shared.failure.get().is_none());
+        match (live, self.cores.first()) {
+            (Some(core), _) => Ok(core),
+            (None, Some(first)) => Err(Error::DriverFailed {
+                driver: "io_uring",
+                reason: format!(
+                    "every core thread failed (the first: {})",
+                    first.shared.failure.get().map_or("", String::as_str)
+                ),
+            }),
+            (None, None) => Err(Error::Shutdown),
+        }
+    }
+}
+
 impl Outbound for UringDriver {
     fn send(&self, request: OutboundRequest) {
         let OutboundRequest {
@@ -165,9 +191,9 @@ impl Outbound for UringDriver {
             Ok(request) => request,
             Err(e) => return completion.complete(Err(e)),
         };
-        let index = self.next.fetch_add(1, Ordering::Relaxed) % self.cores.len().max(1);
-        let Some(core) = self.cores.get(index) else {
-            return completion.complete(Err(Error::Shutdown));
+        let core = match self.next_live_core() {
+            Ok(core) => core,
+            Err(e) => return completion.complete(Err(e)),
         };
         let outgoing = Outgoing {
             peer,
@@ -192,6 +218,7 @@ impl Driver for UringDriver {
             gauges.operations += shared.operations.load(Ordering::Relaxed);
             gauges.peers += shared.peers.load(Ordering::Relaxed);
             gauges.waiting += shared.waiting.load(Ordering::Relaxed);
+            gauges.failed_cores += usize::from(shared.failure.get().is_some());
         }
         gauges
     }
@@ -256,8 +283,4 @@ fn spawn_core(
             hint: "plug in a fallback driver (NodeBuilder::fallback)",
         }),
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use crate::config::ConnectionPoolConfig;
+use crate::transport::Error;
 
 /// Identifies a request waiting for a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -24,6 +25,9 @@ pub enum Checkout<C, R> {
     Connect(R),
     /// Every connection allowed is busy: it waits, in order (its deadline runs).
     Queued(WaiterId),
+    /// Every connection allowed is busy and `max_waiting` requests wait already: it is
+    /// refused (fail it as overloaded; it was not started).
+    Full(R),
 }
 
 /// What becomes of a connection that finished a request.
@@ -103,6 +107,7 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
         deadline: Option<Instant>,
     ) -> Checkout<C, R> {
         let max = self.config.max_per_peer.max(1);
+        let full = self.waiters.len() >= self.config.max_waiting;
         let state = self.peers.entry(peer).or_insert_with(|| Peer {
             idle: Vec::new(),
             open: 0,
@@ -115,6 +120,9 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
         if state.open < max {
             state.open += 1;
             return Checkout::Connect(request);
+        }
+        if full {
+            return Checkout::Full(request);
         }
         let id = WaiterId(self.next_waiter);
         self.next_waiter += 1;
@@ -253,6 +261,14 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
     /// Requests waiting for a connection.
     pub fn waiting(&self) -> usize {
         self.waiters.len()
+    }
+
+    /// The error for a request refused with [`Checkout::Full`].
+    pub fn full_error(&self) -> Error {
+        Error::Overloaded {
+            what: "the list of requests waiting for a connection",
+            capacity: self.config.max_waiting,
+        }
     }
 
     fn next_waiter_of(&mut self, peer: SocketAddr) -> Option<R> {

@@ -121,6 +121,24 @@ pub enum Error {
         /// What to do about it.
         hint: &'static str,
     },
+    /// The driver carrying the request failed: a core thread's ring failed, or a panic was
+    /// caught while it served this request's connection (the reason says which; the node logs
+    /// it). The request may or may not have been delivered; it is never replayed.
+    #[error(
+        "the {driver} driver failed ({reason}); the request may or may not have been delivered"
+    )]
+    DriverFailed {
+        /// The driver (`"io_uring"`).
+        driver: &'static str,
+        /// What failed.
+        reason: String,
+    },
+    /// The transport carrying the request dropped it without an answer (a defect of that
+    /// transport, logged where it is seen). It may or may not have been delivered.
+    #[error(
+        "the transport carrying the request dropped it without an answer; it may or may not have been delivered"
+    )]
+    Abandoned,
     /// A system call failed.
     #[error("{op} failed: {source}")]
     Io {

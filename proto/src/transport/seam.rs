@@ -186,6 +186,9 @@ pub struct DriverGauges {
     pub peers: usize,
     /// Requests waiting for a connection to their peer (at its connection cap).
     pub waiting: usize,
+    /// Driver threads taken out after a failure (their ring failed, or recovering from a
+    /// panic did; the log says why): the others carry the node's requests.
+    pub failed_cores: usize,
 }
 
 /// Starts a PTR1 driver for a node: how the tokio fallback (or any other driver) is plugged in.

@@ -7,5 +7,6 @@ mod defects;
 mod engine;
 mod fallback;
 mod http2;
+mod review;
 mod routing;
 mod shm;

@@ -1,8 +1,8 @@
 //! The fixture and the client on a tensorwire node: its io_uring driver, or the tokio fallback.
 
-use std::collections::VecDeque;
 use std::io::Write;
 use std::net::SocketAddr;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow};
@@ -166,11 +166,26 @@ pub(crate) fn measure(
         Mode::InFlight => {
             // Timed from the first send to the last reply, the window drained at the end: every
             // ask counted is an ask completed, and the window is refilled at least a few times.
-            let ask = || node.ask(peer, "/actors/echo", message.clone(), TIMEOUT);
+            // Replies are taken in the order they complete, and each completion sends one more
+            // ask: one ask waiting out a retransmission timeout holds back only itself, as in
+            // the baselines' independent tasks.
+            let (done, replies) = mpsc::channel();
+            let ask = || {
+                let done = done.clone();
+                let at = Instant::now();
+                node.ask(peer, "/actors/echo", message.clone(), TIMEOUT)
+                    .detach(move |result| {
+                        // The receiver is gone only once this measurement failed already.
+                        let _ = done.send((at, result));
+                    });
+            };
             let at_least = options.inflight as u64 + min_round_trips(total);
             // Warm-up, as in the sequential modes: connection set-up and first-touch memory
             // are not measured.
-            match ask().wait()? {
+            match node
+                .ask(peer, "/actors/echo", message.clone(), TIMEOUT)
+                .wait()?
+            {
                 Reply::Tensor(reply) => check_echo(options, message, &reply)?,
                 other => return Err(anyhow!("echo answered {other:?}")),
             }
@@ -178,25 +193,32 @@ pub(crate) fn measure(
             let first = options
                 .messages
                 .map_or(options.inflight as u64, |n| n.min(options.inflight as u64));
-            // Each ask with when it was sent: its latency includes its wait in the window, and
-            // replies are taken in the order the asks were sent.
-            let mut window: VecDeque<_> = (0..first).map(|_| (Instant::now(), ask())).collect();
+            for _ in 0..first {
+                ask();
+            }
             let mut sample = Sample {
                 untimed_bytes: total,
                 ..Sample::default()
             };
-            let mut sent = window.len() as u64;
-            while let Some((at, pending)) = window.pop_front() {
-                match pending.wait()? {
+            let (mut sent, mut outstanding) = (first, first);
+            while outstanding > 0 {
+                // Each ask carries its own deadline, so every one of them completes by then.
+                let (at, result) = replies
+                    .recv_timeout(TIMEOUT + Duration::from_secs(10))
+                    .map_err(|_| anyhow!("an ask in flight outlived its deadline"))?;
+                outstanding -= 1;
+                match result? {
                     Reply::Tensor(reply) => check_echo(options, message, &reply)?,
                     other => return Err(anyhow!("echo answered {other:?}")),
                 }
+                // Latency includes the ask's wait for its reply, from when it was sent.
                 sample.record(at.elapsed());
                 sample.ops += 1;
                 sample.payload_bytes += total;
                 if options.more(started, sent, at_least) {
-                    window.push_back((Instant::now(), ask()));
+                    ask();
                     sent += 1;
+                    outstanding += 1;
                 }
             }
             sample.elapsed = started.elapsed();

@@ -2,9 +2,10 @@
 //! a buffer as (segment, offset, length) instead of copying it.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use super::{Segment, Slot};
+use crate::sync::lock;
 
 /// Segments by the start address of their owner's mapping; entries whose segment is gone are
 /// skipped and pruned.
@@ -17,7 +18,7 @@ pub(crate) fn register(segment: &Arc<Segment>) {
         return;
     }
     let start = bytes.as_ptr() as usize;
-    let mut segments = SEGMENTS.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut segments = lock(&SEGMENTS);
     segments.retain(|_, (_, weak)| weak.strong_count() > 0);
     segments.insert(start, (start + bytes.len(), Arc::downgrade(segment)));
 }
@@ -33,7 +34,7 @@ pub(crate) fn lookup(buffer: &[u8]) -> Option<(Arc<Slot>, u64)> {
     let start = buffer.as_ptr() as usize;
     let end = start.checked_add(buffer.len())?;
     let segment = {
-        let segments = SEGMENTS.lock().unwrap_or_else(PoisonError::into_inner);
+        let segments = lock(&SEGMENTS);
         let (&segment_start, (segment_end, weak)) = segments.range(..=start).next_back()?;
         if end > *segment_end {
             return None;

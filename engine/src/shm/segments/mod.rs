@@ -123,11 +123,7 @@ impl Segments {
     /// Calls `listener` (without locks held) whenever a segment is retired; replaces any
     /// earlier listener.
     pub(crate) fn set_listener(&self, listener: Arc<dyn Fn() + Send + Sync>) {
-        *self
-            .0
-            .listener
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(listener);
+        *crate::sync::lock(&self.0.listener) = Some(listener);
     }
 
     /// A slot of at least `len` bytes to fill: a free one (the warmest), or one in a new
@@ -210,15 +206,11 @@ impl Segments {
 
 impl Pool {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.state)
     }
 
     fn notify(&self) {
-        let listener = self
-            .listener
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let listener = crate::sync::lock(&self.listener).clone();
         if let Some(listener) = listener {
             listener();
         }
@@ -414,12 +406,12 @@ impl Segment {
         if len == 0 || end > (index + 1) * self.class {
             return None;
         }
-        let owners = self.owners.lock().unwrap_or_else(PoisonError::into_inner);
+        let owners = crate::sync::lock(&self.owners);
         owners.get(index)?.upgrade()
     }
 
     fn set_owner(&self, index: u32, slot: &Arc<Slot>) {
-        let mut owners = self.owners.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut owners = crate::sync::lock(&self.owners);
         if let Some(entry) = owners.get_mut(index as usize) {
             *entry = Arc::downgrade(slot);
         }

@@ -32,7 +32,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -41,6 +41,7 @@ use tensorwire_proto::session::SessionConfig;
 use tensorwire_proto::transport::{Error, Inbound, OutboundRequest};
 
 use crate::shm::segments::Segments;
+pub(crate) use crate::sync::lock;
 use conn::Conn;
 use copier::Copier;
 use holding::Releases;
@@ -434,8 +435,4 @@ fn socket_name(uid: u32) -> std::io::Result<String> {
     let token: [u8; 16] = crate::shm::os::random()?;
     let hex: String = token.iter().map(|b| format!("{b:02x}")).collect();
     Ok(format!("tensorwire/{uid}/{hex}"))
-}
-
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

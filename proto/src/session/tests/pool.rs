@@ -51,6 +51,37 @@ fn requests_beyond_the_cap_wait_in_order_for_a_free_connection() {
 }
 
 #[test]
+fn requests_beyond_the_waiting_bound_are_refused_over_all_peers() {
+    let config = ConnectionPoolConfig {
+        max_per_peer: 1,
+        max_waiting: 2,
+        ..ConnectionPoolConfig::default()
+    };
+    let mut sut: ConnectionPool<u32, &str> = ConnectionPool::new(config);
+    let now = Instant::now();
+    assert_eq!(sut.checkout(peer(1), "a", None), Checkout::Connect("a"));
+    assert_eq!(sut.checkout(peer(2), "x", None), Checkout::Connect("x"));
+    assert!(matches!(
+        sut.checkout(peer(1), "b", None),
+        Checkout::Queued(_)
+    ));
+    assert!(matches!(
+        sut.checkout(peer(2), "y", None),
+        Checkout::Queued(_)
+    ));
+    assert_eq!(sut.checkout(peer(1), "c", None), Checkout::Full("c"));
+    assert_eq!(sut.checkout(peer(2), "z", None), Checkout::Full("z"));
+    assert_eq!(sut.waiting(), 2);
+    // A free connection is still handed out, and a waiter leaving makes room again.
+    assert_eq!(sut.checkout(peer(3), "n", None), Checkout::Connect("n"));
+    assert_eq!(sut.checkin(peer(1), 7, now), Checkin::Serve(7, "b"));
+    assert!(matches!(
+        sut.checkout(peer(1), "d", None),
+        Checkout::Queued(_)
+    ));
+}
+
+#[test]
 fn a_waiting_request_expires_at_its_deadline_and_a_cancelled_one_is_handed_back() {
     let mut sut = pool(8, 1);
     let now = Instant::now();

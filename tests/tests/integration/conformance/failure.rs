@@ -2,7 +2,7 @@
 
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tensorwire_engine::{Error, Node, Reply};
 use tensorwire_proto::ptr1::Frame;
@@ -19,6 +19,7 @@ conformance!(
         handler_error_text_reaches_the_asker,
         a_panicking_handler_answers_with_an_error_and_keeps_serving,
         a_tell_waits_for_mailbox_space_when_the_mailbox_is_full,
+        a_tell_beyond_the_mailbox_waiting_bound_is_refused_at_once,
         the_next_request_after_a_server_restart_reconnects,
         a_peer_closing_mid_reply_fails_the_ask_cleanly_without_leaking_fds,
     ],
@@ -206,6 +207,60 @@ fn a_tell_waits_for_mailbox_space_when_the_mailbox_is_full(drivers: Drivers) {
         .expect("Ack once there is space")
         .unwrap();
     assert_eq!(inbox.queued(), 2);
+}
+
+fn a_tell_beyond_the_mailbox_waiting_bound_is_refused_at_once(drivers: Drivers) {
+    let server = drivers
+        .server()
+        .mailbox_capacity(1)
+        .mailbox_waiting_capacity(1)
+        .build()
+        .unwrap();
+    let inbox = server.endpoint("inbox").unwrap();
+    let client = drivers.client_node();
+    let peer = server.local_addr();
+    let tell = |i| client.tell(peer, "inbox", patterned(i, 1, 10), TIMEOUT);
+    tell(0).wait().unwrap();
+    let mut waiting = tell(1);
+    assert!(waiting.wait_timeout(Duration::from_millis(200)).is_none());
+    let started = Instant::now();
+    let refused = tell(2).wait().expect_err("a second waiter was accepted");
+    assert!(
+        refused
+            .remote_text()
+            .is_some_and(|text| text.contains("waiting for mailbox space")),
+        "{refused:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "refused at once"
+    );
+    // The one that waits gets in once there is space; the refused one never does.
+    assert_eq!(
+        inbox
+            .recv_blocking(Some(TIMEOUT))
+            .unwrap()
+            .unwrap()
+            .request()
+            .message
+            .version,
+        0
+    );
+    waiting
+        .wait_timeout(TIMEOUT)
+        .expect("in once there is space")
+        .unwrap();
+    assert_eq!(
+        inbox
+            .recv_blocking(Some(TIMEOUT))
+            .unwrap()
+            .unwrap()
+            .request()
+            .message
+            .version,
+        1
+    );
+    assert_eq!(inbox.queued(), 0);
 }
 
 fn the_next_request_after_a_server_restart_reconnects(drivers: Drivers) {

@@ -1,11 +1,12 @@
 //! The per-peer connection pool, on every driver: idle connections above the cap are closed,
-//! and a request waiting for a connection leaves the queue as soon as its caller gives up.
+//! a request waiting for a connection leaves the queue as soon as its caller gives up, and the
+//! requests waiting are bounded.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use tensorwire_engine::{Node, Reply};
+use tensorwire_engine::{Error, Node, Reply};
 use tensorwire_tests::*;
 
 use super::conformance;
@@ -14,6 +15,7 @@ conformance!(
     pairs: [
         idle_connections_above_the_cap_are_closed_after_trim_after,
         a_queued_ask_leaves_the_queue_when_its_caller_gives_up,
+        an_ask_beyond_the_waiting_bound_is_refused_as_overloaded,
     ],
     servers: [],
 );
@@ -107,4 +109,36 @@ fn a_queued_ask_leaves_the_queue_when_its_caller_gives_up(drivers: Drivers) {
         2,
         "the dropped ask never ran"
     );
+}
+
+fn an_ask_beyond_the_waiting_bound_is_refused_as_overloaded(drivers: Drivers) {
+    let (server, served) = slow_server(drivers, Duration::from_millis(300));
+    let client = drivers
+        .client()
+        .cores(1)
+        .max_connections_per_peer(1)
+        .max_waiting_requests(2)
+        .build()
+        .unwrap();
+    let ask = |i| client.ask(server.local_addr(), "slow", patterned(i, 1, 64), TIMEOUT);
+    let carried = ask(0);
+    let waiting = |node: &Node| node.stats().gauges.waiting;
+    let queued = [ask(1), ask(2)];
+    assert_eq!(settle(&client, waiting, 2), 2, "two asks wait");
+    let refused = ask(3).wait().expect_err("a third waiter was accepted");
+    assert!(
+        matches!(refused, Error::Overloaded { capacity: 2, .. }) && refused.is_limit(),
+        "{refused:?}"
+    );
+    // Nothing else is disturbed: the carried and the waiting asks are answered, in order.
+    assert_eq!(tensor(carried.wait().unwrap()), patterned(0, 1, 64));
+    for (version, ask) in (1..).zip(queued) {
+        assert_eq!(tensor(ask.wait().unwrap()), patterned(version, 1, 64));
+    }
+    assert_eq!(
+        served.load(Ordering::SeqCst),
+        3,
+        "the refused ask never ran"
+    );
+    assert_eq!(tensor(ask(4).wait().unwrap()), patterned(4, 1, 64));
 }

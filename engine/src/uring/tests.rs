@@ -1,0 +1,121 @@
+//! The driver when one of its cores fails: the core is taken out of the round-robin (the
+//! others carry every request), and once none is left every request fails saying why.
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tensorwire_proto::TensorMessage;
+use tensorwire_proto::session::SessionConfig;
+use tensorwire_proto::transport::{
+    ActorPath, Deadline, Driver, DriverSetup, Error, Outbound, OutboundRequest, RequestKind,
+};
+
+use super::core::Fault;
+use super::{UringConfig, UringDriver, ZeroCopy};
+use crate::endpoint::Registry;
+use crate::pending::{AskCompletion, pair};
+use crate::pool::{PoolConfig, ReceivePool};
+
+fn driver(cores: usize) -> UringDriver {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut setup = DriverSetup::new(
+        listener,
+        Arc::new(Registry::new(16, 16)),
+        Arc::new(ReceivePool::new(PoolConfig::default())),
+        Arc::new(SessionConfig::default()),
+    );
+    setup.threads = cores;
+    let config = UringConfig {
+        ring_entries: 64,
+        queue_capacity: 64,
+        zero_copy: ZeroCopy::Never,
+        zero_copy_min_bytes: u64::MAX,
+        shutdown_timeout: Duration::from_secs(1),
+        busy_poll: Duration::ZERO,
+    };
+    UringDriver::start(setup, config).expect("io_uring is needed for the driver's tests")
+}
+
+/// A port nobody listens on: every ask carried to it fails to connect.
+fn closed_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+fn ask(driver: &UringDriver, peer: SocketAddr) -> Error {
+    let (completer, pending) = pair();
+    driver.send(OutboundRequest::new(
+        peer,
+        ActorPath::parse("echo").unwrap(),
+        RequestKind::Ask,
+        TensorMessage::new(1, Bytes::new(), vec![Bytes::from_static(b"x")]),
+        Deadline::after(Instant::now(), Duration::from_secs(5)),
+        Box::new(AskCompletion { completer, peer }),
+    ));
+    pending.wait().expect_err("nobody listens")
+}
+
+/// Injects `fault` into core `index` and waits until the driver counts it as failed.
+fn break_core(driver: &UringDriver, index: usize, fault: Fault, failed: usize) {
+    driver.cores[index].post(super::commands::Event::Fault(fault));
+    let until = Instant::now() + Duration::from_secs(5);
+    while driver.gauges().failed_cores < failed {
+        assert!(Instant::now() < until, "the fault was not noticed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_core_whose_ring_fails_leaves_the_round_robin_and_the_others_carry_every_request() {
+    let driver = driver(2);
+    let peer = closed_port();
+    break_core(&driver, 0, Fault::RingError, 1);
+    for _ in 0..8 {
+        let err = ask(&driver, peer);
+        assert!(matches!(err, Error::Connect { .. }), "{err:?}");
+    }
+    break_core(&driver, 1, Fault::PanicInRecovery, 2);
+    let err = ask(&driver, peer);
+    let text = err.to_string();
+    assert!(matches!(err, Error::DriverFailed { .. }), "{err:?}");
+    assert!(
+        text.contains("every core thread failed") && text.contains("an injected ring failure"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_request_caught_in_a_core_panic_fails_naming_the_panic_and_the_core_goes_on() {
+    let driver = driver(1);
+    // A peer that accepts and never answers: the ask stays on its connection.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let (completer, pending) = pair();
+    let peer = silent.local_addr().unwrap();
+    driver.send(OutboundRequest::new(
+        peer,
+        ActorPath::parse("echo").unwrap(),
+        RequestKind::Ask,
+        TensorMessage::new(1, Bytes::new(), vec![Bytes::from_static(b"x")]),
+        Deadline::after(Instant::now(), Duration::from_secs(10)),
+        Box::new(AskCompletion { completer, peer }),
+    ));
+    let (_accepted, _) = silent.accept().unwrap();
+    let until = Instant::now() + Duration::from_secs(5);
+    while driver.gauges().connections == 0 {
+        assert!(Instant::now() < until, "the ask never got a connection");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    driver.cores[0].post(super::commands::Event::Fault(Fault::Panic));
+    let err = pending.wait().expect_err("the panic failed it");
+    assert!(
+        matches!(&err, Error::DriverFailed { reason, .. } if reason.contains("an injected panic")),
+        "{err:?}"
+    );
+    assert_eq!(driver.gauges().failed_cores, 0, "a recovered core stays in");
+    let err = ask(&driver, closed_port());
+    assert!(matches!(err, Error::Connect { .. }), "{err:?}");
+}

@@ -1,0 +1,344 @@
+//! The PTR1 sessions driven by the fuzzer: the input is a script of driver steps (bytes that
+//! arrive in chunks the script sizes, end of stream, read and write errors, write progress,
+//! time passing, the node's admit/answer/withdraw decisions, cancellation), in any order a
+//! driver could produce them.
+//!
+//! Checked on every input: no panic; receive memory charged never exceeds its budget and is
+//! all given back once the session is dropped; every byte a server writes parses as PTR1
+//! frames; a client reports exactly one outcome per started request.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::message::TensorMessage;
+use crate::session::{
+    ClientEvent, ClientRequest, ClientSession, ReadBuf, ServerEvent, ServerSession, SessionConfig,
+    Transmit,
+};
+use crate::transport::{ActorPath, Deadline, HeapMemory, Reply, RequestKind};
+use crate::{Limits, ptr1};
+
+/// The budget of frames still arriving: small, so the budget's refusals are reached too.
+const BUDGET: u64 = 1 << 18;
+
+/// A server session fed the script in `data`.
+pub fn ptr1_server_session(data: &[u8]) {
+    let mut script = Script(data);
+    let memory = Arc::new(HeapMemory::new(BUDGET));
+    let mut now = Instant::now();
+    let require_tls = script.byte().is_some_and(|b| b == 0xFF);
+    let mut session = ServerSession::new(config(), memory.clone(), require_tls, now);
+    let mut written = Vec::new();
+    let mut writing: Option<Transmit> = None;
+    // Delivered requests waiting for mailbox space or an answer: their number and kind.
+    let mut delivered: Vec<(u64, RequestKind)> = Vec::new();
+    let mut admitting = false;
+    let mut finished = false;
+    while let Some(step) = script.byte() {
+        if finished || session.is_closed() {
+            break;
+        }
+        match step % 12 {
+            0..=3 => {
+                if !arrive(&mut script, session.poll_read(), |buf, n| {
+                    session.handle_read(buf, Ok(n), now);
+                }) {
+                    break;
+                }
+            }
+            4 => {
+                if let Some(buf) = session.poll_read() {
+                    session.handle_read(buf, Ok(0), now);
+                }
+            }
+            5 => {
+                if let Some(buf) = session.poll_read() {
+                    session.handle_read(buf, Err(std::io::ErrorKind::ConnectionReset.into()), now);
+                }
+            }
+            6 if admitting => {
+                admitting = false;
+                let refused = script.byte().is_some_and(|b| b & 1 == 1);
+                let verdict = if refused {
+                    Err("refused".into())
+                } else {
+                    Ok(())
+                };
+                session.admit(verdict, now);
+            }
+            7 if !delivered.is_empty() => {
+                let pick = usize::from(script.byte().unwrap_or(0)) % delivered.len();
+                let (seq, kind) = delivered.swap_remove(pick);
+                session.handle_enqueued(seq, now);
+                if kind == RequestKind::Ask {
+                    let answer = answer(script.byte().unwrap_or(0));
+                    session.handle_answer(seq, answer, now);
+                }
+            }
+            8 => {
+                if writing.is_none() {
+                    writing = session.poll_transmit(now);
+                }
+                if let Some(transmit) = &mut writing {
+                    let n = script.len(transmit.remaining());
+                    collect(transmit, n, &mut written);
+                    if transmit.advance(n) {
+                        writing = None;
+                    }
+                    session.handle_written(n, now);
+                }
+            }
+            9 => session.handle_write_error(std::io::ErrorKind::BrokenPipe.into()),
+            _ => {
+                now += Duration::from_millis(u64::from(script.byte().unwrap_or(0)) * 40);
+                session.handle_timeout(now);
+            }
+        }
+        while let Some(event) = session.poll_event() {
+            match event {
+                ServerEvent::Admit { .. } => admitting = true,
+                ServerEvent::Request { seq, request } => delivered.push((seq, request.kind)),
+                ServerEvent::Withdraw { seq } => {
+                    let got_in = script.byte().is_some_and(|b| b & 1 == 1);
+                    delivered.retain(|&(s, _)| s != seq || got_in);
+                    session.handle_withdrawn(seq, !got_in, now);
+                }
+                ServerEvent::ShutdownWrite => {}
+                ServerEvent::HandOff { .. } | ServerEvent::Close(_) => finished = true,
+            }
+        }
+        assert!(memory.charged() <= BUDGET, "over the receive budget");
+    }
+    session.shut_down();
+    while session.poll_event().is_some() {}
+    drop(session);
+    assert_eq!(
+        memory.charged(),
+        0,
+        "charges left after the session was dropped"
+    );
+    every_frame_parses(&written);
+}
+
+/// A client session with one request started, fed the script in `data` as its peer's doing.
+pub fn ptr1_client_session(data: &[u8]) {
+    let mut script = Script(data);
+    let memory = Arc::new(HeapMemory::new(BUDGET));
+    let mut now = Instant::now();
+    let peer: SocketAddr = ([127, 0, 0, 1], 9).into();
+    let mut session = ClientSession::connected(config(), memory.clone(), peer);
+    let (mut started, mut outcomes) = (0u32, 0u32);
+    let mut writing: Option<Transmit> = None;
+    started += start(&mut session, script.byte().unwrap_or(0), now);
+    while let Some(step) = script.byte() {
+        if session.is_closed() {
+            break;
+        }
+        match step % 10 {
+            0..=3 => {
+                if !arrive(&mut script, session.poll_read(), |buf, n| {
+                    session.handle_read(buf, Ok(n), now);
+                }) {
+                    break;
+                }
+            }
+            4 => {
+                if let Some(buf) = session.poll_read() {
+                    session.handle_read(buf, Ok(0), now);
+                }
+            }
+            5 => {
+                if writing.is_none() {
+                    writing = session.poll_transmit(now);
+                }
+                if let Some(transmit) = &mut writing {
+                    let n = script.len(transmit.remaining());
+                    if transmit.advance(n) {
+                        writing = None;
+                    }
+                    session.handle_written(n, now);
+                }
+            }
+            6 => session.handle_write_error(std::io::ErrorKind::BrokenPipe.into(), now),
+            7 => session.cancel(),
+            8 if session.is_reusable() => {
+                writing = None;
+                started += start(&mut session, script.byte().unwrap_or(0), now);
+            }
+            _ => {
+                now += Duration::from_millis(u64::from(script.byte().unwrap_or(0)) * 40);
+                session.handle_timeout(now);
+            }
+        }
+        while let Some(event) = session.poll_event() {
+            if let ClientEvent::Done(_) = event {
+                outcomes += 1;
+                assert!(
+                    outcomes <= started,
+                    "an outcome for a request never started"
+                );
+            }
+        }
+        assert!(memory.charged() <= BUDGET, "over the receive budget");
+    }
+    session.shut_down();
+    while let Some(event) = session.poll_event() {
+        if let ClientEvent::Done(_) = event {
+            outcomes += 1;
+        }
+    }
+    assert_eq!(outcomes, started, "one outcome per started request");
+    drop(session);
+    assert_eq!(
+        memory.charged(),
+        0,
+        "charges left after the session was dropped"
+    );
+}
+
+/// A reply, a single-value reply or a handler's error, by `choice`.
+fn answer(choice: u8) -> Result<Reply, String> {
+    match choice % 3 {
+        0 => Ok(Reply::Tensor(TensorMessage::new(
+            1,
+            Bytes::from_static(b"m"),
+            vec![Bytes::from(vec![7u8; 300])],
+        ))),
+        1 => Ok(Reply::Single {
+            msg_type: "ack".into(),
+            data: Bytes::from_static(b"12"),
+        }),
+        _ => Err("handler failed".into()),
+    }
+}
+
+/// Deadlines short enough that the script's time steps reach every one of them.
+fn config() -> Arc<SessionConfig> {
+    let mut config = SessionConfig::default();
+    config.limits = Limits::builder()
+        .max_wire_bytes(1 << 20)
+        .max_metadata_bytes(1 << 12)
+        .max_buffers(64)
+        .build();
+    config.preface_timeout = Duration::from_secs(1);
+    config.head_timeout = Duration::from_secs(1);
+    config.idle_timeout = Duration::from_secs(3);
+    config.enqueue_timeout = Duration::from_secs(2);
+    config.drain_timeout = Duration::from_secs(1);
+    config.min_rate = 1024;
+    config.rate_window = Duration::from_secs(1);
+    config.scratch_len = 256;
+    config.max_window = 4096;
+    Arc::new(config)
+}
+
+/// Starts an ask or a tell (by `kind`'s low bit) on `session`; 1 if it started.
+fn start(session: &mut ClientSession, kind: u8, now: Instant) -> u32 {
+    let kind = if kind & 1 == 0 {
+        RequestKind::Ask
+    } else {
+        RequestKind::Tell
+    };
+    u32::from(session.start(request(kind, now), now).is_ok())
+}
+
+fn request(kind: RequestKind, now: Instant) -> ClientRequest {
+    let message = TensorMessage::new(
+        3,
+        Bytes::from_static(b"meta"),
+        vec![Bytes::from(vec![1u8; 200])],
+    );
+    let path = ActorPath::parse("echo").expect("a valid path");
+    ClientRequest::encode(
+        kind,
+        &path,
+        message,
+        &config().limits,
+        Deadline::after(now, Duration::from_secs(5)),
+    )
+    .expect("a small request encodes")
+}
+
+/// Copies the script's next chunk into `buf` (if the session wants a read) and reports it;
+/// `false` once the script has no bytes left to send.
+fn arrive(
+    script: &mut Script<'_>,
+    buf: Option<ReadBuf>,
+    done: impl FnOnce(ReadBuf, usize),
+) -> bool {
+    let Some(mut buf) = buf else {
+        return true;
+    };
+    let want = script.len(u64::try_from(buf.capacity()).unwrap_or(u64::MAX));
+    let bytes = script.take(want);
+    if bytes.is_empty() {
+        return false; // a read that never completes: the script ends here
+    }
+    let mut copied = 0;
+    for region in buf.regions() {
+        let n = region.len().min(bytes.len() - copied);
+        region[..n].copy_from_slice(&bytes[copied..copied + n]);
+        copied += n;
+        if copied == bytes.len() {
+            break;
+        }
+    }
+    done(buf, copied);
+    true
+}
+
+/// Appends the next `n` bytes of `transmit` to `out`.
+fn collect(transmit: &Transmit, n: usize, out: &mut Vec<u8>) {
+    let mut left = n;
+    for slice in transmit.slices() {
+        let take = slice.len().min(left);
+        out.extend_from_slice(&slice[..take]);
+        left -= take;
+        if left == 0 {
+            break;
+        }
+    }
+}
+
+/// Every complete frame in `bytes` parses (a cut-off last frame is a write that stopped).
+fn every_frame_parses(bytes: &[u8]) {
+    let limits = Limits::default();
+    let mut decoder = ptr1::Decoder::new(limits);
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        match decoder.decode(rest) {
+            Ok((consumed, _)) => rest = &rest[consumed..],
+            Err(e) => panic!("the server wrote an invalid frame: {e}"),
+        }
+    }
+}
+
+/// The fuzzer's input, read front to back.
+struct Script<'a>(&'a [u8]);
+
+impl<'a> Script<'a> {
+    fn byte(&mut self) -> Option<u8> {
+        let (&first, rest) = self.0.split_first()?;
+        self.0 = rest;
+        Some(first)
+    }
+
+    /// A length of 1..=`max` chosen by the next byte (small or, now and then, all of it).
+    fn len(&mut self, max: u64) -> usize {
+        let max = usize::try_from(max).unwrap_or(usize::MAX).max(1);
+        match self.byte() {
+            Some(0xFF) | None => max,
+            Some(b) => (usize::from(b) + 1).min(max),
+        }
+    }
+
+    fn take(&mut self, n: usize) -> &'a [u8] {
+        let n = n.min(self.0.len());
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        head
+    }
+}
