@@ -249,6 +249,24 @@ fn set_int_option(fd: RawFd, level: i32, name: i32, value: i32) -> io::Result<()
     Ok(())
 }
 
+/// How many segments arrived out of order on this TCP socket so far (`tcpi_rcv_ooopack`:
+/// each is a sign of a loss upstream; 0 on a kernel older than 5.4, which does not count).
+pub(crate) fn received_out_of_order(fd: RawFd) -> io::Result<u32> {
+    // SAFETY: `tcp_info` is plain old data; all-zero is a valid value.
+    let mut info: libc::tcp_info = unsafe { zeroed() };
+    let mut len = socklen(size_of::<libc::tcp_info>());
+    // SAFETY: `info` is a live `tcp_info` of `len` bytes, and `len` a live length the kernel
+    // updates to what it filled (a shorter struct leaves the rest zero).
+    syscall!(getsockopt(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_INFO,
+        (&raw mut info).cast(),
+        &raw mut len
+    ))?;
+    Ok(info.tcpi_rcv_ooopack)
+}
+
 /// `shutdown(fd, how)`; wakes any operation still waiting on the socket.
 pub(crate) fn shutdown(fd: RawFd, how: i32) -> io::Result<()> {
     // SAFETY: shutdown() takes no pointers.

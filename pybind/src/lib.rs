@@ -26,6 +26,13 @@ mod tells;
 
 use pyo3::prelude::*;
 
+/// The heap of the engine inside Python (Python's own objects keep pymalloc): the same
+/// allocator as tensorwire's binaries, for the same reasons (`tools/ptr1-bench/src/main.rs`):
+/// HTTP/2's per-frame buffers reuse freed pages instead of faulting in fresh ones, and a
+/// burst's memory goes back to the system once idle.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Whether io_uring can be used here; `None` if so, else why not.
 #[pyfunction]
 fn io_uring_unavailable() -> Option<String> {

@@ -13,7 +13,8 @@
 //! first-touch page faults on every message. Only slots that were filled once are kept; a slot
 //! of a frame that failed half-way is unmapped. Idle slots are bounded
 //! ([`PoolConfig::max_idle_bytes`]) and given back to the system when unused for
-//! [`PoolConfig::idle_ttl`], so a burst does not pin memory for good.
+//! [`PoolConfig::idle_ttl`] (but for a small cache, [`PoolConfig::idle_keep_bytes`]), so a
+//! burst does not pin memory for good.
 //!
 //! Slots are sized in classes of four steps per power of two (at most 25 % slack).
 
@@ -40,8 +41,13 @@ pub struct PoolConfig {
     pub min_pooled_bytes: usize,
     /// Most bytes of idle slots kept for reuse (default 1 GiB); 0 disables reuse.
     pub max_idle_bytes: usize,
-    /// Idle slots unused for this long are unmapped (default 10 s).
+    /// Idle slots unused for this long are unmapped (default 2 s), but for the cache kept
+    /// while idle.
     pub idle_ttl: Duration,
+    /// Bytes of idle slots kept however long they stay unused (default 64 MiB; 0 keeps
+    /// none): the most recently used ones, so a receiver that pauses and resumes reuses warm
+    /// memory, while a burst's memory goes back to the system after `idle_ttl`.
+    pub idle_keep_bytes: u64,
     /// Most bytes that frames still arriving may hold (filled or exposed to reads) at once
     /// (default: half the physical memory). A frame that would go over it is refused.
     pub max_receiving_bytes: u64,
@@ -56,7 +62,8 @@ impl Default for PoolConfig {
         Self {
             min_pooled_bytes: 64 << 10,
             max_idle_bytes: 1 << 30,
-            idle_ttl: Duration::from_secs(10),
+            idle_ttl: Duration::from_secs(2),
+            idle_keep_bytes: 64 << 20,
             max_receiving_bytes: half_of_physical_memory(),
             max_reserved_bytes: half_of_physical_memory().saturating_mul(32),
         }
@@ -195,19 +202,38 @@ impl ReceivePool {
         }
     }
 
-    /// Unmaps idle slots unused for [`PoolConfig::idle_ttl`]; returns how many.
+    /// Unmaps idle slots unused for [`PoolConfig::idle_ttl`], except the most recently used
+    /// ones up to [`PoolConfig::idle_keep_bytes`] of idle memory in all; returns how many.
     pub fn release_unused(&self, now: Instant) -> usize {
         let inner = &self.inner;
         let ttl = inner.config.idle_ttl;
+        let expired = |since: Instant| since.checked_add(ttl).is_some_and(|at| at <= now);
         let mut released = Vec::new();
         {
             let mut idle = lock(&inner.idle);
-            for slots in idle.values_mut() {
-                let keep = slots
-                    .iter()
-                    .position(|(_, since)| since.checked_add(ttl).is_none_or(|at| at > now))
-                    .unwrap_or(slots.len());
-                released.extend(slots.drain(..keep).map(|(mapping, _)| mapping));
+            let mut old: Vec<(Instant, usize, Mapping)> = Vec::new();
+            let mut kept = 0u64;
+            for (&class, slots) in idle.iter_mut() {
+                // Oldest first: the expired ones are a prefix.
+                let cut = slots.iter().position(|(_, since)| !expired(*since));
+                let cut = cut.unwrap_or(slots.len());
+                old.extend(
+                    slots
+                        .drain(..cut)
+                        .map(|(mapping, since)| (since, class, mapping)),
+                );
+                kept += len_u64(class) * len_u64(slots.len());
+            }
+            // The most recently used expired slots stay while the cache has room.
+            old.sort_by_key(|(since, ..)| std::cmp::Reverse(*since));
+            for (since, class, mapping) in old {
+                let size = len_u64(class);
+                if kept + size <= inner.config.idle_keep_bytes {
+                    kept += size;
+                    idle.entry(class).or_default().insert(0, (mapping, since));
+                } else {
+                    released.push(mapping);
+                }
             }
             idle.retain(|_, slots| !slots.is_empty());
         }
@@ -510,15 +536,46 @@ mod tests {
 
     #[test]
     fn idle_slots_unused_for_the_ttl_go_back_to_the_system() {
-        let sut = pool(4096, 1 << 30);
+        let sut = ReceivePool::new(PoolConfig {
+            min_pooled_bytes: 4096,
+            idle_keep_bytes: 0,
+            ..PoolConfig::default()
+        });
         drop(filled(&sut, 4 << 20, 1));
         drop(filled(&sut, 4 << 20, 2));
         assert_eq!(sut.stats().idle_bytes, len_u64(class_size(4 << 20)));
         assert_eq!(sut.release_unused(Instant::now()), 0, "not old enough");
-        let later = Instant::now() + Duration::from_secs(11);
+        let later = Instant::now() + Duration::from_secs(3);
         assert_eq!(sut.release_unused(later), 1);
         let stats = sut.stats();
         assert_eq!((stats.idle_bytes, stats.released), (0, 1));
+    }
+
+    #[test]
+    fn after_the_ttl_only_the_most_recently_used_slots_within_the_cache_stay() {
+        let sut = ReceivePool::new(PoolConfig {
+            min_pooled_bytes: 4096,
+            idle_keep_bytes: 12 << 20,
+            ..PoolConfig::default()
+        });
+        // Used in this order, so the 8 MiB slot is the most recent and the 4 MiB one next.
+        let [a, b, c] = [2 << 20, 4 << 20, 8 << 20].map(|len| filled(&sut, len, 1));
+        for bytes in [a, b, c] {
+            drop(bytes);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let later = Instant::now() + Duration::from_secs(3);
+        assert_eq!(sut.release_unused(later), 1, "only the oldest slot goes");
+        assert_eq!(sut.stats().idle_bytes, 12 << 20);
+        assert!(
+            sut.take(4 << 20).is_ok() && sut.stats().hits == 1,
+            "kept slots are reused"
+        );
+        assert_eq!(
+            sut.release_unused(later + Duration::from_secs(60)),
+            0,
+            "a cache stays"
+        );
     }
 
     #[test]

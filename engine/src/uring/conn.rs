@@ -7,7 +7,7 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tensorwire_proto::session::{ClientSession, ServerSession};
+use tensorwire_proto::session::{ClientSession, DrivenSession, ServerSession};
 use tensorwire_proto::transport::{Completion, Withdraw};
 
 pub(crate) use crate::uring::keys::ConnKey;
@@ -27,6 +27,11 @@ pub(crate) struct Conn {
     pub(crate) low_water: usize,
     /// Frames may go out with `SENDMSG_ZC`.
     pub(crate) zero_copy: bool,
+    /// Segments that arrived out of order so far, as last read (a loss upstream).
+    pub(crate) out_of_order: u32,
+    /// Receive steps left that take what comes instead of waiting for a low-water mark,
+    /// since the last loss.
+    pub(crate) marks_off: u32,
 }
 
 pub(crate) enum Role {
@@ -68,14 +73,8 @@ impl Conn {
             timer: None,
             low_water: 1,
             zero_copy,
-        }
-    }
-
-    /// The session's next deadline.
-    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        match &self.role {
-            Role::Server(server) => server.session.poll_timeout(),
-            Role::Client(client) => client.session.poll_timeout(),
+            out_of_order: 0,
+            marks_off: 0,
         }
     }
 }
@@ -157,55 +156,12 @@ impl ConnSlab {
     }
 }
 
-/// The session calls the I/O code needs, whichever the role.
+/// The session, whichever the role: what the I/O code drives.
 impl Conn {
-    pub(crate) fn poll_read(&mut self) -> Option<tensorwire_proto::session::ReadBuf> {
+    pub(crate) fn session(&mut self) -> &mut dyn DrivenSession {
         match &mut self.role {
-            Role::Server(server) => server.session.poll_read(),
-            Role::Client(client) => client.session.poll_read(),
-        }
-    }
-
-    pub(crate) fn handle_read(
-        &mut self,
-        buf: tensorwire_proto::session::ReadBuf,
-        result: std::io::Result<usize>,
-        now: Instant,
-    ) {
-        match &mut self.role {
-            Role::Server(server) => server.session.handle_read(buf, result, now),
-            Role::Client(client) => client.session.handle_read(buf, result, now),
-        }
-    }
-
-    pub(crate) fn poll_transmit(
-        &mut self,
-        now: Instant,
-    ) -> Option<tensorwire_proto::session::Transmit> {
-        match &mut self.role {
-            Role::Server(server) => server.session.poll_transmit(now),
-            Role::Client(client) => client.session.poll_transmit(now),
-        }
-    }
-
-    pub(crate) fn handle_written(&mut self, n: usize, now: Instant) {
-        match &mut self.role {
-            Role::Server(server) => server.session.handle_written(n, now),
-            Role::Client(client) => client.session.handle_written(n, now),
-        }
-    }
-
-    pub(crate) fn handle_write_error(&mut self, error: std::io::Error, now: Instant) {
-        match &mut self.role {
-            Role::Server(server) => server.session.handle_write_error(error),
-            Role::Client(client) => client.session.handle_write_error(error, now),
-        }
-    }
-
-    pub(crate) fn handle_timeout(&mut self, now: Instant) {
-        match &mut self.role {
-            Role::Server(server) => server.session.handle_timeout(now),
-            Role::Client(client) => client.session.handle_timeout(now),
+            Role::Server(server) => &mut server.session,
+            Role::Client(client) => &mut client.session,
         }
     }
 }

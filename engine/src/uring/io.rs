@@ -10,7 +10,7 @@ use tensorwire_proto::session::ReadBuf;
 use tensorwire_proto::transport::Error;
 
 use crate::uring::ZeroCopy;
-use crate::uring::conn::{ConnKey, Role};
+use crate::uring::conn::{Conn, ConnKey, Role};
 use crate::uring::core::Core;
 use crate::uring::op::{Cancel, Notification, Op, OpKey, Owner, RecvMode, RecvMsg, SendMsg};
 use crate::{stats, sys};
@@ -46,7 +46,7 @@ impl Core {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        let next = conn.poll_timeout();
+        let next = conn.session().poll_timeout();
         let old = std::mem::replace(&mut conn.timer, next);
         self.timers.update(key, old, next);
     }
@@ -54,7 +54,7 @@ impl Core {
     pub(crate) fn on_timeout(&mut self, key: ConnKey) {
         let now = self.now;
         if let Some(conn) = self.conns.get_mut(key) {
-            conn.handle_timeout(now);
+            conn.session().handle_timeout(now);
         }
         self.pump(key);
     }
@@ -67,10 +67,13 @@ impl Core {
         if conn.recv_op.is_some() {
             return;
         }
-        let Some(buf) = conn.poll_read() else {
+        let Some(buf) = conn.session().poll_read() else {
             return;
         };
-        let (mode, mark) = recv_mode(&buf, poll_first);
+        let (mut mode, mut mark) = recv_mode(&buf, poll_first);
+        if mode == RecvMode::LowWater && lossy(conn) {
+            (mode, mark) = (RecvMode::Any, 1);
+        }
         if mark != conn.low_water && sys::set_receive_low_water(conn.fd.as_raw_fd(), mark).is_ok() {
             conn.low_water = mark;
         }
@@ -100,7 +103,7 @@ impl Core {
         if conn.send_op.is_some() {
             return;
         }
-        let Some(transmit) = conn.poll_transmit(now) else {
+        let Some(transmit) = conn.session().poll_transmit(now) else {
             return;
         };
         let zero_copy =
@@ -128,7 +131,7 @@ impl Core {
         };
         conn.recv_op = None;
         let result = usize::try_from(res).map_err(|_| io::Error::from_raw_os_error(-res));
-        conn.handle_read(buf, result, now);
+        conn.session().handle_read(buf, result, now);
         self.pump(key);
     }
 
@@ -164,46 +167,43 @@ impl Core {
         };
         let more_to_send = matches!(outcome, Ok((_, false)));
         if !more_to_send {
-            send.finished = true;
-            if send.is_done() {
-                self.ops.remove(op);
-            }
+            self.finish_send(op);
         }
         let Some(conn) = self.conns.get_mut(key) else {
             if more_to_send {
-                // Nobody will send the rest: finish the operation when its notifications are in.
-                if let Some(Op::Send(send)) = self.ops.get_mut(op).map(|entry| &mut entry.op) {
-                    send.finished = true;
-                    if send.is_done() {
-                        self.ops.remove(op);
-                    }
-                }
+                self.finish_send(op); // nobody will send the rest
             }
             return;
         };
         match outcome {
             Ok((n, true)) => {
                 conn.send_op = None;
-                conn.handle_written(n, now);
+                conn.session().handle_written(n, now);
             }
             Ok((n, false)) => {
-                conn.handle_written(n, now);
+                conn.session().handle_written(n, now);
                 if !self.resubmit(op) {
-                    if let Some(Op::Send(send)) = self.ops.get_mut(op).map(|entry| &mut entry.op) {
-                        send.finished = true;
-                        if send.is_done() {
-                            self.ops.remove(op);
-                        }
-                    }
+                    self.finish_send(op);
                     return self.close(key);
                 }
             }
             Err(error) => {
                 conn.send_op = None;
-                conn.handle_write_error(error, now);
+                conn.session().handle_write_error(error, now);
             }
         }
         self.pump(key);
+    }
+
+    /// A send submits nothing more: it leaves the slab now, or with its last zero-copy
+    /// notification if the kernel still holds its pages.
+    fn finish_send(&mut self, op: OpKey) {
+        if let Some(Op::Send(send)) = self.ops.get_mut(op).map(|entry| &mut entry.op) {
+            send.finished = true;
+            if send.is_done() {
+                self.ops.remove(op);
+            }
+        }
     }
 
     /// Closes a connection now: its operations are cancelled and keep their memory (and the
@@ -256,6 +256,28 @@ impl Core {
             self.close(key);
         }
     }
+}
+
+/// Receive steps after a loss that take what comes instead of waiting for a mark.
+const MARKS_OFF_AFTER_LOSS: u32 = 64;
+
+/// Whether the connection saw a loss lately (a segment arrived out of order since the last
+/// look, or within the last [`MARKS_OFF_AFTER_LOSS`] steps): then waiting for a low-water
+/// mark holds back the bytes that are in while the retransmission is awaited, and costs a
+/// third of the rate (measured across the test bed with 0.1 % of frames lost, 64 MiB one-way:
+/// 0.20 GB/s with marks against 0.30 without, where without loss marks win 2.2 against 1.7).
+fn lossy(conn: &mut Conn) -> bool {
+    if let Ok(seen) = sys::received_out_of_order(conn.fd.as_raw_fd()) {
+        if seen != conn.out_of_order {
+            conn.out_of_order = seen;
+            conn.marks_off = MARKS_OFF_AFTER_LOSS;
+        }
+    }
+    if conn.marks_off == 0 {
+        return false;
+    }
+    conn.marks_off -= 1;
+    true
 }
 
 /// How to receive into `buf`, and the low-water mark that goes with it.

@@ -16,6 +16,7 @@
 //! other in memory with virtual time.
 
 mod client;
+mod driven;
 mod pool;
 mod read_buf;
 mod receiver;
@@ -31,6 +32,7 @@ use std::time::Duration;
 
 pub use crate::config::{ConnectionPoolConfig, Keepalive, SessionConfig};
 pub use client::{ClientEvent, ClientRequest, ClientSession};
+pub use driven::DrivenSession;
 pub use pool::{Checkin, Checkout, ConnectionPool, Expired, WaiterId};
 pub use read_buf::ReadBuf;
 pub use server::{ServerEvent, ServerSession};

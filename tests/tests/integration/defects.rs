@@ -93,6 +93,7 @@ fn the_pool_gives_memory_back_after_a_burst() {
     let _serial = serial();
     let mut pool = PoolConfig::default();
     pool.idle_ttl = Duration::from_secs(2);
+    pool.idle_keep_bytes = 0;
     let server = URING.echo_server_with(|b| b.receive_pool(pool));
     let client = URING.client_node();
     let message = patterned(1, 4, 16 << 20);

@@ -3,8 +3,9 @@
 //! are tested in `engine/src/uring/tests.rs`.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use tensorwire_engine::{Error, Node, Preference, Reply};
+use tensorwire_engine::{Error, Node, PoolConfig, Preference, Reply};
 use tensorwire_proto::transport::{
     Answer, HandOff, Outbound, OutboundRequest, Transport, TransportFactory, TransportSetup,
 };
@@ -139,5 +140,56 @@ fn an_in_process_ask_beyond_the_mailbox_waiting_bound_is_overloaded_and_withdraw
         .flatten()
     {
         pending.wait().unwrap();
+    }
+}
+
+#[test]
+fn a_burst_s_memory_goes_back_within_seconds_of_idleness_on_both_drivers() {
+    let _serial = serial();
+    for driver in [Driver::Uring, Driver::Tokio] {
+        let drivers = Drivers {
+            client: driver,
+            server: driver,
+        };
+        // The defaults: a burst's memory goes back within a few seconds.
+        let pool = PoolConfig::default();
+        let server = drivers.echo_server_with(|b| b.receive_pool(pool));
+        let client = drivers.client().receive_pool(pool).build().unwrap();
+        let message = patterned(1, 4, 16 << 20);
+        let peer = server.local_addr();
+        assert_eq!(
+            tensor(
+                client
+                    .ask(peer, "echo", patterned(2, 1, 64), TIMEOUT)
+                    .wait()
+                    .unwrap()
+            ),
+            patterned(2, 1, 64)
+        );
+        let before = resident_bytes();
+        let asks: Vec<_> = (0..8)
+            .map(|_| client.ask(peer, "echo", message.clone(), TIMEOUT))
+            .collect();
+        for ask in asks {
+            assert_eq!(checksum(&tensor(ask.wait().unwrap())), checksum(&message));
+        }
+        let peak = resident_bytes();
+        assert!(
+            peak > before + (512 << 20),
+            "{driver:?}: the burst took memory in the first place ({before} -> {peak} bytes)"
+        );
+        // Back to the working set plus both nodes' idle caches, within a few seconds.
+        let allowed = before + 2 * pool.idle_keep_bytes + (32 << 20);
+        let started = Instant::now();
+        let mut now = resident_bytes();
+        while now > allowed && started.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(100));
+            now = resident_bytes();
+        }
+        assert!(
+            now <= allowed,
+            "{driver:?}: {now} bytes resident {:?} after the burst; at most {allowed} expected (peak {peak}, before {before})",
+            started.elapsed()
+        );
     }
 }

@@ -34,6 +34,7 @@ fn builder(
     if let Some(budget) = options.busy_poll {
         builder = builder.busy_poll(budget);
     }
+
     match transport {
         Transport::Tokio => {
             builder = builder

@@ -39,6 +39,14 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
+/// The heap of the fixtures and the benchmark client. glibc's malloc gives freed memory back to
+/// the kernel as soon as the top of a heap or an mmapped chunk is freed, so h2's per-frame
+/// buffers of a 64 MiB HTTP/2 body fault in fresh pages over and over, and memory freed after
+/// a burst stays in fragmented arenas; mimalloc reuses freed pages at once and returns unused
+/// ones after a short delay. Measured in docs/benchmarks.md ("The allocator").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     use clap::Parser;
     let cli = cli::Cli::parse();

@@ -241,17 +241,7 @@ fn status_kib(pid: u32, key: &str) -> Result<u64> {
 }
 
 pub(crate) fn peak_rss(pid: u32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .unwrap_or("VmHWM: 0 kB");
-    let kib: u64 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    Ok(kib * 1024)
+    status_kib(pid, "VmHWM:").map(|kib| kib * 1024)
 }
 
 /// Where a frame's vectored write stands when writes may be short (the baselines' sender).

@@ -11,7 +11,9 @@ use tensorwire_engine::{Node, Reply, Route, TensorMessage};
 
 use crate::cli::Part;
 use crate::measure::{self, Sample};
+use crate::report::say;
 use crate::suite::server::Server;
+use crate::suite::{FixtureMemory, IDLE_WAIT};
 use crate::{Handlers, Options, Transport, blocking, engine_side, seed};
 
 /// One column of the tables.
@@ -265,10 +267,42 @@ impl Lanes {
     }
 
     /// Resident memory of every fixture process now, by transport.
-    pub(crate) fn fixture_rss(&self) -> crate::suite::FixtureRss {
+    pub(crate) fn fixture_rss(&self) -> Vec<(&'static str, u64)> {
         self.servers
             .iter()
             .filter_map(|(t, s)| measure::rss(s.pid()).ok().map(|rss| (t.name(), rss)))
+            .collect()
+    }
+
+    /// After the matrix: every fixture's memory now, at its peak and once it has been idle
+    /// for [`IDLE_WAIT`] (`start`: what [`Lanes::fixture_rss`] read before the matrix).
+    pub(crate) fn fixture_memory(&self, start: &[(&'static str, u64)]) -> Vec<FixtureMemory> {
+        let read = |f: fn(u32) -> Result<u64>| -> Vec<u64> {
+            self.servers
+                .iter()
+                .map(|(_, s)| f(s.pid()).unwrap_or(0))
+                .collect()
+        };
+        let (end, peak) = (read(measure::rss), read(measure::peak_rss));
+        say!(
+            "fixtures idle for {} s, then their memory is read again",
+            IDLE_WAIT.as_secs()
+        );
+        std::thread::sleep(IDLE_WAIT);
+        let idle = read(measure::rss);
+        self.servers
+            .iter()
+            .enumerate()
+            .map(|(i, (t, _))| FixtureMemory {
+                name: t.name(),
+                start: start
+                    .iter()
+                    .find(|(name, _)| *name == t.name())
+                    .map_or(0, |(_, rss)| *rss),
+                peak: peak[i],
+                end: end[i],
+                idle: idle[i],
+            })
             .collect()
     }
 }

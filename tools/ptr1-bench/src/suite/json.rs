@@ -53,12 +53,6 @@ pub(crate) fn to_json(r: &Results, options: &Options) -> Value {
     let pairs = |list: &[(String, String)], a: &str, b: &str| -> Vec<Value> {
         list.iter().map(|(x, y)| json!({ a: x, b: y })).collect()
     };
-    let rss = |list: &[(&str, u64)]| -> Value {
-        list.iter()
-            .map(|(name, bytes)| ((*name).to_owned(), json!(bytes)))
-            .collect::<serde_json::Map<_, _>>()
-            .into()
-    };
     json!({
         "environment": r.environment,
         "settings": {
@@ -86,7 +80,13 @@ pub(crate) fn to_json(r: &Results, options: &Options) -> Value {
                 json!({ "size": size, "median": number(median(runs)), "samples": runs })
             }).collect::<Vec<_>>(),
         },
-        "fixture_rss_bytes": { "after_start": rss(&r.fixture_rss.0), "after_matrix": rss(&r.fixture_rss.1) },
+        "fixture_rss_bytes": r.fixture_memory.iter().map(|m| (m.name.to_owned(), json!({
+            "after_start": m.start,
+            "peak": m.peak,
+            "after_matrix": m.end,
+            "after_idle": m.idle,
+            "idle_seconds": crate::suite::IDLE_WAIT.as_secs(),
+        }))).collect::<serde_json::Map<_, _>>(),
         "peak_rss_1gib_bytes": r.peak_rss_1gib.iter().map(|(c, found)| {
             (c.key().to_owned(), match found { Ok(b) => json!(b), Err(e) => json!({ "unavailable": e }) })
         }).collect::<serde_json::Map<_, _>>(),

@@ -49,7 +49,19 @@ pub(crate) struct Measurement {
 }
 
 /// Resident bytes of each fixture process, by transport.
-pub(crate) type FixtureRss = Vec<(&'static str, u64)>;
+/// One fixture process's resident memory in bytes: after it started, its peak, right after the
+/// matrix and after [`IDLE_WAIT`] of idleness (what it gives back).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FixtureMemory {
+    pub(crate) name: &'static str,
+    pub(crate) start: u64,
+    pub(crate) peak: u64,
+    pub(crate) end: u64,
+    pub(crate) idle: u64,
+}
+
+/// How long the fixtures stay idle after the matrix before their memory is read again.
+pub(crate) const IDLE_WAIT: Duration = Duration::from_secs(5);
 
 /// How a run is shaped: repetitions, time per cell, the matrix, the parts.
 pub(crate) struct Plan {
@@ -73,8 +85,8 @@ pub(crate) struct Results {
     pub(crate) peers: peers::Peers,
     /// Ray actor to actor: tensorwire's Ray Direct Transport and Ray's object store.
     pub(crate) ray: ray_rdt::RayRdt,
-    /// Fixture processes' resident memory after start and after the matrix.
-    pub(crate) fixture_rss: (FixtureRss, FixtureRss),
+    /// Every fixture process's resident memory.
+    pub(crate) fixture_memory: Vec<FixtureMemory>,
     /// A fresh receiver's peak resident memory after one 1 GiB message, per column.
     pub(crate) peak_rss_1gib: Vec<(Column, Result<u64, String>)>,
     pub(crate) environment: serde_json::Value,
@@ -125,7 +137,7 @@ pub(crate) fn suite(options: &Options) -> Result<()> {
     }
     let rss_start = lanes.fixture_rss();
     let samples = measure_matrix(&mut lanes, &plan, options)?;
-    let rss_end = lanes.fixture_rss();
+    let fixture_memory = lanes.fixture_memory(&rss_start);
     let columns: Vec<Column> = lanes.lanes.iter().map(|lane| lane.column).collect();
     let unavailable = std::mem::take(&mut lanes.unavailable);
     drop(lanes);
@@ -146,7 +158,7 @@ pub(crate) fn suite(options: &Options) -> Result<()> {
         references,
         peers,
         ray,
-        fixture_rss: (rss_start, rss_end),
+        fixture_memory,
         peak_rss_1gib,
         environment,
     };

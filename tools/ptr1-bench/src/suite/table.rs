@@ -128,12 +128,16 @@ fn references(r: &Results) {
 
 fn memory(r: &Results) {
     let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
-    let (start, end) = &r.fixture_rss;
-    for ((name, a), (_, b)) in start.iter().zip(end) {
+    for m in &r.fixture_memory {
         say!(
-            "{name} fixture RSS: {:.0} MiB after start, {:.0} MiB after the matrix",
-            mib(*a),
-            mib(*b)
+            "{} fixture RSS: {:.0} MiB after start, {:.0} MiB at its peak, {:.0} MiB after the \
+             matrix, {:.0} MiB after {} s idle",
+            m.name,
+            mib(m.start),
+            mib(m.peak),
+            mib(m.end),
+            mib(m.idle),
+            crate::suite::IDLE_WAIT.as_secs()
         );
     }
     if !r.peak_rss_1gib.is_empty() {
