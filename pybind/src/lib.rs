@@ -8,6 +8,7 @@
 //! memory. Engine threads never wait on the GIL: exports are released by attached threads
 //! (`buffers::drain_releases`), and Python handlers run on handler threads of their own.
 
+mod allocator;
 mod buffers;
 mod config;
 mod convert;
@@ -26,13 +27,6 @@ mod tells;
 
 use pyo3::prelude::*;
 
-/// The heap of the engine inside Python (Python's own objects keep pymalloc): the same
-/// allocator as tensorwire's binaries, for the same reasons (`tools/ptr1-bench/src/main.rs`):
-/// HTTP/2's per-frame buffers reuse freed pages instead of faulting in fresh ones, and a
-/// burst's memory goes back to the system once idle.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Whether io_uring can be used here; `None` if so, else why not.
 #[pyfunction]
 fn io_uring_unavailable() -> Option<String> {
@@ -41,6 +35,7 @@ fn io_uring_unavailable() -> Option<String> {
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    allocator::configure();
     m.add_class::<message::PyTensorMessage>()?;
     m.add_class::<buffers::Buffer>()?;
     m.add_class::<node::PyNode>()?;
