@@ -41,7 +41,19 @@ pub(crate) enum Event {
     Shutdown,
     /// A fault for the driver's tests to inject.
     #[cfg(test)]
-    Fault(crate::uring::core::Fault),
+    Fault(Fault),
+}
+
+/// Faults the driver's tests inject into a core (through [`Event::Fault`]).
+#[cfg(test)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// The next turn fails as if the ring had.
+    RingError,
+    /// The next turn panics (once).
+    Panic,
+    /// The next turn panics, and so does the recovery from it.
+    PanicInRecovery,
 }
 
 /// The way into a core from any thread (cheap to clone).

@@ -12,6 +12,8 @@ use tensorwire_proto::session::ConnectionPool;
 use tensorwire_proto::transport::Error;
 
 use crate::uring::Context;
+#[cfg(test)]
+use crate::uring::commands::Fault;
 use crate::uring::commands::{CoreHandle, Event, Inbox, Outgoing};
 use crate::uring::conn::{ConnKey, ConnSlab};
 use crate::uring::op::{Accept, Op, OpKey, OpSlab, Owner, Read};
@@ -59,17 +61,6 @@ pub(crate) struct Core {
     pub(crate) fault: Option<Fault>,
 }
 
-/// Faults the driver's tests inject into a core (through [`Event::Fault`]).
-#[cfg(test)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Fault {
-    /// The next turn fails as if the ring had.
-    RingError,
-    /// The next turn panics (once).
-    Panic,
-    /// The next turn panics, and so does the recovery from it.
-    PanicInRecovery,
-}
 
 impl Core {
     pub(crate) fn new(

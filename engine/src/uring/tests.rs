@@ -12,7 +12,7 @@ use tensorwire_proto::transport::{
     ActorPath, Deadline, Driver, DriverSetup, Error, Outbound, OutboundRequest, RequestKind,
 };
 
-use super::core::Fault;
+use super::commands::Fault;
 use super::{UringConfig, UringDriver, ZeroCopy};
 use crate::endpoint::Registry;
 use crate::pending::{AskCompletion, pair};
