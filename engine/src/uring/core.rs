@@ -61,7 +61,6 @@ pub(crate) struct Core {
     pub(crate) fault: Option<Fault>,
 }
 
-
 impl Core {
     pub(crate) fn new(
         ring: Ring,

@@ -98,9 +98,18 @@ fn link_flap_under_64_asks(driver: Driver, http2: Option<(&Wire, &Wire)>) {
 fn a_peer_stopped_and_started_again_ends_in_flight_asks_at_once_and_serves_later_ones(
     driver: Driver,
 ) {
+    peer_stopped_and_started_again(driver, None);
+}
+
+over_http2!(peer_stopped_and_started_again => a_peer_stopped_and_started_again_over_h2c_serves_later_asks, a_peer_stopped_and_started_again_over_tls_serves_later_asks);
+
+/// [`a_peer_stopped_and_started_again_ends_in_flight_asks_at_once_and_serves_later_ones`],
+/// over PTR1 or over HTTP/2 with the (server, client) wires.
+fn peer_stopped_and_started_again(driver: Driver, http2: Option<(&Wire, &Wire)>) {
     let bed = Testbed::new(2);
     let deliveries = Deliveries::default();
-    let server = start_server(bed.host(0), driver, None, &deliveries, |b| b);
+    let (server_wire, client_wire) = http2.unzip();
+    let server = start_server(bed.host(0), driver, server_wire, &deliveries, |b| b);
     server
         .serve("slow", 2, |_| {
             std::thread::sleep(Duration::from_millis(300));
@@ -109,7 +118,7 @@ fn a_peer_stopped_and_started_again_ends_in_flight_asks_at_once_and_serves_later
         .expect("slow registers");
     let port = server.local_addr().port();
     let peer = bed.host(0).addr(port);
-    let client = start_node(bed.host(1), driver, None, |b| b);
+    let client = start_node(bed.host(1), driver, client_wire, |b| b);
     let timeout = Duration::from_secs(10);
     let in_flight: Vec<_> = bed.host(1).enter(|| {
         (0..8)
@@ -119,7 +128,7 @@ fn a_peer_stopped_and_started_again_ends_in_flight_asks_at_once_and_serves_later
     std::thread::sleep(Duration::from_millis(100));
     let started = Instant::now();
     drop(server);
-    let again = start_server_on(bed.host(0), port, driver, None, &deliveries, |b| b);
+    let again = start_server_on(bed.host(0), port, driver, server_wire, &deliveries, |b| b);
     for pending in in_flight {
         if let Err(e) = pending.wait() {
             assert!(!e.is_timeout(), "a stopped peer is reported at once: {e}");
@@ -132,6 +141,12 @@ fn a_peer_stopped_and_started_again_ends_in_flight_asks_at_once_and_serves_later
         }
     });
     assert_eq!(deliveries.distinct(), 10);
+    if http2.is_some() {
+        assert!(
+            client.stats().transport_connections >= 1,
+            "HTTP/2 carried the asks"
+        );
+    }
     drop(again);
 }
 
@@ -142,7 +157,7 @@ fn a_peer_killed_and_restarted_fails_in_flight_asks_and_serves_later_ones(driver
     let bed = Testbed::new(2);
     let server = ServerProcess::start(bed.host(0), 0, driver);
     let peer = server.addr;
-    let client = start_node(bed.host(1), driver, None, |b| b);
+    let client = start_node(bed.host(1), driver, client_wire, |b| b);
     let timeout = Duration::from_secs(10);
     let in_flight: Vec<_> = bed.host(1).enter(|| {
         (0..8)

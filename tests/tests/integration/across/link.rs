@@ -111,14 +111,22 @@ fn round_trips_at_mtus(driver: Driver, http2: Option<(&Wire, &Wire)>) {
     assert!(deliveries.duplicates().is_empty());
 }
 
-/// Three hosts: clients on hosts 1 and 2 ask the server on host 0 at the same time.
 fn two_clients_on_two_hosts_load_one_server(driver: Driver) {
+    three_hosts(driver, None);
+}
+
+over_http2!(three_hosts => over_h2c_two_clients_on_two_hosts_load_one_server, over_tls_two_clients_on_two_hosts_load_one_server);
+
+/// Three hosts: clients on hosts 1 and 2 ask the server on host 0 at the same time, over PTR1
+/// or over HTTP/2 with the (server, client) wires.
+fn three_hosts(driver: Driver, http2: Option<(&Wire, &Wire)>) {
     let bed = Testbed::new(3);
     let deliveries = Deliveries::default();
-    let server = start_server(bed.host(0), driver, None, &deliveries, |b| b);
+    let (server_wire, client_wire) = http2.unzip();
+    let server = start_server(bed.host(0), driver, server_wire, &deliveries, |b| b);
     let peer = bed.host(0).addr(server.local_addr().port());
     let clients: Vec<_> = (1..3)
-        .map(|h| start_node(bed.host(h), driver, None, |b| b))
+        .map(|h| start_node(bed.host(h), driver, client_wire, |b| b))
         .collect();
     std::thread::scope(|scope| {
         for (h, client) in clients.iter().enumerate() {
@@ -150,6 +158,14 @@ fn two_clients_on_two_hosts_load_one_server(driver: Driver) {
         "every ask of both clients was delivered"
     );
     assert!(deliveries.duplicates().is_empty());
+    if http2.is_some() {
+        for client in &clients {
+            assert!(
+                client.stats().transport_connections >= 1,
+                "HTTP/2 carried the asks"
+            );
+        }
+    }
     let accepted = server.stats().gauges.connections;
     println!(
         "three hosts ({}): server holds {accepted} connections",
