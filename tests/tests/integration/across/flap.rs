@@ -157,7 +157,7 @@ fn a_peer_killed_and_restarted_fails_in_flight_asks_and_serves_later_ones(driver
     let bed = Testbed::new(2);
     let server = ServerProcess::start(bed.host(0), 0, driver);
     let peer = server.addr;
-    let client = start_node(bed.host(1), driver, client_wire, |b| b);
+    let client = start_node(bed.host(1), driver, None, |b| b);
     let timeout = Duration::from_secs(10);
     let in_flight: Vec<_> = bed.host(1).enter(|| {
         (0..8)
