@@ -31,19 +31,7 @@ impl Node {
         }
         match self.inner.choose_to_send(to.peer, to.via) {
             Ok(Target::Local(target)) => C::local(&target, &to.path, message, deadline),
-            Ok(target) => {
-                let (completion, pending) = C::pair(to.peer);
-                let request = OutboundRequest::new(
-                    to.peer,
-                    to.path.clone(),
-                    C::KIND,
-                    message,
-                    deadline,
-                    completion,
-                );
-                self.inner.dispatch(target, request, here);
-                pending
-            }
+            Ok(target) => self.dispatch::<C>(target, to, message, deadline, here),
             Err(e) => Pending::ready(Err(e)),
         }
     }
@@ -74,19 +62,7 @@ impl Node {
                 return C::answer(to.peer, answer).map(|out| (out, Route::RawTcp));
             }
             Target::Local(target) => C::local(&target, &to.path, message, deadline),
-            target => {
-                let (completion, pending) = C::pair(to.peer);
-                let request = OutboundRequest::new(
-                    to.peer,
-                    to.path.clone(),
-                    C::KIND,
-                    message,
-                    deadline,
-                    completion,
-                );
-                self.inner.dispatch(target, request, true);
-                pending
-            }
+            target => self.dispatch::<C>(target, to, message, deadline, true),
         };
         match (shm_peer, &self.inner.shm) {
             (Some(peer), Some(shm)) => shm.wait_here(peer, &|| pending.spin(Duration::ZERO)),
@@ -108,6 +84,30 @@ impl Node {
                 return Err(Error::Cancelled); // dropping `pending` cancels the request
             }
         }
+    }
+}
+
+impl Node {
+    /// Hands one send to the path `target` and returns what its caller waits on.
+    fn dispatch<C: Call>(
+        &self,
+        target: Target,
+        to: &Destination,
+        message: TensorMessage,
+        deadline: Deadline,
+        here: bool,
+    ) -> Pending<C::Output> {
+        let (completion, pending) = C::pair(to.peer);
+        let request = OutboundRequest::new(
+            to.peer,
+            to.path.clone(),
+            C::KIND,
+            message,
+            deadline,
+            completion,
+        );
+        self.inner.dispatch(target, request, here);
+        pending
     }
 }
 

@@ -9,13 +9,13 @@ use bytes::Bytes;
 use tensorwire_proto::TensorMessage;
 use tensorwire_proto::session::SessionConfig;
 use tensorwire_proto::transport::{
-    ActorPath, Deadline, Driver, DriverSetup, Error, Outbound, OutboundRequest, RequestKind,
+    ActorPath, Deadline, Driver, DriverSetup, Error, Outbound, OutboundRequest, Reply, RequestKind,
 };
 
 use super::commands::Fault;
 use super::{UringConfig, UringDriver, ZeroCopy};
 use crate::endpoint::Registry;
-use crate::pending::{AskCompletion, pair};
+use crate::pending::{AskCompletion, Pending, pair};
 use crate::pool::{PoolConfig, ReceivePool};
 
 fn driver(cores: usize) -> UringDriver {
@@ -46,17 +46,24 @@ fn closed_port() -> SocketAddr {
         .unwrap()
 }
 
-fn ask(driver: &UringDriver, peer: SocketAddr) -> Error {
+/// Starts an ask of `peer` through `driver`, with `timeout`.
+fn start_ask(driver: &UringDriver, peer: SocketAddr, timeout: Duration) -> Pending<Reply> {
     let (completer, pending) = pair();
     driver.send(OutboundRequest::new(
         peer,
         ActorPath::parse("echo").unwrap(),
         RequestKind::Ask,
         TensorMessage::new(1, Bytes::new(), vec![Bytes::from_static(b"x")]),
-        Deadline::after(Instant::now(), Duration::from_secs(5)),
+        Deadline::after(Instant::now(), timeout),
         Box::new(AskCompletion { completer, peer }),
     ));
-    pending.wait().expect_err("nobody listens")
+    pending
+}
+
+fn ask(driver: &UringDriver, peer: SocketAddr) -> Error {
+    start_ask(driver, peer, Duration::from_secs(5))
+        .wait()
+        .expect_err("nobody listens")
 }
 
 /// Injects `fault` into core `index` and waits until the driver counts it as failed.
@@ -93,16 +100,11 @@ fn a_request_caught_in_a_core_panic_fails_naming_the_panic_and_the_core_goes_on(
     let driver = driver(1);
     // A peer that accepts and never answers: the ask stays on its connection.
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
-    let (completer, pending) = pair();
-    let peer = silent.local_addr().unwrap();
-    driver.send(OutboundRequest::new(
-        peer,
-        ActorPath::parse("echo").unwrap(),
-        RequestKind::Ask,
-        TensorMessage::new(1, Bytes::new(), vec![Bytes::from_static(b"x")]),
-        Deadline::after(Instant::now(), Duration::from_secs(10)),
-        Box::new(AskCompletion { completer, peer }),
-    ));
+    let pending = start_ask(
+        &driver,
+        silent.local_addr().unwrap(),
+        Duration::from_secs(10),
+    );
     let (_accepted, _) = silent.accept().unwrap();
     let until = Instant::now() + Duration::from_secs(5);
     while driver.gauges().connections == 0 {
