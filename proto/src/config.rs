@@ -133,6 +133,15 @@ pub struct ConnectionPoolConfig {
     pub idle_per_peer: usize,
     /// Connections per peer at most (default 32); further requests wait in order.
     pub max_per_peer: usize,
+    /// About how many request bytes one driver thread may have on their way to one peer at
+    /// once (default 2 MiB; a driver whose threads share one pool multiplies it by them):
+    /// a request of `n` bytes starts only while fewer than `busy_bytes_per_peer / n`
+    /// connections to its peer are busy (always at least one, never more than
+    /// `max_per_peer`), and otherwise waits in order for one to finish. Small requests get
+    /// many connections; large ones few, because every connection more holds another
+    /// message in the kernel's socket buffers, and once those outgrow the CPU caches every
+    /// copy in and out of them gets slower (measured in `docs/benchmarks.md`).
+    pub busy_bytes_per_peer: u64,
     /// Requests waiting for a connection at most, over all peers of one driver thread
     /// (default 16,384); a request beyond it fails at once with `Error::Overloaded`.
     pub max_waiting: usize,
@@ -146,6 +155,7 @@ impl Default for ConnectionPoolConfig {
         Self {
             idle_per_peer: 8,
             max_per_peer: 32,
+            busy_bytes_per_peer: 2 << 20,
             max_waiting: 16_384,
             trim_after: Duration::from_secs(1),
         }

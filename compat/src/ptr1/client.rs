@@ -19,8 +19,11 @@ pub(crate) fn start(shared: &Arc<Shared>, outgoing: Outgoing) {
         return outgoing.completion.complete(Err(Error::Cancelled));
     }
     let peer = outgoing.peer;
-    let deadline = outgoing.request.deadline().at();
-    let checkout = lock(&shared.pool).checkout(peer, outgoing, deadline);
+    let (deadline, bytes) = (
+        outgoing.request.deadline().at(),
+        outgoing.request.wire_len(),
+    );
+    let checkout = lock(&shared.pool).checkout(peer, outgoing, bytes, deadline);
     match checkout {
         Checkout::Reuse(id, outgoing) => {
             let sender = lock(&shared.conns).get(&id).cloned();

@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tensorwire_proto::Limits;
-use tensorwire_proto::session::{ClientRequest, ConnectionPool, SessionConfig};
+use tensorwire_proto::session::{
+    ClientRequest, ConnectionPool, ConnectionPoolConfig, SessionConfig,
+};
 use tensorwire_proto::transport::{
     Completion, Driver, DriverFactory, DriverGauges, DriverSetup, Error, HandOff, Inbound,
     Outbound, OutboundRequest, ReceiveMemory,
@@ -109,6 +111,17 @@ pub(crate) struct Shared {
     pub(crate) connections: AtomicUsize,
 }
 
+/// `config` for one pool shared by `threads` runtime threads: the byte budget is per driver
+/// thread (the io_uring driver keeps a pool per core), the connection cap stays per pool.
+fn one_pool_for_all_threads(
+    mut config: ConnectionPoolConfig,
+    threads: usize,
+) -> ConnectionPoolConfig {
+    let threads = u64::try_from(threads.max(1)).unwrap_or(u64::MAX);
+    config.busy_bytes_per_peer = config.busy_bytes_per_peer.saturating_mul(threads);
+    config
+}
+
 impl TokioDriver {
     /// Serves `setup.listener` and carries outbound requests on the crate's runtime.
     ///
@@ -139,7 +152,10 @@ impl TokioDriver {
             session: setup.session,
             limits: setup.limits,
             require_tls: setup.require_tls,
-            pool: Mutex::new(ConnectionPool::new(setup.pool)),
+            pool: Mutex::new(ConnectionPool::new(one_pool_for_all_threads(
+                setup.pool,
+                setup.threads,
+            ))),
             conns: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
             pool_changed: Notify::new(),

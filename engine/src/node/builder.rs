@@ -196,6 +196,17 @@ impl NodeBuilder {
         self
     }
 
+    /// About how many request bytes may be on their way to one peer per driver thread at once
+    /// (default 2 MiB): a request of `n` bytes starts only while fewer than `bytes / n`
+    /// connections to its peer are busy (at least one, at most
+    /// [`max_connections_per_peer`](Self::max_connections_per_peer)), else it waits in
+    /// order. Small requests spread over many connections; large ones over few, since more
+    /// messages held in socket buffers than the CPU caches keep make every copy slower.
+    pub fn busy_bytes_per_peer(mut self, bytes: u64) -> Self {
+        self.pool.busy_bytes_per_peer = bytes.max(1);
+        self
+    }
+
     /// Most requests waiting for a connection per driver thread, over all peers (default
     /// 16,384); a request beyond it fails at once with `Error::Overloaded` instead of queueing
     /// without bound behind peers that do not answer.

@@ -22,8 +22,11 @@ impl Core {
         if self.stopping {
             return outgoing.completion.complete(Err(self.stop_error()));
         }
-        let deadline = outgoing.request.deadline().at();
-        match self.pool.checkout(outgoing.peer, outgoing, deadline) {
+        let (deadline, bytes) = (
+            outgoing.request.deadline().at(),
+            outgoing.request.wire_len(),
+        );
+        match self.pool.checkout(outgoing.peer, outgoing, bytes, deadline) {
             Checkout::Reuse(key, outgoing) => self.begin(key, outgoing),
             Checkout::Connect(outgoing) => self.connect(outgoing),
             Checkout::Full(outgoing) => outgoing.completion.complete(Err(self.pool.full_error())),

@@ -37,6 +37,8 @@ pub(crate) enum Event {
     Cancel { conn: ConnKey, request: u64 },
     /// The caller of a request waiting for a connection gave up.
     CancelWaiting { id: WaiterId },
+    /// A connection another core accepted, for this one to serve.
+    Adopt(OwnedFd),
     /// Fail everything, close every connection, stop.
     Shutdown,
     /// A fault for the driver's tests to inject.
@@ -148,6 +150,11 @@ impl CoreHandle {
 
     /// Posts an event; from the core's own thread it is kept for the core to take right away.
     pub(crate) fn post(&self, event: Event) {
+        let _ = self.offer(event);
+    }
+
+    /// Posts an event, or gives it back if the core has stopped taking any.
+    pub(crate) fn offer(&self, event: Event) -> Result<(), Event> {
         let me = self.identity();
         let event = SELF_POSTED.with(|posted| match &mut *posted.borrow_mut() {
             Some((core, queue)) if *core == me => {
@@ -157,10 +164,16 @@ impl CoreHandle {
             _ => Some(event),
         });
         if let Some(event) = event {
-            if self.shared.events.send(event).is_ok() {
-                self.wake();
-            }
+            self.shared.events.send(event).map_err(|e| e.into_inner())?;
+            self.wake();
         }
+        Ok(())
+    }
+
+    /// Whether this is the handle of the core running on the calling thread.
+    pub(crate) fn is_current(&self) -> bool {
+        let me = self.identity();
+        SELF_POSTED.with(|posted| matches!(&*posted.borrow(), Some((core, _)) if *core == me))
     }
 
     fn wake(&self) {

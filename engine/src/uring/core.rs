@@ -370,6 +370,7 @@ impl Core {
             Event::Answer { conn, seq, answer } => self.on_answer(conn, seq, answer),
             Event::Cancel { conn, request } => self.on_cancel(conn, request),
             Event::CancelWaiting { id } => self.on_cancel_waiting(id),
+            Event::Adopt(fd) => self.adopt(fd),
             Event::Shutdown => self.stop_all(),
             #[cfg(test)]
             Event::Fault(fault) => self.fault = Some(fault),

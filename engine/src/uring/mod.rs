@@ -22,7 +22,7 @@ mod timers;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -91,6 +91,11 @@ pub(crate) struct Context {
     pub(crate) shutdown_timeout: Duration,
     /// How long a core polls without sleeping after work for a lone conversation.
     pub(crate) busy_poll: Duration,
+    /// Every core of the driver, once all have started: an accepted connection is placed on
+    /// the next live one in turn, whichever core's accept took it.
+    pub(crate) cores: OnceLock<Vec<CoreHandle>>,
+    /// The round-robin of accepted connections.
+    pub(crate) next_accepted: AtomicUsize,
 }
 
 /// The io_uring PTR1 driver of one node.
@@ -123,6 +128,8 @@ impl UringDriver {
             zero_copy_min: config.zero_copy_min_bytes,
             shutdown_timeout: config.shutdown_timeout,
             busy_poll: config.busy_poll,
+            cores: OnceLock::new(),
+            next_accepted: AtomicUsize::new(0),
         });
         let listener_fd = setup.listener.as_raw_fd();
         let mut driver = Self {
@@ -145,6 +152,7 @@ impl UringDriver {
                 }
             }
         }
+        let _ = ctx.cores.set(driver.cores.clone());
         Ok(driver)
     }
 }
@@ -153,12 +161,7 @@ impl UringDriver {
     /// The next core in the round-robin that has not failed; once every one has, the error
     /// names why the first one did.
     fn next_live_core(&self) -> Result<&CoreHandle, Error> {
-        let count = self.cores.len();
-        let start = self.next.fetch_add(1, Ordering::Relaxed);
-        let live = (0..count)
-            .filter_map(|step| self.cores.get(start.wrapping_add(step) % count))
-            .find(|core| core.shared.failure.get().is_none());
-        match (live, self.cores.first()) {
+        match (next_live(&self.cores, &self.next), self.cores.first()) {
             (Some(core), _) => Ok(core),
             (None, Some(first)) => Err(Error::DriverFailed {
                 driver: "io_uring",
@@ -170,6 +173,15 @@ impl UringDriver {
             (None, None) => Err(Error::Shutdown),
         }
     }
+}
+
+/// The next of `cores` in the round-robin kept by `next` that has not failed.
+pub(crate) fn next_live<'a>(cores: &'a [CoreHandle], next: &AtomicUsize) -> Option<&'a CoreHandle> {
+    let count = cores.len();
+    let start = next.fetch_add(1, Ordering::Relaxed);
+    (0..count)
+        .filter_map(|step| cores.get(start.wrapping_add(step) % count))
+        .find(|core| core.shared.failure.get().is_none())
 }
 
 impl Outbound for UringDriver {

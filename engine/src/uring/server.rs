@@ -12,15 +12,41 @@ use crate::sys;
 use crate::uring::commands::{CoreHandle, Event};
 use crate::uring::conn::{Conn, ConnKey, Role, Server};
 use crate::uring::core::Core;
+use crate::uring::next_live;
 
 impl Core {
-    /// A completion of the accept: a new connection (or an error, retried elsewhere).
+    /// A completion of the accept: a new connection (or an error, retried elsewhere), placed
+    /// on the next live core in turn. The kernel hands a burst of connections to whichever
+    /// core's accept it wakes first, mostly the same one, which would leave the other cores
+    /// idle while that one serves them all.
     pub(crate) fn on_accept(&mut self, res: i32) {
         if res < 0 {
             return; // e.g. ECONNABORTED: the next connection is accepted as usual
         }
         // SAFETY: a successful accept returns a new descriptor that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(res) };
+        if self.stopping {
+            return;
+        }
+        let ctx = Arc::clone(&self.ctx);
+        let target = ctx
+            .cores
+            .get()
+            .and_then(|cores| next_live(cores, &ctx.next_accepted))
+            .filter(|core| !core.is_current());
+        let Some(core) = target else {
+            return self.adopt(fd);
+        };
+        match core.offer(Event::Adopt(fd)) {
+            Ok(()) => {}
+            // That core stopped since it was picked: this one serves the connection.
+            Err(Event::Adopt(fd)) => self.adopt(fd),
+            Err(_) => {} // not reached: offer gives back the event it was given
+        }
+    }
+
+    /// Starts serving an accepted connection on this core.
+    pub(crate) fn adopt(&mut self, fd: OwnedFd) {
         if self.stopping {
             return;
         }

@@ -1,8 +1,11 @@
-//! The driver when one of its cores fails: the core is taken out of the round-robin (the
-//! others carry every request), and once none is left every request fails saying why.
+//! How the driver spreads its work over its cores: accepted connections in turn, whichever
+//! core's accept took them; and when one of its cores fails, the core is taken out of both
+//! round-robins (the others carry every request), and once none is left every request fails
+//! saying why.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -17,6 +20,7 @@ use super::{UringConfig, UringDriver, ZeroCopy};
 use crate::endpoint::Registry;
 use crate::pending::{AskCompletion, Pending, pair};
 use crate::pool::{PoolConfig, ReceivePool};
+use crate::sync::lock;
 
 fn driver(cores: usize) -> UringDriver {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -74,6 +78,49 @@ fn break_core(driver: &UringDriver, index: usize, fault: Fault, failed: usize) {
         assert!(Instant::now() < until, "the fault was not noticed");
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Opens `count` connections to `driver`'s listener and waits until its cores serve
+/// `expected[i]` of them each.
+fn connect_and_count(driver: &UringDriver, count: usize, expected: &[usize]) -> Vec<TcpStream> {
+    let addr = lock(&driver.listener)
+        .as_ref()
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let streams: Vec<_> = (0..count)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
+    let per_core = || -> Vec<usize> {
+        driver
+            .cores
+            .iter()
+            .map(|core| core.shared.connections.load(Ordering::Relaxed))
+            .collect()
+    };
+    let until = Instant::now() + Duration::from_secs(5);
+    while per_core() != expected {
+        assert!(
+            Instant::now() < until,
+            "connections per core: {:?}, expected {expected:?}",
+            per_core()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    streams
+}
+
+#[test]
+fn accepted_connections_are_spread_over_the_cores_in_turn() {
+    let driver = driver(2);
+    let _streams = connect_and_count(&driver, 8, &[4, 4]);
+}
+
+#[test]
+fn a_failed_core_gets_no_accepted_connections() {
+    let driver = driver(2);
+    break_core(&driver, 0, Fault::RingError, 1);
+    let _streams = connect_and_count(&driver, 4, &[0, 4]);
 }
 
 #[test]

@@ -53,6 +53,11 @@ impl ClientRequest {
         })
     }
 
+    /// The request frame's length on the wire.
+    pub fn wire_len(&self) -> u64 {
+        self.encoded.wire_len()
+    }
+
     /// Ask or tell.
     pub fn kind(&self) -> RequestKind {
         self.kind

@@ -1,5 +1,6 @@
 //! The per-peer client connection policy: reuse idle connections (most recent first), cap the
-//! connections per peer, queue requests beyond the cap in order, trim idle surplus.
+//! connections per peer (fewer for large requests: about `busy_bytes_per_peer` on their way
+//! at once), queue requests beyond the cap in order, trim idle surplus.
 //!
 //! It holds no sockets: connections are keys of the driver's own (`C`), requests are whatever
 //! the driver queues (`R`). Every deadline sits in an ordered set, so nothing is scanned
@@ -99,14 +100,16 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
         }
     }
 
-    /// Finds a connection for `request` to `peer`.
+    /// Finds a connection for `request` of `bytes` (its frame's length) to `peer`.
     pub fn checkout(
         &mut self,
         peer: SocketAddr,
         request: R,
+        bytes: u64,
         deadline: Option<Instant>,
     ) -> Checkout<C, R> {
         let max = self.config.max_per_peer.max(1);
+        let busy_max = self.busy_max(bytes);
         let full = self.waiters.len() >= self.config.max_waiting;
         let state = self.peers.entry(peer).or_insert_with(|| Peer {
             idle: Vec::new(),
@@ -114,12 +117,14 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
             queue: VecDeque::new(),
             trim_at: None,
         });
-        if let Some((conn, _)) = state.idle.pop() {
-            return Checkout::Reuse(conn, request);
-        }
-        if state.open < max {
-            state.open += 1;
-            return Checkout::Connect(request);
+        if state.open.saturating_sub(state.idle.len()) < busy_max {
+            if let Some((conn, _)) = state.idle.pop() {
+                return Checkout::Reuse(conn, request);
+            }
+            if state.open < max {
+                state.open += 1;
+                return Checkout::Connect(request);
+            }
         }
         if full {
             return Checkout::Full(request);
@@ -269,6 +274,14 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
             what: "the list of requests waiting for a connection",
             capacity: self.config.max_waiting,
         }
+    }
+
+    /// How many connections to one peer may be busy when a request of `bytes` starts.
+    fn busy_max(&self, bytes: u64) -> usize {
+        let fit = self.config.busy_bytes_per_peer / bytes.max(1);
+        usize::try_from(fit)
+            .unwrap_or(usize::MAX)
+            .clamp(1, self.config.max_per_peer.max(1))
     }
 
     fn next_waiter_of(&mut self, peer: SocketAddr) -> Option<R> {

@@ -123,6 +123,11 @@ pub(crate) struct RunArgs {
     /// The engine's busy-poll budget in microseconds.
     #[arg(long = "busy-poll-us")]
     busy_poll_us: Option<u64>,
+    /// Request bytes on their way to the fixture at once, per driver thread
+    /// (`NodeBuilder::busy_bytes_per_peer`; 2MiB by default): how many connections asks of
+    /// a given size spread over (engine and tokio transports).
+    #[arg(long = "busy-bytes", value_parser = parse_size)]
+    busy_bytes: Option<usize>,
     /// Shared memory: send buffers in loaned slots (filled once, frozen, sent without a copy)
     /// instead of copying them in (`--transport shm` only).
     #[arg(long)]
@@ -244,6 +249,7 @@ impl From<&RunArgs> for Options {
             verify: a.verify,
             loaned: a.loaned,
             busy_poll: a.busy_poll_us.map(Duration::from_micros),
+            busy_bytes: a.busy_bytes,
             ca: a.ca.clone(),
             cert: a.cert.clone(),
             key: a.key.clone(),

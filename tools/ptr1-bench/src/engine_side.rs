@@ -2,8 +2,7 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Result, anyhow};
 use bytes::Bytes;
@@ -30,6 +29,9 @@ fn builder(
         .shared_memory(serving || transport == Transport::Shm);
     if let Some(cores) = options.cores {
         builder = builder.cores(cores);
+    }
+    if let Some(bytes) = options.busy_bytes {
+        builder = builder.busy_bytes_per_peer(bytes as u64);
     }
     if let Some(budget) = options.busy_poll {
         builder = builder.busy_poll(budget);
@@ -164,67 +166,6 @@ pub(crate) fn measure(
             sample.verified = options.verify;
             Ok(sample)
         }
-        Mode::InFlight => {
-            // Timed from the first send to the last reply, the window drained at the end: every
-            // ask counted is an ask completed, and the window is refilled at least a few times.
-            // Replies are taken in the order they complete, and each completion sends one more
-            // ask: one ask waiting out a retransmission timeout holds back only itself, as in
-            // the baselines' independent tasks.
-            let (done, replies) = mpsc::channel();
-            let ask = || {
-                let done = done.clone();
-                let at = Instant::now();
-                node.ask(peer, "/actors/echo", message.clone(), TIMEOUT)
-                    .detach(move |result| {
-                        // The receiver is gone only once this measurement failed already.
-                        let _ = done.send((at, result));
-                    });
-            };
-            let at_least = options.inflight as u64 + min_round_trips(total);
-            // Warm-up, as in the sequential modes: connection set-up and first-touch memory
-            // are not measured.
-            match node
-                .ask(peer, "/actors/echo", message.clone(), TIMEOUT)
-                .wait()?
-            {
-                Reply::Tensor(reply) => check_echo(options, message, &reply)?,
-                other => return Err(anyhow!("echo answered {other:?}")),
-            }
-            let started = Instant::now();
-            let first = options
-                .messages
-                .map_or(options.inflight as u64, |n| n.min(options.inflight as u64));
-            for _ in 0..first {
-                ask();
-            }
-            let mut sample = Sample {
-                untimed_bytes: total,
-                ..Sample::default()
-            };
-            let (mut sent, mut outstanding) = (first, first);
-            while outstanding > 0 {
-                // Each ask carries its own deadline, so every one of them completes by then.
-                let (at, result) = replies
-                    .recv_timeout(TIMEOUT + Duration::from_secs(10))
-                    .map_err(|_| anyhow!("an ask in flight outlived its deadline"))?;
-                outstanding -= 1;
-                match result? {
-                    Reply::Tensor(reply) => check_echo(options, message, &reply)?,
-                    other => return Err(anyhow!("echo answered {other:?}")),
-                }
-                // Latency includes the ask's wait for its reply, from when it was sent.
-                sample.record(at.elapsed());
-                sample.ops += 1;
-                sample.payload_bytes += total;
-                if options.more(started, sent, at_least) {
-                    ask();
-                    sent += 1;
-                    outstanding += 1;
-                }
-            }
-            sample.elapsed = started.elapsed();
-            sample.verified = options.verify;
-            Ok(sample)
-        }
+        Mode::InFlight => crate::in_flight::measure(node, peer, options, message, TIMEOUT),
     }
 }

@@ -23,6 +23,7 @@ mod blocking;
 mod cli;
 mod engine_side;
 mod environment;
+mod in_flight;
 mod measure;
 mod memcpy;
 mod placement;
@@ -190,6 +191,8 @@ pub(crate) struct Options {
     pub(crate) handlers: Handlers,
     /// The engine node's busy-poll budget (`NodeBuilder::busy_poll`), if set.
     pub(crate) busy_poll: Option<Duration>,
+    /// run: the client node's `NodeBuilder::busy_bytes_per_peer`, if set.
+    pub(crate) busy_bytes: Option<usize>,
     pub(crate) mode: Mode,
     pub(crate) size: usize,
     pub(crate) buffers: usize,
@@ -275,6 +278,7 @@ impl Options {
             cores: None,
             handlers: Handlers::Core,
             busy_poll: None,
+            busy_bytes: None,
             mode: Mode::OneWay,
             size: 0,
             buffers: 1,

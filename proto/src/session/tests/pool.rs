@@ -21,25 +21,31 @@ fn pool(idle: usize, max: usize) -> ConnectionPool<u32, &'static str> {
 fn the_most_recently_used_idle_connection_is_reused_first() {
     let mut sut = pool(8, 32);
     let now = Instant::now();
-    assert_eq!(sut.checkout(peer(1), "a", None), Checkout::Connect("a"));
-    assert_eq!(sut.checkout(peer(1), "b", None), Checkout::Connect("b"));
+    assert_eq!(sut.checkout(peer(1), "a", 1, None), Checkout::Connect("a"));
+    assert_eq!(sut.checkout(peer(1), "b", 1, None), Checkout::Connect("b"));
     assert_eq!(sut.checkin(peer(1), 10, now), Checkin::Idle);
     assert_eq!(sut.checkin(peer(1), 11, now), Checkin::Idle);
-    assert_eq!(sut.checkout(peer(1), "c", None), Checkout::Reuse(11, "c"));
-    assert_eq!(sut.checkout(peer(1), "d", None), Checkout::Reuse(10, "d"));
+    assert_eq!(
+        sut.checkout(peer(1), "c", 1, None),
+        Checkout::Reuse(11, "c")
+    );
+    assert_eq!(
+        sut.checkout(peer(1), "d", 1, None),
+        Checkout::Reuse(10, "d")
+    );
 }
 
 #[test]
 fn requests_beyond_the_cap_wait_in_order_for_a_free_connection() {
     let mut sut = pool(8, 1);
     let now = Instant::now();
-    assert_eq!(sut.checkout(peer(1), "a", None), Checkout::Connect("a"));
+    assert_eq!(sut.checkout(peer(1), "a", 1, None), Checkout::Connect("a"));
     assert!(matches!(
-        sut.checkout(peer(1), "b", None),
+        sut.checkout(peer(1), "b", 1, None),
         Checkout::Queued(_)
     ));
     assert!(matches!(
-        sut.checkout(peer(1), "c", None),
+        sut.checkout(peer(1), "c", 1, None),
         Checkout::Queued(_)
     ));
     assert_eq!(sut.checkin(peer(1), 7, now), Checkin::Serve(7, "b"));
@@ -47,7 +53,62 @@ fn requests_beyond_the_cap_wait_in_order_for_a_free_connection() {
     assert_eq!(sut.closed(peer(1), 7), Some("c"));
     assert_eq!(sut.waiting(), 0);
     // Other peers are not limited by this one.
-    assert_eq!(sut.checkout(peer(2), "x", None), Checkout::Connect("x"));
+    assert_eq!(sut.checkout(peer(2), "x", 1, None), Checkout::Connect("x"));
+}
+
+#[test]
+fn large_requests_spread_over_fewer_connections_than_small_ones() {
+    const MIB: u64 = 1 << 20;
+    let config = ConnectionPoolConfig {
+        max_per_peer: 32,
+        busy_bytes_per_peer: 2 * MIB,
+        ..ConnectionPoolConfig::default()
+    };
+    let mut sut: ConnectionPool<u32, &str> = ConnectionPool::new(config);
+    let now = Instant::now();
+    // 1 MiB asks: two at once, the third waits for one of them.
+    assert_eq!(
+        sut.checkout(peer(1), "a", MIB, None),
+        Checkout::Connect("a")
+    );
+    assert_eq!(
+        sut.checkout(peer(1), "b", MIB, None),
+        Checkout::Connect("b")
+    );
+    assert!(matches!(
+        sut.checkout(peer(1), "c", MIB, None),
+        Checkout::Queued(_)
+    ));
+    assert_eq!(sut.checkin(peer(1), 1, now), Checkin::Serve(1, "c"));
+    assert_eq!(sut.checkin(peer(1), 1, now), Checkin::Idle);
+    // One 64 MiB ask at a time, though a connection is idle; one larger than the whole budget
+    // still goes when nothing else is on its way.
+    assert!(matches!(
+        sut.checkout(peer(1), "big", 64 * MIB, None),
+        Checkout::Queued(_)
+    ));
+    assert_eq!(sut.checkin(peer(1), 2, now), Checkin::Serve(2, "big"));
+    // Small requests beside it use the idle connection and new ones, up to the cap.
+    assert_eq!(
+        sut.checkout(peer(1), "s0", 4096, None),
+        Checkout::Reuse(1, "s0")
+    );
+    for n in 2..32 {
+        assert_eq!(
+            sut.checkout(peer(1), "s", 4096, None),
+            Checkout::Connect("s"),
+            "connection {n}"
+        );
+    }
+    assert!(matches!(
+        sut.checkout(peer(1), "s32", 4096, None),
+        Checkout::Queued(_)
+    ));
+    // The budget is per peer.
+    assert_eq!(
+        sut.checkout(peer(2), "x", 64 * MIB, None),
+        Checkout::Connect("x")
+    );
 }
 
 #[test]
@@ -59,24 +120,24 @@ fn requests_beyond_the_waiting_bound_are_refused_over_all_peers() {
     };
     let mut sut: ConnectionPool<u32, &str> = ConnectionPool::new(config);
     let now = Instant::now();
-    assert_eq!(sut.checkout(peer(1), "a", None), Checkout::Connect("a"));
-    assert_eq!(sut.checkout(peer(2), "x", None), Checkout::Connect("x"));
+    assert_eq!(sut.checkout(peer(1), "a", 1, None), Checkout::Connect("a"));
+    assert_eq!(sut.checkout(peer(2), "x", 1, None), Checkout::Connect("x"));
     assert!(matches!(
-        sut.checkout(peer(1), "b", None),
+        sut.checkout(peer(1), "b", 1, None),
         Checkout::Queued(_)
     ));
     assert!(matches!(
-        sut.checkout(peer(2), "y", None),
+        sut.checkout(peer(2), "y", 1, None),
         Checkout::Queued(_)
     ));
-    assert_eq!(sut.checkout(peer(1), "c", None), Checkout::Full("c"));
-    assert_eq!(sut.checkout(peer(2), "z", None), Checkout::Full("z"));
+    assert_eq!(sut.checkout(peer(1), "c", 1, None), Checkout::Full("c"));
+    assert_eq!(sut.checkout(peer(2), "z", 1, None), Checkout::Full("z"));
     assert_eq!(sut.waiting(), 2);
     // A free connection is still handed out, and a waiter leaving makes room again.
-    assert_eq!(sut.checkout(peer(3), "n", None), Checkout::Connect("n"));
+    assert_eq!(sut.checkout(peer(3), "n", 1, None), Checkout::Connect("n"));
     assert_eq!(sut.checkin(peer(1), 7, now), Checkin::Serve(7, "b"));
     assert!(matches!(
-        sut.checkout(peer(1), "d", None),
+        sut.checkout(peer(1), "d", 1, None),
         Checkout::Queued(_)
     ));
 }
@@ -85,11 +146,12 @@ fn requests_beyond_the_waiting_bound_are_refused_over_all_peers() {
 fn a_waiting_request_expires_at_its_deadline_and_a_cancelled_one_is_handed_back() {
     let mut sut = pool(8, 1);
     let now = Instant::now();
-    sut.checkout(peer(1), "a", None);
-    let Checkout::Queued(_) = sut.checkout(peer(1), "b", Some(now + Duration::from_secs(2))) else {
+    sut.checkout(peer(1), "a", 1, None);
+    let Checkout::Queued(_) = sut.checkout(peer(1), "b", 1, Some(now + Duration::from_secs(2)))
+    else {
         panic!("not queued");
     };
-    let Checkout::Queued(c) = sut.checkout(peer(1), "c", None) else {
+    let Checkout::Queued(c) = sut.checkout(peer(1), "c", 1, None) else {
         panic!("not queued");
     };
     assert_eq!(sut.poll_timeout(), Some(now + Duration::from_secs(2)));
@@ -112,7 +174,7 @@ fn idle_connections_above_the_cap_are_trimmed_after_the_delay() {
     let mut sut = pool(1, 32);
     let now = Instant::now();
     for _ in 0..3 {
-        assert_eq!(sut.checkout(peer(1), "r", None), Checkout::Connect("r"));
+        assert_eq!(sut.checkout(peer(1), "r", 1, None), Checkout::Connect("r"));
     }
     for conn in 0..3 {
         assert_eq!(sut.checkin(peer(1), conn, now), Checkin::Idle);
@@ -135,11 +197,14 @@ fn a_peer_without_connections_or_waiters_leaves_the_map() {
     let mut sut = pool(8, 32);
     let now = Instant::now();
     for port in 0..1000 {
-        assert_eq!(sut.checkout(peer(port), "r", None), Checkout::Connect("r"));
+        assert_eq!(
+            sut.checkout(peer(port), "r", 1, None),
+            Checkout::Connect("r")
+        );
         assert_eq!(sut.closed(peer(port), 1), None);
     }
     assert_eq!(sut.peers(), 0);
-    sut.checkout(peer(5), "r", None);
+    sut.checkout(peer(5), "r", 1, None);
     sut.checkin(peer(5), 9, now);
     assert_eq!(sut.peers(), 1);
     sut.closed(peer(5), 9);
@@ -150,9 +215,9 @@ fn a_peer_without_connections_or_waiters_leaves_the_map() {
 fn draining_hands_back_every_waiter_and_idle_connection() {
     let mut sut = pool(8, 1);
     let now = Instant::now();
-    sut.checkout(peer(1), "a", None);
-    sut.checkout(peer(1), "b", Some(now + Duration::from_secs(9)));
-    sut.checkout(peer(2), "c", None);
+    sut.checkout(peer(1), "a", 1, None);
+    sut.checkout(peer(1), "b", 1, Some(now + Duration::from_secs(9)));
+    sut.checkout(peer(2), "c", 1, None);
     sut.checkin(peer(2), 5, now);
     let (requests, idle) = sut.drain();
     assert_eq!((requests, idle), (vec!["b"], vec![5]));
