@@ -84,6 +84,8 @@ struct Peer<C> {
 struct Waiter<R> {
     peer: SocketAddr,
     request: R,
+    /// Its frame's length, for the byte budget.
+    bytes: u64,
     deadline: Option<Instant>,
 }
 
@@ -140,6 +142,7 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
             Waiter {
                 peer,
                 request,
+                bytes,
                 deadline,
             },
         );
@@ -175,11 +178,18 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
     }
 
     /// A connection counted by [`Checkout::Connect`] could not even be created. Returns a
-    /// waiting request that may now try (already counted as open).
+    /// waiting request that may now try (already counted as open), if the byte budget leaves
+    /// room for it; otherwise it goes on waiting for a busy connection (there is one, or it
+    /// would not wait).
     pub fn not_opened(&mut self, peer: SocketAddr) -> Option<R> {
         let state = self.peers.get_mut(&peer)?;
         state.open = state.open.saturating_sub(1);
-        match self.next_waiter_of(peer) {
+        let next = if self.front_fits(peer) {
+            self.next_waiter_of(peer)
+        } else {
+            None
+        };
+        match next {
             Some(request) => {
                 if let Some(state) = self.peers.get_mut(&peer) {
                     state.open += 1;
@@ -274,6 +284,19 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
             what: "the list of requests waiting for a connection",
             capacity: self.config.max_waiting,
         }
+    }
+
+    /// Whether the first request waiting for `peer` may start on a new connection now.
+    fn front_fits(&self, peer: SocketAddr) -> bool {
+        let Some(state) = self.peers.get(&peer) else {
+            return false;
+        };
+        let busy = state.open.saturating_sub(state.idle.len());
+        state
+            .queue
+            .iter()
+            .find_map(|id| self.waiters.get(id))
+            .is_some_and(|waiter| busy < self.busy_max(waiter.bytes))
     }
 
     /// How many connections to one peer may be busy when a request of `bytes` starts.

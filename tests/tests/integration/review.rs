@@ -154,7 +154,14 @@ fn a_burst_s_memory_goes_back_within_seconds_of_idleness_on_both_drivers() {
         // The defaults: a burst's memory goes back within a few seconds.
         let pool = PoolConfig::default();
         let server = drivers.echo_server_with(|b| b.receive_pool(pool));
-        let client = drivers.client().receive_pool(pool).build().unwrap();
+        // All eight asks at once (the default byte budget would send them one or two at a
+        // time), so the burst is large.
+        let client = drivers
+            .client()
+            .receive_pool(pool)
+            .busy_bytes_per_peer(1 << 40)
+            .build()
+            .unwrap();
         let message = patterned(1, 4, 16 << 20);
         let peer = server.local_addr();
         assert_eq!(

@@ -112,6 +112,44 @@ fn large_requests_spread_over_fewer_connections_than_small_ones() {
 }
 
 #[test]
+fn a_closed_idle_connection_does_not_let_a_large_waiting_request_past_the_budget() {
+    const MIB: u64 = 1 << 20;
+    let config = ConnectionPoolConfig {
+        idle_per_peer: 8,
+        max_per_peer: 32,
+        busy_bytes_per_peer: 2 * MIB,
+        ..ConnectionPoolConfig::default()
+    };
+    let mut sut: ConnectionPool<u32, &str> = ConnectionPool::new(config);
+    let now = Instant::now();
+    // Three small requests; two finish and leave their connections idle.
+    for name in ["s1", "s2", "s3"] {
+        assert_eq!(
+            sut.checkout(peer(1), name, 4096, None),
+            Checkout::Connect(name)
+        );
+    }
+    assert_eq!(sut.checkin(peer(1), 1, now), Checkin::Idle);
+    assert_eq!(sut.checkin(peer(1), 2, now), Checkin::Idle);
+    // A 64 MiB request waits while one connection is busy, idle ones notwithstanding.
+    assert!(matches!(
+        sut.checkout(peer(1), "big", 64 * MIB, None),
+        Checkout::Queued(_)
+    ));
+    // An idle connection closes (trimmed, or by the peer): no new connection for it yet.
+    assert_eq!(sut.closed(peer(1), 1), None);
+    assert_eq!(sut.waiting(), 1);
+    // The busy one finishes: the waiting request takes it.
+    assert_eq!(sut.checkin(peer(1), 3, now), Checkin::Serve(3, "big"));
+    // The busy connection breaks instead: the waiter then opens a new one.
+    assert!(matches!(
+        sut.checkout(peer(1), "big2", 64 * MIB, None),
+        Checkout::Queued(_)
+    ));
+    assert_eq!(sut.closed(peer(1), 3), Some("big2"));
+}
+
+#[test]
 fn requests_beyond_the_waiting_bound_are_refused_over_all_peers() {
     let config = ConnectionPoolConfig {
         max_per_peer: 1,
