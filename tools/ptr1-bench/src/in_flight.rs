@@ -3,6 +3,7 @@
 //! the baselines' tasks sends its next ask when its reply is in. Nothing waits in line behind
 //! a slow reply, and no thread in between hands replies on.
 
+use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -106,8 +107,42 @@ struct State {
     error: Option<anyhow::Error>,
 }
 
-/// Sends one ask; its completion records it and sends the next while more are wanted.
+thread_local! {
+    /// Whether this thread is sending an ask already, and the sends asked for meanwhile: an
+    /// ask whose reply is there at once (in-process, or an error) runs its completion inside
+    /// `send`, and the next send it asks for waits here instead of nesting one stack frame
+    /// deeper per ask.
+    static SENDING: RefCell<Option<Vec<Arc<Chain>>>> = const { RefCell::new(None) };
+}
+
+/// Sends one ask (and any asked for by completions that ran meanwhile on this thread).
 fn send(chain: &Arc<Chain>) {
+    let nested = SENDING.with(|sending| {
+        let mut sending = sending.borrow_mut();
+        match &mut *sending {
+            Some(deferred) => {
+                deferred.push(Arc::clone(chain));
+                true
+            }
+            None => {
+                *sending = Some(Vec::new());
+                false
+            }
+        }
+    });
+    if nested {
+        return;
+    }
+    let mut next = Some(Arc::clone(chain));
+    while let Some(chain) = next {
+        send_one(&chain);
+        next = SENDING.with(|sending| sending.borrow_mut().as_mut().and_then(Vec::pop));
+    }
+    SENDING.with(|sending| *sending.borrow_mut() = None);
+}
+
+/// Sends one ask; its completion records it and sends the next while more are wanted.
+fn send_one(chain: &Arc<Chain>) {
     let at = Instant::now();
     let next = Arc::clone(chain);
     chain
