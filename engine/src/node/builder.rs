@@ -1,30 +1,22 @@
-//! Building a node: its settings, its listener, and which PTR1 driver runs it.
+//! Building a node: its settings; starting it from them is `start.rs`.
 
-use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tensorwire_proto::Limits;
 use tensorwire_proto::route::Preference;
 use tensorwire_proto::session::{ConnectionPoolConfig, Keepalive, SessionConfig};
-use tensorwire_proto::transport::{
-    Driver, DriverFactory, DriverSetup, Error, HandOff, Transport, TransportFactory, TransportSetup,
-};
+use tensorwire_proto::transport::{DriverFactory, HandOff, TransportFactory};
 
-use crate::blocking::BlockingPool;
-use crate::endpoint::Registry;
-use crate::node::{Node, NodeInner, local};
-use crate::pool::{PoolConfig, ReceivePool};
-use crate::shm::transport::{KnockDesk, KnockHandOff, ShmConfig, ShmTransport, WhenFull};
-use crate::shm::{Segments, SegmentsConfig, ShmBackend, ShmManager};
-use crate::uring::{UringConfig, UringDriver, ZeroCopy};
-use crate::{stats, uring};
+use crate::pool::PoolConfig;
+use crate::shm::ShmBackend;
+use crate::shm::transport::WhenFull;
+use crate::uring::ZeroCopy;
 
-const NO_FALLBACK_HINT: &str = "plug in the tokio fallback with \
-    NodeBuilder::fallback(Arc::new(tensorwire_compat::TokioFallback::default()))";
+mod start;
 
-/// Builds a [`Node`]. Every setting has a default; explicit values win over the environment.
+/// Builds a [`Node`](crate::Node). Every setting has a default; explicit values win over the environment.
 #[derive(Clone)]
 pub struct NodeBuilder {
     bind: SocketAddr,
@@ -321,7 +313,7 @@ impl NodeBuilder {
         self
     }
 
-    /// The backend of [`Node::shm`]'s manager (default memfd).
+    /// The backend of [`Node::shm`](crate::Node::shm)'s manager (default memfd).
     pub fn shm_backend(mut self, backend: ShmBackend) -> Self {
         self.shm_backend = backend;
         self
@@ -349,7 +341,7 @@ impl NodeBuilder {
     }
 
     /// New requests queued per driver thread at most (default 65,536); beyond that a
-    /// request fails at once with [`Error::Overloaded`].
+    /// request fails at once with [`Error::Overloaded`](crate::Error::Overloaded).
     pub fn request_queue_capacity(mut self, capacity: usize) -> Self {
         self.request_queue_capacity = capacity.max(1);
         self
@@ -372,190 +364,6 @@ impl NodeBuilder {
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.shutdown_timeout = timeout;
         self
-    }
-
-    /// Binds, starts the driver and returns the running node.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::DriverUnavailable`] if io_uring cannot be used here (the reason says why) and
-    /// no fallback is plugged in; [`Error::Config`] for a bad limit or transport variable;
-    /// [`Error::Io`] if binding fails.
-    pub fn build(self) -> Result<Node, Error> {
-        let limits = match self.limits {
-            Some(limits) => limits,
-            None => Limits::from_env()?,
-        };
-        let preference = match self.preference {
-            Some(preference) => preference,
-            None => Preference::from_env()?,
-        };
-        let listener = TcpListener::bind(self.bind).map_err(|e| Error::io("bind", e))?;
-        let local_addr = listener
-            .local_addr()
-            .map_err(|e| Error::io("getsockname", e))?;
-        let mut session = self.session.clone();
-        session.limits = limits;
-        let session = Arc::new(session);
-        let registry = Arc::new(Registry::new(self.mailbox_capacity, self.mailbox_waiting));
-        let pool = ReceivePool::new(self.receive_pool);
-        let transport: Option<Arc<dyn Transport>> = match &self.transport {
-            Some(factory) => Some(factory.start(TransportSetup::new(
-                registry.clone(),
-                Arc::new(pool.clone()),
-                Arc::clone(&session),
-            ))?),
-            None => None,
-        };
-        let next_handoff = self
-            .handoff
-            .clone()
-            .or_else(|| transport.as_ref().and_then(|t| t.handoff()));
-        let require_tls =
-            self.require_tls || transport.as_ref().is_some_and(|t| t.requires_encryption());
-        let encrypts = transport.as_ref().is_some_and(|t| t.encrypts());
-        let shm_quota = self
-            .shm_quota
-            .unwrap_or_else(|| crate::pool::physical_memory() / 4);
-        let segments = Segments::new(SegmentsConfig {
-            quota: shm_quota,
-            idle_keep: self.shm_idle_keep,
-            idle_after: Duration::from_secs(2),
-        });
-        let shm_manager = ShmManager::with_segments(self.shm_backend, segments.clone());
-        let strict = require_tls
-            || transport
-                .as_ref()
-                .is_some_and(|t| t.requires_client_identity());
-        let (shm, shm_off) = self.start_shm(local_addr, &registry, &session, segments, strict);
-        let desk = shm.as_ref().map_or_else(
-            || Arc::new(KnockDesk::refusing(shm_off.clone())),
-            ShmTransport::desk,
-        );
-        let handoff: Option<Arc<dyn HandOff>> = Some(Arc::new(KnockHandOff {
-            desk,
-            next: next_handoff,
-        }));
-        let setup = |listener| {
-            let mut setup = DriverSetup::new(
-                listener,
-                registry.clone(),
-                Arc::new(pool.clone()),
-                Arc::clone(&session),
-            );
-            setup.handoff = handoff.clone();
-            setup.pool = self.pool;
-            setup.limits = limits;
-            setup.threads = self.cores;
-            setup.require_tls = require_tls;
-            setup
-        };
-        let reason = if self.force_fallback {
-            Some("forced by NodeBuilder::force_fallback".to_owned())
-        } else {
-            uring::availability().err()
-        };
-        let driver: Box<dyn Driver> = match reason {
-            None => {
-                let config = UringConfig {
-                    ring_entries: self.ring_entries,
-                    queue_capacity: self.request_queue_capacity,
-                    zero_copy: self.zero_copy,
-                    zero_copy_min_bytes: self.zero_copy_min_bytes,
-                    shutdown_timeout: self.shutdown_timeout,
-                    busy_poll: self.busy_poll,
-                };
-                Box::new(UringDriver::start(setup(listener), config)?)
-            }
-            Some(reason) => {
-                let Some(factory) = &self.fallback else {
-                    stats::record_fallback(&reason, None);
-                    return Err(Error::DriverUnavailable {
-                        driver: "io_uring",
-                        reason,
-                        hint: NO_FALLBACK_HINT,
-                    });
-                };
-                stats::record_fallback(&reason, Some(factory.name()));
-                factory.start(setup(listener))?
-            }
-        };
-        let blocking = BlockingPool::new(
-            Arc::clone(&session),
-            Arc::new(pool.clone()),
-            limits,
-            self.pool.idle_per_peer,
-            self.busy_poll,
-        );
-        let inner = Arc::new(NodeInner {
-            local_addr,
-            driver,
-            registry,
-            pool,
-            blocking,
-            limits,
-            preference,
-            in_process_delivery: self.in_process_delivery,
-            require_tls,
-            encrypts,
-            transport,
-            shm,
-            shm_off,
-            shm_hello_timeout: self.shm_hello_timeout,
-            shm_manager,
-            busy_poll: self.busy_poll,
-            handler_threads: Mutex::new(Vec::new()),
-            shut_down: AtomicBool::new(false),
-        });
-        if let Some(shm) = &inner.shm {
-            let node = Arc::downgrade(&inner);
-            shm.set_elsewhere(Box::new(move |request| match node.upgrade() {
-                Some(node) => node.send_remote(request),
-                None => request.completion.complete(Err(Error::Shutdown)),
-            }));
-        }
-        local::register(local_addr, Arc::downgrade(&inner));
-        stats::register_node(local_addr, inner.driver.name());
-        maintain(Arc::downgrade(&inner), self.receive_pool.idle_ttl);
-        Ok(Node { inner })
-    }
-}
-
-impl NodeBuilder {
-    /// The same-host transport, if this node's access allows it and it starts; else why not.
-    fn start_shm(
-        &self,
-        node: SocketAddr,
-        registry: &Arc<Registry>,
-        session: &Arc<SessionConfig>,
-        segments: Segments,
-        strict: bool,
-    ) -> (Option<ShmTransport>, String) {
-        let off = match (self.shm_access, strict) {
-            (ShmAccess::Off, _) => "shared memory is off on this node".to_owned(),
-            (ShmAccess::Auto, true) => "this node requires TLS or client certificates: it \
-                 serves and uses shared memory only when allowed explicitly \
-                 (NodeBuilder::shm_access(ShmAccess::SameUser), shared_memory=\"same-user\" in \
-                 Python)"
-                .to_owned(),
-            (ShmAccess::Auto | ShmAccess::SameUser, _) => {
-                let config = ShmConfig {
-                    credit_wait: self.shm_credit_wait,
-                    when_full: self.shm_when_full,
-                    hello_timeout: self.shm_hello_timeout,
-                    busy_poll: self.busy_poll,
-                };
-                let inbound: Arc<dyn tensorwire_proto::transport::Inbound> = registry.clone();
-                match ShmTransport::start(node, inbound, Arc::clone(session), config, segments) {
-                    Ok(shm) => return (Some(shm), String::new()),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "shared memory unavailable for this node; same-host peers use TCP");
-                        format!("shared memory could not start on this node: {e}")
-                    }
-                }
-            }
-        };
-        (None, off)
     }
 }
 
@@ -583,26 +391,4 @@ fn default_busy_poll() -> Duration {
     } else {
         Duration::ZERO
     }
-}
-
-/// Gives idle receive-pool slots back to the system every half `ttl` while the node lives.
-fn maintain(node: std::sync::Weak<NodeInner>, ttl: Duration) {
-    let every = (ttl / 2).max(Duration::from_millis(100));
-    let Some(at) = std::time::Instant::now().checked_add(every) else {
-        return;
-    };
-    crate::pending::schedule_timer(
-        at,
-        Box::new(move || {
-            let Some(inner) = node.upgrade() else {
-                return;
-            };
-            if inner.is_shut_down() {
-                return;
-            }
-            inner.pool().release_unused(std::time::Instant::now());
-            drop(inner);
-            maintain(node, ttl);
-        }),
-    );
 }
