@@ -27,7 +27,7 @@ static WAITING: AtomicBool = AtomicBool::new(false);
 /// Call with the interpreter attached; nearly free when there is nothing to do.
 pub(crate) fn drain_releases(py: Python<'_>) {
     if WAITING.swap(false, Ordering::AcqRel) {
-        let drained = std::mem::take(&mut *RELEASES.lock().unwrap_or_else(|e| e.into_inner()));
+        let drained = std::mem::take(&mut *crate::sync::lock(&RELEASES));
         // Dropping a `PyUntypedBuffer` here (attached) calls `PyBuffer_Release` directly.
         drop(drained);
     }

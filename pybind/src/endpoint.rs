@@ -1,6 +1,6 @@
 //! Mailbox endpoints and the requests taken from them, each answerable once.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pyo3::PyTraverseError;
@@ -13,6 +13,7 @@ use crate::convert::reply_from_py;
 use crate::errors::{InvalidArgument, to_py};
 use crate::message::PyTensorMessage;
 use crate::pump::{Outcome, Pump};
+use crate::sync::lock;
 
 /// How often a blocking receive wakes to let Ctrl+C through.
 const SIGNAL_SLICE: Duration = Duration::from_millis(100);
@@ -189,16 +190,9 @@ impl PyRequest {
     }
 
     fn take(&self) -> PyResult<Replier> {
-        self.replier
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-            .ok_or_else(|| {
-                InvalidArgument::new_err(format!(
-                    "the request to {} was already answered",
-                    self.path
-                ))
-            })
+        lock(&self.replier).take().ok_or_else(|| {
+            InvalidArgument::new_err(format!("the request to {} was already answered", self.path))
+        })
     }
 }
 

@@ -2,7 +2,9 @@
 //! message prefixed with what failed and where.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
+
+use crate::sync::lock;
 
 use pyo3::PyErr;
 use tensorwire_engine::Error;
@@ -34,21 +36,14 @@ static RAISED: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
 
 /// How many errors of each kind were raised so far.
 pub(crate) fn raised() -> BTreeMap<&'static str, u64> {
-    RAISED
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone()
+    lock(&RAISED).clone()
 }
 
 /// `err` as a Python exception; `context` says what was being done (e.g. "ask echo at
 /// 127.0.0.1:9000 over raw TCP").
 pub(crate) fn to_py(err: &Error, context: &str) -> PyErr {
     let (name, exception) = classify(err, format!("{context}: {err}"));
-    *RAISED
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .entry(name)
-        .or_default() += 1;
+    *lock(&RAISED).entry(name).or_default() += 1;
     exception
 }
 

@@ -7,7 +7,7 @@
 //! conversation does not pay a sleeping thread's wake-up per request. The engine's threads
 //! never wait for the GIL: requests reach these threads through the endpoint's mailbox.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,7 @@ use tensorwire_engine::{Endpoint, Error, Incoming};
 use crate::buffers::drain_releases;
 use crate::convert::reply_from_py;
 use crate::message::PyTensorMessage;
+use crate::sync::lock;
 
 /// How long a handler thread polls for the next request at least (and, times ten, at most).
 const BUSY_POLL: Duration = Duration::from_micros(20);
@@ -38,11 +39,7 @@ impl HandlerSlot {
     }
 
     fn handler(&self, py: Python<'_>) -> Option<Py<PyAny>> {
-        self.handler
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .map(|h| h.clone_ref(py))
+        lock(&self.handler).as_ref().map(|h| h.clone_ref(py))
     }
 }
 

@@ -23,6 +23,7 @@ mod pump;
 mod reference;
 mod shm;
 mod stats;
+mod sync;
 mod tells;
 
 use pyo3::prelude::*;

@@ -9,8 +9,8 @@
 //! bytes but their writes never reach the frozen buffer or its receivers.
 
 use std::ffi::{c_int, c_void};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
 
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
@@ -19,6 +19,7 @@ use tensorwire_engine::shm::{Loan, Window};
 
 use crate::buffers::{Buffer, drain_releases};
 use crate::errors::{OutOfMemory, ShutDown};
+use crate::sync::lock;
 
 /// A shared-memory slot on loan: a writable buffer until [`PyLoan::freeze`].
 #[pyclass(frozen, weakref, module = "tensorwire._native", name = "Loan")]
@@ -68,7 +69,7 @@ impl PyLoan {
         flags: c_int,
     ) -> PyResult<()> {
         let me = slf.get();
-        let state = me.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let state = lock(&me.state);
         if matches!(*state, State::Frozen { .. }) {
             return Err(PyBufferError::new_err(
                 "this loan was frozen: use the Buffer freeze() returned",
@@ -111,10 +112,7 @@ impl PyLoan {
     /// Whether it was frozen.
     #[getter]
     fn frozen(&self) -> bool {
-        matches!(
-            *self.state.lock().unwrap_or_else(PoisonError::into_inner),
-            State::Frozen { .. }
-        )
+        matches!(*lock(&self.state), State::Frozen { .. })
     }
 
     /// Ends the loan's writable life and returns it as a read-only `Buffer` to put in a
@@ -125,7 +123,7 @@ impl PyLoan {
     fn freeze(slf: &Bound<'_, Self>) -> PyResult<Buffer> {
         drain_releases(slf.py());
         let me = slf.get();
-        let mut state = me.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = lock(&me.state);
         let exports = me.exports.load(Ordering::Acquire);
         if exports != 0 {
             return Err(PyBufferError::new_err(format!(

@@ -4,7 +4,7 @@
 //! of their own; the router's choice explained.
 
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use pyo3::gc::PyVisit;
@@ -24,6 +24,7 @@ use crate::loan::PyLoan;
 use crate::reference::{PyRef, via};
 use crate::shm::PyShm;
 use crate::stats::node_stats;
+use crate::sync::lock;
 
 /// A tensorwire node: serves endpoints on one port and sends to other nodes.
 #[pyclass(frozen, module = "tensorwire._native", name = "Node")]
@@ -310,8 +311,4 @@ fn preference(name: &str) -> PyResult<Preference> {
             )));
         }
     })
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -12,13 +12,14 @@ use std::future::Future;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 
 use crate::buffers::drain_releases;
+use crate::sync::lock;
 
 /// What a finished operation gives Python: a value, or an exception instance.
 pub(crate) type Outcome = Box<dyn FnOnce(Python<'_>) -> PyResult<Py<PyAny>> + Send>;
@@ -32,10 +33,6 @@ struct Queue {
     /// Operations in flight, each with the waker it was last polled with.
     jobs: Mutex<HashMap<u64, (Job, Waker)>>,
     next: AtomicU64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Queue {

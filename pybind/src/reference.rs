@@ -6,7 +6,7 @@
 //! (PTR1's blocking client, a shared-memory copy), and the wait for the reply polls briefly
 //! before it sleeps. Nothing is formatted or looked up again on the way unless it fails.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -17,6 +17,7 @@ use crate::convert::{reply_to_py, route_name};
 use crate::errors::{InvalidArgument, to_py};
 use crate::message::PyTensorMessage;
 use crate::pump::{Outcome, Pump};
+use crate::sync::{into_inner, lock};
 use crate::tells;
 
 /// A reference to an endpoint on some node (native half of `tensorwire.Ref`).
@@ -69,10 +70,9 @@ impl PyRef {
         });
         match result {
             Ok((reply, route)) => reply_to_py(py, reply, Some(route), self.pickle),
-            Err(e) => Err(interrupted
-                .into_inner()
-                .unwrap_or_else(PoisonError::into_inner)
-                .unwrap_or_else(|| to_py(&e, &self.context("ask")))),
+            Err(e) => {
+                Err(into_inner(interrupted).unwrap_or_else(|| to_py(&e, &self.context("ask"))))
+            }
         }
     }
 
@@ -94,10 +94,9 @@ impl PyRef {
         });
         match result {
             Ok(_) => Ok(()),
-            Err(e) => Err(interrupted
-                .into_inner()
-                .unwrap_or_else(PoisonError::into_inner)
-                .unwrap_or_else(|| to_py(&e, &self.context("tell")))),
+            Err(e) => {
+                Err(into_inner(interrupted).unwrap_or_else(|| to_py(&e, &self.context("tell"))))
+            }
         }
     }
 
@@ -216,7 +215,7 @@ fn interrupt(raised: &Mutex<Option<PyErr>>) -> bool {
     Python::attach(|py| match py.check_signals() {
         Ok(()) => false,
         Err(e) => {
-            *raised.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+            *lock(raised) = Some(e);
             true
         }
     })

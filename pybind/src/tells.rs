@@ -3,8 +3,10 @@
 //! sees a failure never takes the GIL).
 
 use std::collections::VecDeque;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+
+use crate::sync::lock;
 
 use pyo3::prelude::*;
 
@@ -19,7 +21,7 @@ static ANY: AtomicBool = AtomicBool::new(false);
 /// A fire-and-forget tell failed (any thread).
 pub(crate) fn failed(text: String) {
     FAILED.fetch_add(1, Ordering::Relaxed);
-    let mut waiting = WAITING.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut waiting = lock(&WAITING);
     if waiting.len() < MAX_WAITING {
         waiting.push_back(text);
     }
@@ -37,7 +39,7 @@ pub(crate) fn log_failures(py: Python<'_>) {
         return;
     }
     let texts: Vec<String> = {
-        let mut waiting = WAITING.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut waiting = lock(&WAITING);
         if waiting.is_empty() {
             return;
         }

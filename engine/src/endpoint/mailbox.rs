@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -117,18 +117,7 @@ impl Mailbox {
                 },
             };
             state.blocked_takers += 1;
-            state = match left {
-                None => self
-                    .not_empty
-                    .wait(state)
-                    .unwrap_or_else(PoisonError::into_inner),
-                Some(left) => {
-                    self.not_empty
-                        .wait_timeout(state, left)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0
-                }
-            };
+            state = crate::sync::wait(&self.not_empty, state, left);
             state.blocked_takers -= 1;
         }
     }

@@ -2,7 +2,9 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, RwLock};
+
+use crate::sync::{read, write};
 
 use tensorwire_proto::transport::{
     ActorPath, Delivery, Error, Inbound, InboundRequest, RequestKind, Responder, Withdraw,
@@ -37,11 +39,7 @@ pub(crate) struct Registry {
 
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let count = self
-            .endpoints
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len();
+        let count = read(&self.endpoints).len();
         f.debug_struct("Registry")
             .field("endpoints", &count)
             .finish()
@@ -75,10 +73,7 @@ impl Registry {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Shutdown);
         }
-        let mut endpoints = self
-            .endpoints
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut endpoints = write(&self.endpoints);
         if endpoints.contains_key(path.as_str()) {
             return Err(Error::EndpointExists {
                 path: path.to_string(),
@@ -94,32 +89,19 @@ impl Registry {
     }
 
     pub(crate) fn remove(&self, path: &str) {
-        let removed = self
-            .endpoints
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(path);
+        let removed = write(&self.endpoints).remove(path);
         drop(removed); // outside the lock
     }
 
     /// Closes every mailbox (shutdown); queued asks are answered with an error.
     pub(crate) fn close_all(&self) {
         self.closed.store(true, Ordering::Release);
-        let endpoints = std::mem::take(
-            &mut *self
-                .endpoints
-                .write()
-                .unwrap_or_else(PoisonError::into_inner),
-        );
+        let endpoints = std::mem::take(&mut *write(&self.endpoints));
         endpoints.values().for_each(|entry| entry.mailbox.close());
     }
 
     fn lookup(&self, path: &str) -> Option<Arc<Entry>> {
-        self.endpoints
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(path)
-            .cloned()
+        read(&self.endpoints).get(path).cloned()
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
 use tensorwire_proto::TensorMessage;
 use tensorwire_proto::route::Route;
@@ -14,7 +14,7 @@ use tensorwire_proto::transport::{
 use crate::endpoint::{LocalResponder, SharedCompleter};
 use crate::node::NodeInner;
 use crate::pending::{Completer, Pending, pair, schedule_timer};
-use crate::sync::lock;
+use crate::sync::{lock, read, write};
 
 /// Read on every send (to route it), written only when a node starts or stops.
 struct LocalNodes(RwLock<HashMap<SocketAddr, Weak<NodeInner>>>);
@@ -25,29 +25,18 @@ fn local_nodes() -> &'static LocalNodes {
 }
 
 pub(crate) fn register(addr: SocketAddr, node: Weak<NodeInner>) {
-    local_nodes()
-        .0
-        .write()
-        .unwrap_or_else(PoisonError::into_inner)
-        .insert(addr, node);
+    write(&local_nodes().0).insert(addr, node);
 }
 
 pub(crate) fn unregister(addr: SocketAddr) {
-    let removed = local_nodes()
-        .0
-        .write()
-        .unwrap_or_else(PoisonError::into_inner)
-        .remove(&addr);
+    let removed = write(&local_nodes().0).remove(&addr);
     drop(removed);
 }
 
 /// The node of this process listening at `peer`, if any (an unspecified bind address matches
 /// any loopback address with the same port).
 pub(crate) fn lookup(peer: SocketAddr) -> Option<Arc<NodeInner>> {
-    let nodes = local_nodes()
-        .0
-        .read()
-        .unwrap_or_else(PoisonError::into_inner);
+    let nodes = read(&local_nodes().0);
     if let Some(node) = nodes.get(&peer).and_then(Weak::upgrade) {
         return Some(node);
     }

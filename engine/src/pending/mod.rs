@@ -7,11 +7,11 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use crate::sync::lock;
+use crate::sync::{lock, wait};
 use tensorwire_proto::route::Route;
 use tensorwire_proto::transport::{Answer, Completion, Deadline, Error, Reply};
 
@@ -129,11 +129,7 @@ impl<T> Pending<T> {
                 return Err(spent());
             }
             state.waiting += 1;
-            state = self
-                .slot
-                .ready
-                .wait(state)
-                .unwrap_or_else(PoisonError::into_inner);
+            state = wait(&self.slot.ready, state, None);
             state.waiting -= 1;
         }
     }
@@ -156,20 +152,7 @@ impl<T> Pending<T> {
                 None => None,
             };
             state.waiting += 1;
-            state = match left {
-                Some(left) => {
-                    self.slot
-                        .ready
-                        .wait_timeout(state, left)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0
-                }
-                None => self
-                    .slot
-                    .ready
-                    .wait(state)
-                    .unwrap_or_else(PoisonError::into_inner),
-            };
+            state = wait(&self.slot.ready, state, left);
             state.waiting -= 1;
         }
     }

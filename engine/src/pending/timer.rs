@@ -2,10 +2,10 @@
 //! asks, waits for mailbox space, idle-slot release). Started on first use; sleeps until the
 //! earliest deadline.
 
-use crate::sync::lock;
+use crate::sync::{lock, wait};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
+use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::Instant;
 
 pub(crate) type Action = Box<dyn FnOnce() + Send>;
@@ -110,19 +110,12 @@ fn run() {
             }
             Some(Reverse((at, _))) => {
                 queue.sleeping = Some(Some(at));
-                queue = timer
-                    .changed
-                    .wait_timeout(queue, at - now)
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0;
+                queue = wait(&timer.changed, queue, Some(at - now));
                 queue.sleeping = None;
             }
             None => {
                 queue.sleeping = Some(None);
-                queue = timer
-                    .changed
-                    .wait(queue)
-                    .unwrap_or_else(PoisonError::into_inner);
+                queue = wait(&timer.changed, queue, None);
                 queue.sleeping = None;
             }
         }

@@ -6,15 +6,12 @@
 //! eventfd wake; received requests go to the node through its `Inbound`, their answers come
 //! back as events.
 
-mod client;
 mod commands;
 mod conn;
 mod core;
-mod io;
 mod keys;
 mod op;
 mod ring;
-mod server;
 #[cfg(test)]
 mod tests;
 mod timers;

@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -166,11 +166,11 @@ impl Segments {
             }
             let left = until.saturating_duration_since(Instant::now());
             state.waiting += 1;
-            let (mut state, _) = self
-                .0
-                .credit
-                .wait_timeout(state, left.min(Duration::from_millis(50)))
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut state = crate::sync::wait(
+                &self.0.credit,
+                state,
+                Some(left.min(Duration::from_millis(50))),
+            );
             state.waiting -= 1;
         }
     }

@@ -56,11 +56,7 @@ pub(crate) fn run(shared: &Arc<Shared>) {
                 if queue.closed {
                     break None;
                 }
-                queue = shared
-                    .copier
-                    .ready
-                    .wait(queue)
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                queue = crate::sync::wait(&shared.copier.ready, queue, None);
             }
         };
         match job {

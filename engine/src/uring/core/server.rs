@@ -8,10 +8,10 @@ use std::sync::Arc;
 use tensorwire_proto::session::{ServerEvent, ServerSession};
 use tensorwire_proto::transport::{Delivery, Reply, Responder};
 
+use super::Core;
 use crate::sys;
 use crate::uring::commands::{CoreHandle, Event};
 use crate::uring::conn::{Conn, ConnKey, Role, Server};
-use crate::uring::core::Core;
 use crate::uring::next_live;
 
 impl Core {
@@ -19,7 +19,7 @@ impl Core {
     /// on the next live core in turn. The kernel hands a burst of connections to whichever
     /// core's accept it wakes first, mostly the same one, which would leave the other cores
     /// idle while that one serves them all.
-    pub(crate) fn on_accept(&mut self, res: i32) {
+    pub(super) fn on_accept(&mut self, res: i32) {
         if res < 0 {
             return; // e.g. ECONNABORTED: the next connection is accepted as usual
         }
@@ -46,7 +46,7 @@ impl Core {
     }
 
     /// Starts serving an accepted connection on this core.
-    pub(crate) fn adopt(&mut self, fd: OwnedFd) {
+    pub(super) fn adopt(&mut self, fd: OwnedFd) {
         if self.stopping {
             return;
         }
@@ -74,7 +74,7 @@ impl Core {
     }
 
     /// Handles what the server session asks for until it asks for nothing more.
-    pub(crate) fn server_events(&mut self, key: ConnKey) {
+    pub(super) fn server_events(&mut self, key: ConnKey) {
         let ctx = Arc::clone(&self.ctx);
         loop {
             let now = self.now;
@@ -141,7 +141,7 @@ impl Core {
     }
 
     /// A request that waited for mailbox space got in.
-    pub(crate) fn on_enqueued(&mut self, key: ConnKey, seq: u64) {
+    pub(super) fn on_enqueued(&mut self, key: ConnKey, seq: u64) {
         let now = self.now;
         if let Some(Conn {
             role: Role::Server(server),
@@ -158,7 +158,7 @@ impl Core {
 
     /// The answer to a served request (a late one to an earlier request is ignored by the
     /// session; one for a connection that is gone is dropped).
-    pub(crate) fn on_answer(&mut self, key: ConnKey, seq: u64, answer: Result<Reply, String>) {
+    pub(super) fn on_answer(&mut self, key: ConnKey, seq: u64, answer: Result<Reply, String>) {
         let now = self.now;
         if let Some(Conn {
             role: Role::Server(server),
@@ -175,7 +175,7 @@ impl Core {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
-        let busy = conn.recv_op.is_some() || conn.send_op.is_some();
+        let busy = conn.in_kernel();
         let handoff = self.ctx.handoff.clone();
         let (Some(handoff), false) = (handoff, busy) else {
             return self.close(key);

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use io_uring::cqueue;
 use tensorwire_proto::session::ConnectionPool;
 use tensorwire_proto::transport::Error;
 
@@ -16,53 +15,56 @@ use crate::uring::Context;
 use crate::uring::commands::Fault;
 use crate::uring::commands::{CoreHandle, Event, Inbox, Outgoing};
 use crate::uring::conn::{ConnKey, ConnSlab};
-use crate::uring::op::{Accept, Op, OpKey, OpSlab, Owner, Read};
+use crate::uring::op::{Op, OpKey, OpSlab, Owner};
 use crate::uring::ring::Ring;
 use crate::uring::timers::Timers;
 
-/// Pause before re-arming an accept that failed (for instance out of file descriptors).
-const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(100);
+mod client;
+mod ops;
+mod server;
+mod transfer;
+
 /// A connection counts as at work if it had a completion this recently.
 const LONE_WINDOW: Duration = Duration::from_millis(1);
 /// New requests taken from the queue per loop turn, so completions are not starved.
 const REQUESTS_PER_TURN: usize = 256;
 
-pub(crate) struct Core {
-    pub(crate) ring: Ring,
-    pub(crate) ctx: Arc<Context>,
-    pub(crate) handle: CoreHandle,
+pub(super) struct Core {
+    ring: Ring,
+    ctx: Arc<Context>,
+    handle: CoreHandle,
     inbox: Inbox,
-    pub(crate) ops: OpSlab,
-    pub(crate) conns: ConnSlab,
-    pub(crate) timers: Timers,
-    pub(crate) pool: ConnectionPool<ConnKey, Outgoing>,
+    ops: OpSlab,
+    conns: ConnSlab,
+    timers: Timers,
+    pool: ConnectionPool<ConnKey, Outgoing>,
     listener: Option<RawFd>,
     accept: Option<OpKey>,
     wake: Option<OpKey>,
     accept_multishot: bool,
     accept_retry_at: Option<Instant>,
-    pub(crate) stopping: bool,
-    pub(crate) next_request: u64,
+    stopping: bool,
+    next_request: u64,
     /// Completions taken from the ring and not handled yet (kept here, so a panic in one
     /// leaves the others for the next turn).
     completions: std::collections::VecDeque<(u64, i32, u32)>,
     /// Requests to start outside the handler that found them (a connection freed up, a
     /// waiter may connect): a work list instead of recursion, however many wait.
-    pub(crate) backlog: std::collections::VecDeque<Backlog>,
+    backlog: std::collections::VecDeque<Backlog>,
     /// When the core last had something to do (for the busy-poll before sleeping).
     last_work: Instant,
     /// The last two connections that had a completion, and when: if only one had any lately,
     /// the core serves a lone request-reply conversation.
     recent_conns: [(Option<ConnKey>, Instant); 2],
     /// The time of the current loop turn.
-    pub(crate) now: Instant,
+    now: Instant,
     /// A fault the driver's tests injected.
     #[cfg(test)]
-    pub(crate) fault: Option<Fault>,
+    fault: Option<Fault>,
 }
 
 impl Core {
-    pub(crate) fn new(
+    pub(super) fn new(
         ring: Ring,
         ctx: Arc<Context>,
         handle: CoreHandle,
@@ -98,7 +100,7 @@ impl Core {
     /// Runs until shut down. A panic in a turn (a handler run on the core, the drop of a user's
     /// buffer, a hand-off callback, a waker) is caught: every connection is closed, the
     /// operations in flight keep their memory until the kernel is done, and the core goes on.
-    pub(crate) fn run(mut self) {
+    pub(super) fn run(mut self) {
         self.handle.enter();
         self.arm_wake();
         self.arm_accept();
@@ -165,7 +167,7 @@ impl Core {
     }
 
     /// What a request gets that this core can no longer carry.
-    pub(crate) fn stop_error(&self) -> Error {
+    fn stop_error(&self) -> Error {
         self.handle.shared.failed_error().unwrap_or(Error::Shutdown)
     }
 
@@ -258,6 +260,18 @@ impl Core {
         active == 1
     }
 
+    /// Remembers that connection `conn` had a completion now (for [`Self::in_lone_conversation`]).
+    fn note_activity(&mut self, conn: ConnKey) {
+        let now = self.now;
+        match self.recent_conns.iter_mut().find(|(c, _)| *c == Some(conn)) {
+            Some(slot) => slot.1 = now,
+            None => {
+                let oldest = usize::from(self.recent_conns[0].1 > self.recent_conns[1].1);
+                self.recent_conns[oldest] = (Some(conn), now);
+            }
+        }
+    }
+
     fn next_deadline(&self) -> Option<Instant> {
         [
             self.timers.next(),
@@ -267,80 +281,6 @@ impl Core {
         .into_iter()
         .flatten()
         .min()
-    }
-
-    fn on_completion(&mut self, key: OpKey, res: i32, flags: u32) {
-        let Some(entry) = self.ops.get_mut(key) else {
-            return; // cannot happen: an operation leaves the slab only after its last completion
-        };
-        if let Owner::Conn(conn) = entry.owner {
-            let now = self.now;
-            match self.recent_conns.iter_mut().find(|(c, _)| *c == Some(conn)) {
-                Some(slot) => slot.1 = now,
-                None => {
-                    let oldest = if self.recent_conns[0].1 <= self.recent_conns[1].1 {
-                        0
-                    } else {
-                        1
-                    };
-                    self.recent_conns[oldest] = (Some(conn), now);
-                }
-            }
-        }
-        match (&mut entry.op, entry.owner) {
-            (Op::Accept(accept), _) => {
-                let multishot = accept.is_multishot();
-                if !cqueue::more(flags) {
-                    self.ops.remove(key);
-                    self.accept = None;
-                    self.accept_ended(res, multishot);
-                }
-                self.on_accept(res);
-            }
-            (Op::Read(_), _) => {
-                self.ops.remove(key);
-                self.wake = None;
-                if !self.stopping {
-                    self.arm_wake();
-                }
-            }
-            (Op::Cancel(_), _) => {
-                self.ops.remove(key);
-            }
-            (Op::Connect(_), Owner::Conn(conn)) => {
-                self.ops.remove(key);
-                self.on_connected(conn, res);
-            }
-            (Op::Recv(_), Owner::Conn(conn)) => {
-                if let Some(entry) = self.ops.remove(key) {
-                    if let Op::Recv(op) = entry.op {
-                        self.on_received(conn, op.into_buf(), res);
-                    }
-                }
-            }
-            (Op::Send(_), Owner::Conn(conn)) => self.on_sent(key, conn, res, flags),
-            (_, Owner::Core) => {
-                self.ops.remove(key);
-            }
-        }
-    }
-
-    fn accept_ended(&mut self, res: i32, multishot: bool) {
-        if self.stopping {
-            return;
-        }
-        if res == -libc::EINVAL && multishot {
-            // A kernel before 5.19 has no multishot accept: accept one at a time.
-            self.accept_multishot = false;
-            self.arm_accept();
-        } else if res < 0 && res != -libc::ECANCELED {
-            // The accept ended on an error (e.g. EMFILE): retry after a pause instead of
-            // spinning on an error that persists.
-            tracing::warn!(error = %io::Error::from_raw_os_error(-res), "accept failed; retrying in 100 ms");
-            self.accept_retry_at = Some(self.now + ACCEPT_RETRY_DELAY);
-        } else {
-            self.arm_accept();
-        }
     }
 
     fn fire_timers(&mut self) {
@@ -364,7 +304,7 @@ impl Core {
         self.run_backlog();
     }
 
-    pub(crate) fn on_event(&mut self, event: Event) {
+    fn on_event(&mut self, event: Event) {
         match event {
             Event::Enqueued { conn, seq } => self.on_enqueued(conn, seq),
             Event::Answer { conn, seq, answer } => self.on_answer(conn, seq, answer),
@@ -379,7 +319,7 @@ impl Core {
 
     /// Handles the events this core posted to itself (handlers run on the core answer this
     /// way), until none are left.
-    pub(crate) fn take_self_posted(&mut self) {
+    fn take_self_posted(&mut self) {
         loop {
             let events = CoreHandle::take_self_posted();
             if events.is_empty() {
@@ -437,63 +377,12 @@ impl Core {
         }
     }
 
-    pub(crate) fn arm_wake(&mut self) {
-        let fd = Arc::clone(&self.handle.shared.wake);
-        self.wake = self.submit(Owner::Core, Op::Read(Read::new(fd)));
-    }
-
-    fn arm_accept(&mut self) {
-        let Some(listener) = self.listener else {
-            return;
-        };
-        if self.accept.is_some() || self.stopping {
-            return;
-        }
-        let op = Op::Accept(Accept::new(listener, self.accept_multishot));
-        self.accept = self.submit(Owner::Core, op);
-    }
-
     /// Starts what the backlog holds, until it is empty (starting one may add more).
-    pub(crate) fn run_backlog(&mut self) {
+    fn run_backlog(&mut self) {
         while let Some(Backlog { conn, outgoing }) = self.backlog.pop_front() {
             match conn {
                 Some(conn) => self.begin(conn, outgoing),
                 None => self.connect(outgoing),
-            }
-        }
-    }
-
-    /// Puts an operation in the slab and its SQE in the ring. `None` (and nothing armed) if
-    /// the ring refused it.
-    pub(crate) fn submit(&mut self, owner: Owner, op: Op) -> Option<OpKey> {
-        let key = self.ops.insert(owner, op);
-        let entry = self.ops.get_mut(key)?.op.entry().user_data(key.user_data());
-        // SAFETY: every pointer in `entry` refers to memory the operation owns (heap memory that
-        // does not move when the operation moves); the operation stays in `self.ops` until its
-        // last completion, and is leaked rather than freed if the core stops before that.
-        match unsafe { self.ring.push(&entry) } {
-            Ok(()) => Some(key),
-            Err(e) => {
-                tracing::error!(error = %e, "cannot submit to the ring");
-                self.ops.remove(key);
-                None
-            }
-        }
-    }
-
-    /// Submits an operation that is still in the slab again (the rest of a send).
-    pub(crate) fn resubmit(&mut self, key: OpKey) -> bool {
-        let Some(entry) = self.ops.get_mut(key) else {
-            return false;
-        };
-        let entry = entry.op.entry().user_data(key.user_data());
-        // SAFETY: as in `submit`: the operation owns what the entry points to and stays in the
-        // slab until its last completion.
-        match unsafe { self.ring.push(&entry) } {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot submit to the ring");
-                false
             }
         }
     }
@@ -520,9 +409,9 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
 }
 
 /// A request to start once the current handler is done: on a connection, or on a new one.
-pub(crate) struct Backlog {
-    pub(crate) conn: Option<ConnKey>,
-    pub(crate) outgoing: Outgoing,
+struct Backlog {
+    conn: Option<ConnKey>,
+    outgoing: Outgoing,
 }
 
 impl Drop for Core {

@@ -7,15 +7,15 @@ use std::sync::Arc;
 use tensorwire_proto::session::{Checkin, Checkout, ClientEvent, ClientSession, WaiterId};
 use tensorwire_proto::transport::Error;
 
+use super::{Backlog, Core};
 use crate::sys;
 use crate::uring::commands::{Event, Outgoing};
 use crate::uring::conn::{Client, Conn, ConnKey, InFlight, Role};
-use crate::uring::core::{Backlog, Core};
 use crate::uring::op::{Connect, Op, Owner};
 
 impl Core {
     /// A new request: on an idle pooled connection, a new one, or in the queue for its peer.
-    pub(crate) fn start_outgoing(&mut self, outgoing: Outgoing) {
+    pub(super) fn start_outgoing(&mut self, outgoing: Outgoing) {
         if outgoing.completion.is_cancelled() {
             return outgoing.completion.complete(Err(Error::Cancelled));
         }
@@ -43,7 +43,7 @@ impl Core {
     }
 
     /// Opens a connection for `outgoing` (already counted as open by the pool).
-    pub(crate) fn connect(&mut self, outgoing: Outgoing) {
+    pub(super) fn connect(&mut self, outgoing: Outgoing) {
         let peer = outgoing.peer;
         if outgoing.completion.is_cancelled() || self.stopping {
             let error = if self.stopping {
@@ -120,7 +120,7 @@ impl Core {
     }
 
     /// Starts `outgoing` on connection `key` (idle, or still connecting).
-    pub(crate) fn begin(&mut self, key: ConnKey, outgoing: Outgoing) {
+    pub(super) fn begin(&mut self, key: ConnKey, outgoing: Outgoing) {
         let now = self.now;
         if outgoing.completion.is_cancelled() {
             outgoing.completion.complete(Err(Error::Cancelled));
@@ -163,7 +163,7 @@ impl Core {
         self.pump(key);
     }
 
-    pub(crate) fn on_connected(&mut self, key: ConnKey, res: i32) {
+    pub(super) fn on_connected(&mut self, key: ConnKey, res: i32) {
         let Some(Conn {
             role: Role::Client(client),
             ..
@@ -184,7 +184,7 @@ impl Core {
 
     /// Handles what the client session asks for; a connection that finished its request and
     /// is still in step goes back to the pool (or to the next waiting request).
-    pub(crate) fn client_events(&mut self, key: ConnKey) {
+    pub(super) fn client_events(&mut self, key: ConnKey) {
         loop {
             let Some(Conn {
                 role: Role::Client(client),
@@ -243,14 +243,14 @@ impl Core {
     }
 
     /// A request waiting for a connection was given up by its caller.
-    pub(crate) fn on_cancel_waiting(&mut self, id: WaiterId) {
+    pub(super) fn on_cancel_waiting(&mut self, id: WaiterId) {
         if let Some(outgoing) = self.pool.cancel(id) {
             outgoing.completion.complete(Err(Error::Cancelled));
         }
     }
 
     /// The caller of request `request` on connection `key` gave up.
-    pub(crate) fn on_cancel(&mut self, key: ConnKey, request: u64) {
+    pub(super) fn on_cancel(&mut self, key: ConnKey, request: u64) {
         let Some(Conn {
             role: Role::Client(client),
             ..
@@ -266,7 +266,7 @@ impl Core {
 
     /// Requests whose deadline passed while they waited for a connection; idle connections
     /// above the cap that stayed idle too long.
-    pub(crate) fn pool_timeouts(&mut self) {
+    pub(super) fn pool_timeouts(&mut self) {
         if self.pool.poll_timeout().is_none_or(|at| at > self.now) {
             return;
         }

@@ -1,0 +1,127 @@
+//! A core's connections: server and client connections, each owning its socket and its
+//! session, and saying which receive and send it wants next (the core submits them). Operations in flight hold their own reference to the socket, so a connection
+//! can be dropped at any time: its descriptor closes when the last operation on it completes.
+
+use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tensorwire_proto::session::{ClientSession, DrivenSession, ServerSession};
+use tensorwire_proto::transport::{Completion, Withdraw};
+
+pub(crate) use crate::uring::keys::ConnKey;
+use crate::uring::keys::OpKey;
+use crate::uring::op::SendMsg;
+
+mod receive;
+mod slab;
+
+pub(crate) use slab::ConnSlab;
+
+/// One TCP connection.
+pub(crate) struct Conn {
+    pub(crate) fd: Arc<OwnedFd>,
+    pub(crate) role: Role,
+    /// The receive in flight, if any (set only once its submission succeeded).
+    pub(crate) recv_op: Option<OpKey>,
+    /// The send in flight, if any.
+    pub(crate) send_op: Option<OpKey>,
+    /// The deadline queued in the core's timers.
+    pub(crate) timer: Option<Instant>,
+    /// `SO_RCVLOWAT` as last set (1, the kernel's default).
+    low_water: usize,
+    /// Frames may go out with `SENDMSG_ZC`.
+    pub(crate) zero_copy: bool,
+    /// Segments that arrived out of order so far, as last read (a loss upstream).
+    out_of_order: u32,
+    /// Receive steps left that take what comes instead of waiting for a low-water mark,
+    /// since the last loss.
+    marks_off: u32,
+}
+
+pub(crate) enum Role {
+    Server(Server),
+    Client(Client),
+}
+
+pub(crate) struct Server {
+    pub(crate) session: ServerSession,
+    pub(crate) peer: Option<SocketAddr>,
+    /// The request waiting for mailbox space, to withdraw if the session gives up on it.
+    pub(crate) waiting: Option<(u64, Box<dyn Withdraw>)>,
+}
+
+pub(crate) struct Client {
+    pub(crate) session: ClientSession,
+    pub(crate) peer: SocketAddr,
+    /// The connect in flight.
+    pub(crate) connecting: Option<OpKey>,
+    /// The request being carried.
+    pub(crate) current: Option<InFlight>,
+    /// Whether the connection sits idle in the pool.
+    pub(crate) pooled: bool,
+}
+
+pub(crate) struct InFlight {
+    /// Distinguishes the requests carried by one connection (for cancellation).
+    pub(crate) id: u64,
+    pub(crate) completion: Box<dyn Completion>,
+}
+
+impl Conn {
+    pub(crate) fn new(fd: Arc<OwnedFd>, role: Role, zero_copy: bool) -> Self {
+        Self {
+            fd,
+            role,
+            recv_op: None,
+            send_op: None,
+            timer: None,
+            low_water: 1,
+            zero_copy,
+            out_of_order: 0,
+            marks_off: 0,
+        }
+    }
+}
+
+impl Conn {
+    /// The session, whichever the role: what the I/O code drives.
+    pub(crate) fn session(&mut self) -> &mut dyn DrivenSession {
+        match &mut self.role {
+            Role::Server(server) => &mut server.session,
+            Role::Client(client) => &mut client.session,
+        }
+    }
+
+    /// The send the connection wants next, if its session has bytes to send and none is in
+    /// flight; with `SENDMSG_ZC` if the connection may and the frame is at least
+    /// `zero_copy_min` bytes (`None`: the ring has no zero-copy send).
+    pub(crate) fn next_send(
+        &mut self,
+        now: Instant,
+        zero_copy_min: Option<u64>,
+        quantum: usize,
+    ) -> Option<SendMsg> {
+        if self.send_op.is_some() {
+            return None;
+        }
+        let transmit = self.session().poll_transmit(now)?;
+        let zero_copy =
+            self.zero_copy && zero_copy_min.is_some_and(|min| transmit.wire_len() >= min);
+        Some(SendMsg::new(
+            Arc::clone(&self.fd),
+            transmit,
+            quantum,
+            zero_copy,
+        ))
+    }
+
+    /// Whether the kernel holds an operation of this connection (a receive, a send, a
+    /// connect): closing it then needs a cancel, and it cannot be handed off.
+    pub(crate) fn in_kernel(&self) -> bool {
+        self.recv_op.is_some()
+            || self.send_op.is_some()
+            || matches!(&self.role, Role::Client(client) if client.connecting.is_some())
+    }
+}
