@@ -57,11 +57,13 @@ fn asks_of_every_shape_round_trip_over_shared_memory() {
             );
         }
     }
-    let after = stats::global().snapshot();
+    // A sender counts a message once its transmit returned, which may be just after the
+    // receiver answered: the count is read until it is there.
     assert!(
-        after.shm_messages_sent >= before + 20,
+        eventually(|| stats::global().snapshot().shm_messages_sent >= before + 20),
         "requests and replies went over shared memory"
     );
+    let after = stats::global().snapshot();
     assert_eq!(after.active_copy_model.as_str(), "shared_memory");
     assert_eq!(
         client.stats().shm_connections,
@@ -141,9 +143,8 @@ fn a_small_message_travels_in_the_datagram_and_holds_no_memory() {
     let incoming = inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap();
     assert_eq!(incoming.request().message, patterned(3, 3, 4096));
     assert_eq!(client.stats().shm_leases, 0, "no slot was lent for it");
-    let after = stats::global().snapshot();
     assert!(
-        after.shm_messages_sent > before.shm_messages_sent,
+        eventually(|| stats::global().snapshot().shm_messages_sent > before.shm_messages_sent),
         "it went over shared memory"
     );
 }
@@ -277,9 +278,8 @@ fn auto_picks_shared_memory_only_for_a_peer_that_proved_it_is_on_this_host() {
         ),
         message
     );
-    let after = stats::global().snapshot();
     assert!(
-        after.shm_messages_sent > before.shm_messages_sent,
+        eventually(|| stats::global().snapshot().shm_messages_sent > before.shm_messages_sent),
         "same host: shared memory"
     );
     // A node without shared memory is reached over PTR1.
@@ -401,7 +401,10 @@ fn a_sender_whose_memory_is_all_held_waits_for_credit_then_goes_over_ptr1() {
         again.request().local_peer.is_some(),
         "it came over shared memory"
     );
-    assert!(stats::global().snapshot().shm_messages_sent > before.shm_messages_sent);
+    // Counted once the transmit returned (see above).
+    assert!(eventually(
+        || stats::global().snapshot().shm_messages_sent > before.shm_messages_sent
+    ));
 }
 
 #[test]
