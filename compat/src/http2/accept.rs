@@ -14,7 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::http2::prefixed::Prefixed;
 use crate::http2::service::{self, Peer};
-use crate::http2::tls::{ALPN_H2, identity};
+use crate::http2::tls::{ALPN_H2, identity, read_ahead};
 use crate::http2::{Guard, Shared};
 
 /// What a connection's first bytes say it is.
@@ -96,8 +96,11 @@ async fn serve_tls(shared: &Arc<Shared>, addr: SocketAddr, io: Prefixed<TcpStrea
         tracing::debug!(%addr, "TLS refused: this node has no TLS certificate");
         return;
     };
-    let handshake =
-        tokio::time::timeout(shared.config.handshake_timeout, acceptor.accept(io)).await;
+    let handshake = tokio::time::timeout(
+        shared.config.handshake_timeout,
+        acceptor.accept(read_ahead(io)),
+    )
+    .await;
     let stream = match handshake {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) => return tracing::debug!(%addr, error = %e, "TLS handshake failed"),

@@ -24,7 +24,7 @@ use tokio::sync::{Mutex as AsyncMutex, oneshot};
 use crate::http2::prefixed::Prefixed;
 use crate::http2::recv::{self, MinRate, RecvError};
 use crate::http2::send_body::ChunkBody;
-use crate::http2::tls::ALPN_H2;
+use crate::http2::tls::{ALPN_H2, read_ahead};
 use crate::http2::wire;
 use crate::http2::{Guard, Shared};
 
@@ -358,7 +358,7 @@ async fn connect(shared: &Arc<Shared>, peer: SocketAddr) -> Result<SendRequest<C
             let connector = tokio_rustls::TlsConnector::from(Arc::clone(&tls.client));
             let stream = tokio::time::timeout(
                 shared.config.handshake_timeout,
-                connector.connect(name, tcp),
+                connector.connect(name, read_ahead(tcp)),
             )
             .await
             .map_err(|_| Error::Timeout {
