@@ -7,12 +7,13 @@ use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use tensorwire_proto::session::{ClientRequest, WaiterId};
 use tensorwire_proto::transport::{Completion, Error, Reply};
 
+use crate::sync::lock;
 use crate::sys;
 use crate::uring::conn::ConnKey;
 
@@ -78,22 +79,54 @@ pub(crate) struct CoreShared {
     pub(crate) operations: AtomicUsize,
     pub(crate) peers: AtomicUsize,
     pub(crate) waiting: AtomicUsize,
-    /// Why the core stopped serving while the node lives (its ring failed, or recovering
-    /// from a panic panicked): set once, and the driver sends it nothing more.
-    pub(crate) failure: OnceLock<String>,
+    /// Whether the core is out of the driver (it failed, and is not restarted or not yet):
+    /// the driver sends it nothing while it is.
+    failed: AtomicBool,
+    /// Why it failed (its ring failed, or recovering from a panic panicked).
+    failure: Mutex<Option<String>>,
+    /// How often the core was restarted after a failure.
+    pub(crate) restarts: AtomicUsize,
 }
 
 impl CoreShared {
     /// The error for a request this core cannot carry because it failed.
     pub(crate) fn failed_error(&self) -> Option<Error> {
-        self.failure.get().map(|reason| Error::DriverFailed {
+        self.failure().map(|reason| Error::DriverFailed {
             driver: "io_uring",
-            reason: reason.clone(),
+            reason,
         })
+    }
+
+    /// Whether the core is out of the driver.
+    pub(crate) fn is_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    /// Why the core is out of the driver, if it is.
+    pub(crate) fn failure(&self) -> Option<String> {
+        if !self.is_failed() {
+            return None;
+        }
+        lock(&self.failure).clone()
+    }
+
+    /// Takes the core out of the driver, for `reason`.
+    pub(crate) fn set_failed(&self, reason: String) {
+        *lock(&self.failure) = Some(reason);
+        self.failed.store(true, Ordering::Release);
+    }
+
+    /// Puts a restarted core back into the driver.
+    pub(crate) fn revive(&self) {
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+        self.failed.store(false, Ordering::Release);
+        *lock(&self.failure) = None;
     }
 }
 
-/// The receiving ends, owned by the core.
+/// The receiving ends, owned by the core (a clone waits on the core's thread for a core
+/// restarted after a failure).
+#[derive(Clone)]
 pub(crate) struct Inbox {
     pub(crate) requests: Receiver<Outgoing>,
     pub(crate) events: Receiver<Event>,
@@ -120,7 +153,9 @@ impl CoreHandle {
             operations: AtomicUsize::new(0),
             peers: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
-            failure: OnceLock::new(),
+            failed: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            restarts: AtomicUsize::new(0),
         });
         let inbox = Inbox {
             requests: requests_rx,

@@ -12,6 +12,7 @@ mod core;
 mod keys;
 mod op;
 mod ring;
+mod supervise;
 #[cfg(test)]
 mod tests;
 mod timers;
@@ -73,6 +74,9 @@ pub(crate) struct UringConfig {
     pub(crate) shutdown_timeout: Duration,
     /// How long a core polls instead of sleeping after work for a lone conversation.
     pub(crate) busy_poll: Duration,
+    /// How often a failed core is restarted on a new ring within a minute, at most (then it
+    /// stays out of the driver).
+    pub(crate) core_restarts: u32,
 }
 
 /// What every core of a driver shares.
@@ -164,7 +168,7 @@ impl UringDriver {
                 driver: "io_uring",
                 reason: format!(
                     "every core thread failed (the first: {})",
-                    first.shared.failure.get().map_or("", String::as_str)
+                    first.shared.failure().unwrap_or_default()
                 ),
             }),
             (None, None) => Err(Error::Shutdown),
@@ -178,7 +182,7 @@ pub(crate) fn next_live<'a>(cores: &'a [CoreHandle], next: &AtomicUsize) -> Opti
     let start = next.fetch_add(1, Ordering::Relaxed);
     (0..count)
         .filter_map(|step| cores.get(start.wrapping_add(step) % count))
-        .find(|core| core.shared.failure.get().is_none())
+        .find(|core| !core.shared.is_failed())
 }
 
 impl Outbound for UringDriver {
@@ -227,7 +231,7 @@ impl Driver for UringDriver {
             gauges.operations += shared.operations.load(Ordering::Relaxed);
             gauges.peers += shared.peers.load(Ordering::Relaxed);
             gauges.waiting += shared.waiting.load(Ordering::Relaxed);
-            gauges.failed_cores += usize::from(shared.failure.get().is_some());
+            gauges.failed_cores += usize::from(shared.is_failed());
         }
         gauges
     }
@@ -272,7 +276,7 @@ fn spawn_core(
         .spawn(move || match ring::Ring::new(config.ring_entries) {
             Ok(ring) => {
                 let _ = ready_tx.send(Ok(()));
-                core::Core::new(ring, ctx, core_handle, inbox, Some(listener)).run();
+                supervise::run_core_thread(index, ring, ctx, core_handle, inbox, listener, config);
             }
             Err(e) => {
                 let _ = ready_tx.send(Err(e));

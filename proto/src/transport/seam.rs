@@ -186,8 +186,9 @@ pub struct DriverGauges {
     pub peers: usize,
     /// Requests waiting for a connection to their peer (at its connection cap).
     pub waiting: usize,
-    /// Driver threads taken out after a failure (their ring failed, or recovering from a
-    /// panic did; the log says why): the others carry the node's requests.
+    /// Driver threads out of the driver now after a failure (their ring failed, or recovering
+    /// from a panic did; the log says why), not restarted (yet, or any more): the others carry
+    /// the node's requests.
     pub failed_cores: usize,
 }
 

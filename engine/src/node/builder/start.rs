@@ -22,6 +22,9 @@ use crate::{stats, uring};
 
 use super::{NodeBuilder, ShmAccess};
 
+/// How often an io_uring core that failed is restarted on a new ring within a minute, at most.
+const CORE_RESTARTS_PER_MINUTE: u32 = 3;
+
 const NO_FALLBACK_HINT: &str = "plug in the tokio fallback with \
     NodeBuilder::fallback(Arc::new(tensorwire_compat::TokioFallback::default()))";
 
@@ -116,6 +119,7 @@ impl NodeBuilder {
                     zero_copy_min_bytes: self.zero_copy_min_bytes,
                     shutdown_timeout: self.shutdown_timeout,
                     busy_poll: self.busy_poll,
+                    core_restarts: CORE_RESTARTS_PER_MINUTE,
                 };
                 Box::new(UringDriver::start(setup(listener), config)?)
             }

@@ -58,27 +58,43 @@ pub(super) struct Core {
     recent_conns: [(Option<ConnKey>, Instant); 2],
     /// The time of the current loop turn.
     now: Instant,
+    /// The core failed while it was not stopping: a new core may take its place.
+    restartable: bool,
     /// A fault the driver's tests injected.
     #[cfg(test)]
     fault: Option<Fault>,
 }
 
 impl Core {
+    /// A core on `ring`; `remains` are those of the failed core it replaces, if any.
     pub(super) fn new(
         ring: Ring,
         ctx: Arc<Context>,
         handle: CoreHandle,
         inbox: Inbox,
         listener: Option<RawFd>,
+        remains: Option<Box<Remains>>,
     ) -> Self {
+        let Remains {
+            conns,
+            pool,
+            next_request,
+        } = remains.map_or_else(
+            || Remains {
+                conns: ConnSlab::default(),
+                pool: ConnectionPool::new(ctx.pool),
+                next_request: 0,
+            },
+            |remains| *remains,
+        );
         Self {
             ring,
-            pool: ConnectionPool::new(ctx.pool),
+            pool,
             ctx,
             handle,
             inbox,
             ops: OpSlab::default(),
-            conns: ConnSlab::default(),
+            conns,
             timers: Timers::default(),
             listener,
             accept: None,
@@ -86,21 +102,24 @@ impl Core {
             accept_multishot: true,
             accept_retry_at: None,
             stopping: false,
-            next_request: 0,
+            next_request,
             completions: std::collections::VecDeque::with_capacity(256),
             backlog: std::collections::VecDeque::new(),
             last_work: Instant::now(),
             recent_conns: [(None, Instant::now()); 2],
             now: Instant::now(),
+            restartable: false,
             #[cfg(test)]
             fault: None,
         }
     }
 
-    /// Runs until shut down. A panic in a turn (a handler run on the core, the drop of a user's
-    /// buffer, a hand-off callback, a waker) is caught: every connection is closed, the
-    /// operations in flight keep their memory until the kernel is done, and the core goes on.
-    pub(super) fn run(mut self) {
+    /// Runs until shut down or failed. A panic in a turn (a handler run on the core, the drop of
+    /// a user's buffer, a hand-off callback, a waker) is caught: every connection is closed,
+    /// the operations in flight keep their memory until the kernel is done, and the core goes
+    /// on. A core whose ring failed, or whose recovery panicked, ends with what a new core
+    /// needs to take its place.
+    pub(super) fn run(mut self) -> Ended {
         self.handle.enter();
         self.arm_wake();
         self.arm_accept();
@@ -150,18 +169,30 @@ impl Core {
         while let Ok(outgoing) = self.inbox.requests.try_recv() {
             outgoing.completion.complete(Err(self.stop_error()));
         }
+        if !self.restartable {
+            return Ended::Stopped;
+        }
+        let pool = ConnectionPool::new(self.ctx.pool);
+        Ended::Failed(Box::new(Remains {
+            conns: std::mem::take(&mut self.conns),
+            pool: std::mem::replace(&mut self.pool, pool),
+            next_request: self.next_request,
+        }))
     }
 
-    /// Takes this core out of its driver for good (the driver sends it nothing more, and says
-    /// why in every error once no core is left), then fails everything it holds.
+    /// Takes this core out of its driver (the driver sends it nothing more until a new core
+    /// takes its place, and says why in every error once no core is left), then fails
+    /// everything it holds.
     fn fail(&mut self, reason: String) {
         tracing::error!(
             reason = %reason,
             "a core thread failed and is taken out of the driver; the other cores go on"
         );
-        let _ = self.handle.shared.failure.set(reason);
+        self.restartable = !self.stopping;
+        self.handle.shared.set_failed(reason);
         let stopped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.stop_all()));
         if stopped.is_err() {
+            self.restartable = false; // what it holds is in doubt: nothing is handed on
             tracing::error!("failing the requests of a failed core panicked");
         }
     }
@@ -406,6 +437,25 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
         .copied()
         .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("(no message)")
+}
+
+/// How a core's run ended.
+pub(super) enum Ended {
+    /// Shut down (or failed while shutting down): nothing takes its place.
+    Stopped,
+    /// Failed while serving: a new core on a new ring may take its place, with these.
+    Failed(Box<Remains>),
+}
+
+/// What a failed core hands to the core that replaces it: its connection slab and its pool,
+/// both emptied by the failure, and its request counter. The new core hands out connection
+/// keys, waiter ids and request ids that go on from these, so an answer or a cancel still on
+/// its way for one of the old connections finds nothing instead of a new connection that
+/// happens to reuse its number.
+pub(super) struct Remains {
+    conns: ConnSlab,
+    pool: ConnectionPool<ConnKey, Outgoing>,
+    next_request: u64,
 }
 
 /// A request to start once the current handler is done: on a connection, or on a new one.
