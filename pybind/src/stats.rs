@@ -74,6 +74,7 @@ pub(crate) fn node_stats<'py>(py: Python<'py>, node: &Node) -> PyResult<Bound<'p
             ("peers", gauges.peers),
             ("waiting", gauges.waiting),
             ("failed_cores", gauges.failed_cores),
+            ("core_restarts", gauges.core_restarts),
         ]
         .into_py_dict(py)?,
     )?;

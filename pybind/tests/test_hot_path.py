@@ -116,6 +116,7 @@ def test_stats_carry_the_seeds_values_and_structured_gauges(server: tw.Node, nod
     stats = node.stats()
     assert isinstance(stats["pool"], dict) and all(isinstance(v, int) for v in stats["pool"].values())
     assert isinstance(stats["gauges"]["connections"], int)
+    assert stats["gauges"]["failed_cores"] == 0 and stats["gauges"]["core_restarts"] == 0
     assert stats["shm"]["connections"] >= 1 and isinstance(stats["shm"]["segment_bytes"], int)
 
 

@@ -232,6 +232,7 @@ impl Driver for UringDriver {
             gauges.peers += shared.peers.load(Ordering::Relaxed);
             gauges.waiting += shared.waiting.load(Ordering::Relaxed);
             gauges.failed_cores += usize::from(shared.is_failed());
+            gauges.core_restarts += shared.restarts.load(Ordering::Relaxed);
         }
         gauges
     }

@@ -193,6 +193,7 @@ fn a_failed_core_is_restarted_on_a_new_ring_and_serves_requests_and_connections_
     driver.cores[0].post(Event::Fault(Fault::RingError));
     wait_restarted(&driver, 0, 1);
     assert_eq!(driver.gauges().failed_cores, 0);
+    assert_eq!(driver.gauges().core_restarts, 1);
     let err = ask(&driver, closed_port());
     assert!(
         matches!(err, Error::Connect { .. }),

@@ -190,6 +190,9 @@ pub struct DriverGauges {
     /// from a panic did; the log says why), not restarted (yet, or any more): the others carry
     /// the node's requests.
     pub failed_cores: usize,
+    /// Times a failed driver thread was restarted (io_uring: a new core on a new ring, at most
+    /// 3 times a minute per thread).
+    pub core_restarts: usize,
 }
 
 /// Starts a PTR1 driver for a node: how the tokio fallback (or any other driver) is plugged in.
