@@ -27,6 +27,7 @@
 mod blocking;
 mod endpoint;
 mod node;
+mod panics;
 mod pending;
 mod pool;
 pub mod shm;

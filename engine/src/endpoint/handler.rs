@@ -8,6 +8,7 @@ use std::thread::JoinHandle;
 use tensorwire_proto::transport::{Error, Reply};
 
 use crate::endpoint::{Mailbox, Request};
+use crate::panics::panic_text;
 
 /// A request handler: its result answers an ask (`Err(text)` reaches the asker as a remote
 /// error); for a tell it is ignored.
@@ -49,13 +50,4 @@ pub(crate) fn spawn_handler_threads(
                 .map_err(|e| Error::io("spawning a handler thread", e))
         })
         .collect()
-}
-
-/// The message of a panic payload, if it has one.
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
-    payload
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(no message)")
 }

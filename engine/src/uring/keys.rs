@@ -26,3 +26,31 @@ impl OpKey {
         }
     }
 }
+
+/// A key of a [`crate::uring::slab::Slab`]: a slot index and the slot's generation.
+pub(crate) trait SlabKey: Copy {
+    fn new(index: u32, generation: u32) -> Self;
+    fn index(self) -> u32;
+    fn generation(self) -> u32;
+}
+
+macro_rules! slab_key {
+    ($key:ty) => {
+        impl SlabKey for $key {
+            fn new(index: u32, generation: u32) -> Self {
+                Self { index, generation }
+            }
+
+            fn index(self) -> u32 {
+                self.index
+            }
+
+            fn generation(self) -> u32 {
+                self.generation
+            }
+        }
+    };
+}
+
+slab_key!(ConnKey);
+slab_key!(OpKey);

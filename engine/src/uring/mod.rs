@@ -12,6 +12,7 @@ mod core;
 mod keys;
 mod op;
 mod ring;
+mod slab;
 mod supervise;
 #[cfg(test)]
 mod tests;

@@ -15,9 +15,27 @@ use crate::uring::keys::OpKey;
 use crate::uring::op::SendMsg;
 
 mod receive;
-mod slab;
 
-pub(crate) use slab::ConnSlab;
+/// The connections of one core.
+pub(crate) type ConnSlab = crate::uring::slab::Slab<ConnKey, Conn>;
+
+impl ConnSlab {
+    /// The client side of connection `key`, if it is one.
+    pub(crate) fn client_mut(&mut self, key: ConnKey) -> Option<&mut Client> {
+        match &mut self.get_mut(key)?.role {
+            Role::Client(client) => Some(client),
+            Role::Server(_) => None,
+        }
+    }
+
+    /// The server side of connection `key`, if it is one.
+    pub(crate) fn server_mut(&mut self, key: ConnKey) -> Option<&mut Server> {
+        match &mut self.get_mut(key)?.role {
+            Role::Server(server) => Some(server),
+            Role::Client(_) => None,
+        }
+    }
+}
 
 /// One TCP connection.
 pub(crate) struct Conn {

@@ -100,11 +100,7 @@ impl Core {
             .insert(Conn::new(Arc::clone(&fd), Role::Client(client), zero_copy));
         match self.submit(Owner::Conn(key), Op::Connect(Connect::new(fd, peer))) {
             Some(op) => {
-                if let Some(Conn {
-                    role: Role::Client(client),
-                    ..
-                }) = self.conns.get_mut(key)
-                {
+                if let Some(client) = self.conns.client_mut(key) {
                     client.connecting = Some(op);
                 }
                 self.begin(key, outgoing);
@@ -128,11 +124,7 @@ impl Core {
         }
         let id = self.next_request;
         self.next_request += 1;
-        let Some(Conn {
-            role: Role::Client(client),
-            ..
-        }) = self.conns.get_mut(key)
-        else {
+        let Some(client) = self.conns.client_mut(key) else {
             return outgoing.completion.complete(Err(Error::Shutdown));
         };
         let Outgoing {
@@ -164,11 +156,7 @@ impl Core {
     }
 
     pub(super) fn on_connected(&mut self, key: ConnKey, res: i32) {
-        let Some(Conn {
-            role: Role::Client(client),
-            ..
-        }) = self.conns.get_mut(key)
-        else {
+        let Some(client) = self.conns.client_mut(key) else {
             return;
         };
         client.connecting = None;
@@ -186,11 +174,7 @@ impl Core {
     /// is still in step goes back to the pool (or to the next waiting request).
     pub(super) fn client_events(&mut self, key: ConnKey) {
         loop {
-            let Some(Conn {
-                role: Role::Client(client),
-                ..
-            }) = self.conns.get_mut(key)
-            else {
+            let Some(client) = self.conns.client_mut(key) else {
                 return;
             };
             match client.session.poll_event() {
@@ -207,11 +191,7 @@ impl Core {
                 None => break,
             }
         }
-        let Some(Conn {
-            role: Role::Client(client),
-            ..
-        }) = self.conns.get_mut(key)
-        else {
+        let Some(client) = self.conns.client_mut(key) else {
             return;
         };
         if client.current.is_none() && !client.pooled && client.session.is_reusable() {
@@ -222,11 +202,7 @@ impl Core {
     /// A connection that finished its request and is in step goes back to the pool, or to the
     /// next request waiting for its peer (started from the backlog, not from here).
     fn release(&mut self, key: ConnKey) {
-        let Some(Conn {
-            role: Role::Client(client),
-            ..
-        }) = self.conns.get_mut(key)
-        else {
+        let Some(client) = self.conns.client_mut(key) else {
             return;
         };
         if client.current.is_some() || client.pooled || !client.session.is_reusable() {
@@ -251,11 +227,7 @@ impl Core {
 
     /// The caller of request `request` on connection `key` gave up.
     pub(super) fn on_cancel(&mut self, key: ConnKey, request: u64) {
-        let Some(Conn {
-            role: Role::Client(client),
-            ..
-        }) = self.conns.get_mut(key)
-        else {
+        let Some(client) = self.conns.client_mut(key) else {
             return;
         };
         if client.current.as_ref().is_some_and(|c| c.id == request) {

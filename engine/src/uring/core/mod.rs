@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tensorwire_proto::session::ConnectionPool;
 use tensorwire_proto::transport::Error;
 
+use crate::panics::panic_text;
 use crate::uring::Context;
 #[cfg(test)]
 use crate::uring::commands::Fault;
@@ -153,12 +154,12 @@ impl Core {
             if self.stopping {
                 let deadline =
                     *stop_deadline.get_or_insert_with(|| self.now + self.ctx.shutdown_timeout);
-                if self.conns.len() == 0 && self.ops.live() == 0 {
+                if self.conns.len() == 0 && self.ops.len() == 0 {
                     break;
                 }
                 if self.now >= deadline {
                     tracing::warn!(
-                        operations = self.ops.live(),
+                        operations = self.ops.len(),
                         "operations still in flight at shutdown (a zero-copy notification that never came?); leaking their memory"
                     );
                     break;
@@ -424,19 +425,10 @@ impl Core {
             .connections
             .store(self.conns.len(), Ordering::Relaxed);
         shared.timers.store(self.timers.len(), Ordering::Relaxed);
-        shared.operations.store(self.ops.live(), Ordering::Relaxed);
+        shared.operations.store(self.ops.len(), Ordering::Relaxed);
         shared.peers.store(self.pool.peers(), Ordering::Relaxed);
         shared.waiting.store(self.pool.waiting(), Ordering::Relaxed);
     }
-}
-
-/// The message of a caught panic.
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
-    panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(no message)")
 }
 
 /// How a core's run ended.
@@ -466,7 +458,7 @@ struct Backlog {
 
 impl Drop for Core {
     fn drop(&mut self) {
-        if self.ops.live() > 0 {
+        if self.ops.len() > 0 {
             // The kernel may still write into memory of these operations: never free it. (The
             // ring itself may close: the kernel keeps what it needs of it.)
             std::mem::forget(std::mem::take(&mut self.ops));

@@ -8,7 +8,7 @@ use std::time::Duration;
 use io_uring::cqueue;
 
 use super::Core;
-use crate::uring::op::{Accept, Op, OpKey, Owner, Read};
+use crate::uring::op::{Accept, Op, OpEntry, OpKey, Owner, Read};
 
 /// Pause before re-arming an accept that failed (for instance out of file descriptors).
 const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(100);
@@ -103,7 +103,7 @@ impl Core {
     /// Puts an operation in the slab and its SQE in the ring. `None` (and nothing armed) if
     /// the ring refused it.
     pub(super) fn submit(&mut self, owner: Owner, op: Op) -> Option<OpKey> {
-        let key = self.ops.insert(owner, op);
+        let key = self.ops.insert(OpEntry { owner, op });
         let entry = self.ops.get_mut(key)?.op.entry().user_data(key.user_data());
         // SAFETY: every pointer in `entry` refers to memory the operation owns (heap memory that
         // does not move when the operation moves); the operation stays in `self.ops` until its

@@ -103,11 +103,7 @@ impl Core {
                     });
                     let delivery = ctx.inbound.deliver(request, responder);
                     // The delivery may have run a handler that answered already (on this core).
-                    let Some(Conn {
-                        role: Role::Server(server),
-                        ..
-                    }) = self.conns.get_mut(key)
-                    else {
+                    let Some(server) = self.conns.server_mut(key) else {
                         return;
                     };
                     match delivery {
@@ -143,11 +139,7 @@ impl Core {
     /// A request that waited for mailbox space got in.
     pub(super) fn on_enqueued(&mut self, key: ConnKey, seq: u64) {
         let now = self.now;
-        if let Some(Conn {
-            role: Role::Server(server),
-            ..
-        }) = self.conns.get_mut(key)
-        {
+        if let Some(server) = self.conns.server_mut(key) {
             if server.waiting.as_ref().is_some_and(|(s, _)| *s == seq) {
                 server.waiting = None;
             }
@@ -160,11 +152,7 @@ impl Core {
     /// session; one for a connection that is gone is dropped).
     pub(super) fn on_answer(&mut self, key: ConnKey, seq: u64, answer: Result<Reply, String>) {
         let now = self.now;
-        if let Some(Conn {
-            role: Role::Server(server),
-            ..
-        }) = self.conns.get_mut(key)
-        {
+        if let Some(server) = self.conns.server_mut(key) {
             server.session.handle_answer(seq, answer, now);
             self.pump(key);
         }

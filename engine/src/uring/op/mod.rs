@@ -61,71 +61,7 @@ pub(crate) struct OpEntry {
     pub(crate) op: Op,
 }
 
-struct Slot {
-    generation: u32,
-    entry: Option<OpEntry>,
-}
-
-/// Operations that may be known to the kernel. An entry leaves only through
-/// [`OpSlab::remove`], called when the operation's last completion has been seen (or its
-/// submission failed); on shutdown with operations still in flight the slab is leaked rather
-/// than freed (see `Core`'s `Drop`).
-#[derive(Default)]
-pub(crate) struct OpSlab {
-    slots: Vec<Slot>,
-    free: Vec<u32>,
-    live: usize,
-}
-
-impl OpSlab {
-    pub(crate) fn insert(&mut self, owner: Owner, op: Op) -> OpKey {
-        let entry = Some(OpEntry { owner, op });
-        self.live += 1;
-        match self.free.pop() {
-            Some(index) => {
-                let slot = &mut self.slots[index as usize];
-                slot.generation = slot.generation.wrapping_add(1);
-                slot.entry = entry;
-                OpKey {
-                    index,
-                    generation: slot.generation,
-                }
-            }
-            None => {
-                let index = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
-                self.slots.push(Slot {
-                    generation: 0,
-                    entry,
-                });
-                OpKey {
-                    index,
-                    generation: 0,
-                }
-            }
-        }
-    }
-
-    pub(crate) fn get_mut(&mut self, key: OpKey) -> Option<&mut OpEntry> {
-        let slot = self.slots.get_mut(key.index as usize)?;
-        if slot.generation != key.generation {
-            return None;
-        }
-        slot.entry.as_mut()
-    }
-
-    pub(crate) fn remove(&mut self, key: OpKey) -> Option<OpEntry> {
-        let slot = self.slots.get_mut(key.index as usize)?;
-        if slot.generation != key.generation {
-            return None;
-        }
-        let entry = slot.entry.take()?;
-        self.free.push(key.index);
-        self.live -= 1;
-        Some(entry)
-    }
-
-    /// Operations not yet completed.
-    pub(crate) fn live(&self) -> usize {
-        self.live
-    }
-}
+/// Operations that may be known to the kernel. An entry leaves only through `remove`, called
+/// when the operation's last completion has been seen (or its submission failed); on shutdown
+/// with operations still in flight the slab is leaked rather than freed (see `Core`'s `Drop`).
+pub(crate) type OpSlab = crate::uring::slab::Slab<OpKey, OpEntry>;
