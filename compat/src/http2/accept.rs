@@ -13,8 +13,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::http2::prefixed::Prefixed;
+use crate::http2::read_ahead::ReadAhead;
 use crate::http2::service::{self, Peer};
-use crate::http2::tls::{ALPN_H2, identity, read_ahead};
+use crate::http2::tls::{ALPN_H2, identity};
 use crate::http2::{Guard, Shared};
 
 /// What a connection's first bytes say it is.
@@ -98,7 +99,7 @@ async fn serve_tls(shared: &Arc<Shared>, addr: SocketAddr, io: Prefixed<TcpStrea
     };
     let handshake = tokio::time::timeout(
         shared.config.handshake_timeout,
-        acceptor.accept(read_ahead(io)),
+        acceptor.accept(ReadAhead::new(io)),
     )
     .await;
     let stream = match handshake {

@@ -22,9 +22,10 @@ use tokio::net::TcpStream;
 use tokio::sync::{Mutex as AsyncMutex, oneshot};
 
 use crate::http2::prefixed::Prefixed;
+use crate::http2::read_ahead::ReadAhead;
 use crate::http2::recv::{self, MinRate, RecvError};
 use crate::http2::send_body::ChunkBody;
-use crate::http2::tls::{ALPN_H2, read_ahead};
+use crate::http2::tls::ALPN_H2;
 use crate::http2::wire;
 use crate::http2::{Guard, Shared};
 
@@ -358,7 +359,7 @@ async fn connect(shared: &Arc<Shared>, peer: SocketAddr) -> Result<SendRequest<C
             let connector = tokio_rustls::TlsConnector::from(Arc::clone(&tls.client));
             let stream = tokio::time::timeout(
                 shared.config.handshake_timeout,
-                connector.connect(name, read_ahead(tcp)),
+                connector.connect(name, ReadAhead::new(tcp)),
             )
             .await
             .map_err(|_| Error::Timeout {

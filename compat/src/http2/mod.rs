@@ -11,6 +11,7 @@ mod accept;
 mod client;
 mod config;
 mod prefixed;
+mod read_ahead;
 mod recv;
 mod send_body;
 mod service;

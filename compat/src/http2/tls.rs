@@ -11,25 +11,9 @@ use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tensorwire_proto::transport::Error;
-use tokio::io::{AsyncRead, BufReader};
 
 /// The only application protocol spoken over TLS.
 pub(crate) const ALPN_H2: &[u8] = b"h2";
-
-/// Bytes taken from the socket at once beneath rustls (see [`read_ahead`]).
-pub(crate) const READ_AHEAD: usize = 1 << 20;
-
-/// `io` with a read buffer of [`READ_AHEAD`] bytes beneath rustls. rustls asks its transport
-/// for at most 4 KiB per read (the read size of its deframer), so without one a 64 MiB body
-/// cost 16,384 `recvfrom` calls; with one, a call takes what the socket holds, up to 1 MiB,
-/// and rustls's reads are copies out of it. One-way TLS at 64 MiB, medians of 3 interleaved
-/// runs: 0.68 → 0.79 GB/s; 256 KiB gave about half that gain, 4 MiB no more than 1 MiB
-/// (`docs/benchmarks.md`). Writes go through unbuffered: rustls already writes its records
-/// in one vectored call. The buffer costs 1 MiB per TLS connection (a peer may park up to
-/// the 32 MiB connection window besides), freed when the connection closes.
-pub(crate) fn read_ahead<S: AsyncRead>(io: S) -> BufReader<S> {
-    BufReader::with_capacity(READ_AHEAD, io)
-}
 
 /// TLS settings of one node: its own certificate (served to clients, and shown to servers
 /// that ask for a client certificate), the CA its peers' certificates must chain to, and
