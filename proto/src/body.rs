@@ -25,6 +25,14 @@ pub trait ReceiveBuffer: AsMut<[u8]> {
     fn prepare(&mut self, range: Range<usize>) {
         let _ = range;
     }
+
+    /// How many bytes from the start of this buffer are backed by memory already committed (a
+    /// pool slot reused warm): exposing them to reads commits nothing new, so a receiver may
+    /// expose them before the bytes that pay for a window arrive. The default, 0, claims
+    /// nothing.
+    fn committed(&self) -> usize {
+        0
+    }
 }
 
 impl ReceiveBuffer for Vec<u8> {
@@ -172,6 +180,28 @@ impl<B: ReceiveBuffer> Body<B> {
             section += 1;
         }
         Ok(())
+    }
+
+    /// Bytes after the exposed ones, in the section that holds the next unexposed byte, whose
+    /// memory exists and is already committed ([`ReceiveBuffer::committed`]): exposing them
+    /// costs no new memory. 0 when that section has no memory yet.
+    pub fn committed_ahead(&self) -> u64 {
+        // Body offset where each section starts, up to the one holding `exposed`.
+        let mut start = self.filled - len_u64(self.offset);
+        for section in self.section..self.section_count() {
+            let len = len_u64(self.section_len(section));
+            let end = start + len;
+            if self.exposed < end {
+                let memory = match section {
+                    0 => None,
+                    n => self.sections[n - 1].as_ref(),
+                };
+                let committed = memory.map_or(0, |m| len_u64(m.committed()).min(len));
+                return (start + committed).saturating_sub(self.exposed);
+            }
+            start = end;
+        }
+        0
     }
 
     /// The exposed, unfilled memory in wire order, as non-empty slices: read the next bytes of

@@ -12,6 +12,7 @@ mod client;
 mod config;
 mod prefixed;
 mod read_ahead;
+mod record_copy;
 mod recv;
 mod send_body;
 mod service;

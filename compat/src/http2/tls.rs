@@ -128,7 +128,7 @@ impl TlsConfigBuilder {
     ///
     /// [`Error::Misuse`] saying which PEM is unreadable or which combination is incomplete.
     pub fn build(self) -> Result<TlsConfig, Error> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(super::record_copy::provider());
         let identity = match &self.identity {
             Some((chain, key)) => {
                 Some((certificates(chain, "certificate chain")?, private_key(key)?))

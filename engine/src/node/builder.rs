@@ -351,10 +351,13 @@ impl NodeBuilder {
     /// instead of sleeping, when it is in a quick request-reply conversation (default 20 µs
     /// where the machine has more than one CPU, else 0; `Duration::ZERO` turns it off).
     ///
-    /// A driver thread polls only after work for a single connection (with more at work it is
-    /// busy anyway); a blocking caller only when its connection's recent exchanges took less
-    /// than twice this. Polling trades at most this much CPU per wait for not paying a sleeping
-    /// thread's wake-up (5–10 µs on a virtual machine) on a round trip of 20–30 µs.
+    /// A driver thread polls only while it carries a single connection and its last idle
+    /// spell lasted at most twice this (with more connections it has work anyway, and polling
+    /// would take the CPU from the threads that produce it); a blocking caller only when its
+    /// connection's recent exchanges took less than twice this. A driver thread's polling
+    /// reads shared memory and enters the kernel only to run work it deferred, never to wait.
+    /// Polling trades at most this much CPU per wait for not paying a sleeping thread's
+    /// wake-up (5–10 µs on a virtual machine) on a round trip of 20–30 µs.
     pub fn busy_poll(mut self, budget: Duration) -> Self {
         self.busy_poll = budget;
         self

@@ -83,6 +83,11 @@ impl Mapping {
         self.len
     }
 
+    /// Bytes from the start whose pages exist for sure.
+    pub(super) fn populated(&self) -> usize {
+        self.populated
+    }
+
     /// Whether every page has been populated (a slot that was filled once).
     pub(super) fn is_warm(&self) -> bool {
         self.populated >= self.len

@@ -417,6 +417,19 @@ impl ReceiveBuffer for PoolBuffer {
             mapping.populate(range.end);
         }
     }
+
+    /// A reused slot's pages exist already (a slot is kept only once filled); a fresh one's
+    /// only as far as they were populated. Heap sections claim nothing.
+    fn committed(&self) -> usize {
+        match &self.storage {
+            Storage::Slot {
+                mapping: Some(mapping),
+                len,
+                ..
+            } => mapping.populated().min(*len),
+            _ => 0,
+        }
+    }
 }
 
 impl RecvStorage for PoolBuffer {
@@ -426,6 +439,10 @@ impl RecvStorage for PoolBuffer {
 
     fn prepare(&mut self, range: Range<usize>) {
         ReceiveBuffer::prepare(self, range);
+    }
+
+    fn committed(&self) -> usize {
+        ReceiveBuffer::committed(self)
     }
 
     fn freeze(self: Box<Self>) -> Bytes {

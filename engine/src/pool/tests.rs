@@ -50,6 +50,27 @@ fn slot_returns_to_the_pool_when_the_last_bytes_drops() {
 }
 
 #[test]
+fn a_reused_slot_says_it_is_committed_and_a_fresh_one_only_as_far_as_it_was_prepared() {
+    let sut = pool(4096, 64 << 20);
+    let mut fresh = sut.take(3 << 20).unwrap();
+    assert_eq!(ReceiveBuffer::committed(&fresh), 0);
+    ReceiveBuffer::prepare(&mut fresh, 0..(1 << 20));
+    assert_eq!(ReceiveBuffer::committed(&fresh), 1 << 20);
+    drop(fresh); // failed half-way: unmapped, not kept
+    drop(filled(&sut, 3 << 20, 1));
+    let reused = sut.take(3 << 20).unwrap();
+    assert_eq!(sut.stats().hits, 1);
+    assert_eq!(ReceiveBuffer::committed(&reused), 3 << 20);
+    assert_eq!(RecvStorage::committed(&reused), 3 << 20);
+    let heap = sut.take(100).unwrap();
+    assert_eq!(
+        ReceiveBuffer::committed(&heap),
+        0,
+        "heap sections claim nothing"
+    );
+}
+
+#[test]
 fn a_slot_of_a_frame_that_failed_half_way_is_unmapped_not_kept() {
     let sut = pool(4096, 64 << 20);
     let mut buffer = sut.take(8 << 20).unwrap();

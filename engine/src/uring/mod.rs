@@ -73,7 +73,7 @@ pub(crate) struct UringConfig {
     pub(crate) zero_copy_min_bytes: u64,
     /// How long shutdown waits for operations in flight before leaking their memory.
     pub(crate) shutdown_timeout: Duration,
-    /// How long a core polls instead of sleeping after work for a lone conversation.
+    /// How long a core polls instead of sleeping after a short idle spell.
     pub(crate) busy_poll: Duration,
     /// How often a failed core is restarted on a new ring within a minute, at most (then it
     /// stays out of the driver).
@@ -91,7 +91,7 @@ pub(crate) struct Context {
     pub(crate) zero_copy: ZeroCopy,
     pub(crate) zero_copy_min: u64,
     pub(crate) shutdown_timeout: Duration,
-    /// How long a core polls without sleeping after work for a lone conversation.
+    /// How long a core polls instead of sleeping after a short idle spell.
     pub(crate) busy_poll: Duration,
     /// Every core of the driver, once all have started: an accepted connection is placed on
     /// the next live one in turn, whichever core's accept took it.

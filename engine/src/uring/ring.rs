@@ -3,7 +3,7 @@
 use std::io;
 use std::time::Duration;
 
-use io_uring::{IoUring, Probe, cqueue, opcode, squeue, types};
+use io_uring::{EnterFlags, IoUring, Probe, cqueue, opcode, squeue, types};
 
 /// Opcodes the engine needs; a kernel without one of them gets the fallback.
 const REQUIRED: [(u8, &str); 8] = [
@@ -139,6 +139,35 @@ impl Ring {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Submits everything queued and runs the work the kernel deferred to this thread (a receive
+    /// whose bytes arrived completes here), without waiting and without arming a timer: an
+    /// `io_uring_enter` with `GETEVENTS` and no minimum. (A wait with a zero timeout instead
+    /// arms an already-expired timer each time, which costs a timer interrupt.)
+    pub(crate) fn submit_and_run(&mut self) -> io::Result<()> {
+        let to_submit = u32::try_from(self.ring.submission().len()).unwrap_or(u32::MAX);
+        // SAFETY: no argument is passed; the queued entries' memory stays valid until their
+        // completions, as `push` requires of its callers.
+        let result = unsafe {
+            self.ring.submitter().enter::<libc::sigset_t>(
+                to_submit,
+                0,
+                EnterFlags::GETEVENTS.bits(),
+                None,
+            )
+        };
+        match result {
+            Ok(_) => Ok(()),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether the kernel has work deferred to this thread (`IORING_SQ_TASKRUN`): bytes arrived
+    /// for a receive, a send can go on. [`Ring::submit_and_run`] runs it.
+    pub(crate) fn has_deferred_work(&mut self) -> bool {
+        self.ring.submission().taskrun()
     }
 
     /// Whether completions are waiting to be drained.

@@ -51,6 +51,11 @@ pub trait RecvStorage: Send + 'static {
         let _ = range;
     }
 
+    /// See [`ReceiveBuffer::committed`]; the default claims nothing.
+    fn committed(&self) -> usize {
+        0
+    }
+
     /// Turns the filled memory into [`Bytes`] without copying.
     fn freeze(self: Box<Self>) -> Bytes;
 }
@@ -93,6 +98,10 @@ impl ReceiveBuffer for RecvBuffer {
 
     fn prepare(&mut self, range: Range<usize>) {
         self.storage.prepare(range);
+    }
+
+    fn committed(&self) -> usize {
+        self.storage.committed()
     }
 }
 

@@ -23,7 +23,6 @@ impl Core {
         let Owner::Conn(conn) = entry.owner else {
             return self.on_own_completion(key, res, flags);
         };
-        self.note_activity(conn);
         match self.ops.get_mut(key).map(|entry| &entry.op) {
             Some(Op::Connect(_)) => {
                 self.ops.remove(key);

@@ -36,16 +36,18 @@ pub(super) fn message(buffers: &[usize]) -> TensorMessage {
     )
 }
 
-/// Heap memory that counts what it hands out and what is prepared (committed) of it.
+/// Heap memory that counts what it hands out and what is prepared (committed) of it; `warm`
+/// memory says all of it is committed already, as a reused pool slot does.
 #[derive(Debug)]
 pub(super) struct CountingMemory {
     pub(super) heap: HeapMemory,
     pub(super) allocations: AtomicUsize,
     pub(super) allocated: AtomicU64,
     pub(super) prepared: Arc<AtomicU64>,
+    pub(super) warm: std::sync::atomic::AtomicBool,
 }
 
-struct Counted(Vec<u8>, Arc<AtomicU64>);
+struct Counted(Vec<u8>, Arc<AtomicU64>, bool);
 
 impl RecvStorage for Counted {
     fn as_mut_slice(&mut self) -> &mut [u8] {
@@ -53,6 +55,9 @@ impl RecvStorage for Counted {
     }
     fn prepare(&mut self, range: std::ops::Range<usize>) {
         self.1.fetch_add(crate::len_u64(range.len()), Relaxed);
+    }
+    fn committed(&self) -> usize {
+        if self.2 { self.0.len() } else { 0 }
     }
     fn freeze(self: Box<Self>) -> Bytes {
         Bytes::from(self.0)
@@ -66,6 +71,7 @@ impl CountingMemory {
             allocations: AtomicUsize::new(0),
             allocated: AtomicU64::new(0),
             prepared: Arc::new(AtomicU64::new(0)),
+            warm: std::sync::atomic::AtomicBool::new(false),
         })
     }
 }
@@ -77,6 +83,7 @@ impl ReceiveMemory for CountingMemory {
         Ok(RecvBuffer::new(Counted(
             vec![0; len],
             Arc::clone(&self.prepared),
+            self.warm.load(Relaxed),
         )))
     }
     fn charge(&self, bytes: u64) -> bool {

@@ -474,6 +474,54 @@ fn memory_is_committed_a_bounded_window_ahead_of_the_bytes_that_arrived() {
     assert_eq!(sut.memory.heap.charged(), 0);
 }
 
+/// A server whose receive memory is a warm pool slot (committed already) and whose budget is
+/// `budget` bytes.
+fn warm_pair(budget: u64) -> (Pair, std::sync::Arc<super::pair::CountingMemory>) {
+    let mut sut = Pair::new();
+    let memory = super::pair::CountingMemory::new(budget);
+    memory.warm.store(true, Relaxed);
+    let shared: std::sync::Arc<dyn crate::transport::ReceiveMemory> = memory.clone();
+    sut.server = crate::session::ServerSession::new(
+        std::sync::Arc::new(SessionConfig::default()),
+        shared,
+        false,
+        sut.now,
+    );
+    (sut, memory)
+}
+
+#[test]
+fn committed_memory_is_exposed_whole_and_the_frame_arrives_in_it() {
+    let (mut sut, memory) = warm_pair(1 << 30);
+    let mut wire = header(1, 12, 0, &[4 << 20]);
+    wire.extend_from_slice(b"/actors/echo");
+    sut.raw_to_server(&wire);
+    // A warm section costs nothing new: all of it is open to reads at once (and charged to
+    // the budget: what is charged is what is exposed), where cold memory opens 64 KiB.
+    assert_eq!(memory.allocations.load(Relaxed), 1);
+    assert_eq!(memory.heap.charged(), 4 << 20);
+    sut.raw_to_server(&vec![9; 4 << 20]);
+    assert_eq!(sut.requests.len(), 1);
+    assert_eq!(sut.requests[0].1.message.buffers[0].len(), 4 << 20);
+    assert!(sut.requests[0].1.message.buffers[0].iter().all(|&b| b == 9));
+    assert_eq!(memory.heap.charged(), 0, "the frame gave its charge back");
+}
+
+#[test]
+fn committed_memory_beyond_the_budget_opens_only_the_window_the_bytes_paid_for() {
+    let (mut sut, memory) = warm_pair(1 << 20);
+    let mut wire = header(1, 12, 0, &[4 << 20]);
+    wire.extend_from_slice(b"/actors/echo");
+    sut.raw_to_server(&wire);
+    assert_eq!(memory.heap.charged(), 64 << 10);
+    sut.raw_to_server(&[1; 1000]);
+    assert_eq!(
+        memory.heap.charged(),
+        (64 << 10) + 1000,
+        "the window slides as before"
+    );
+}
+
 #[test]
 fn a_frame_over_the_receive_budget_is_answered_with_an_error() {
     let mut sut = Pair::new();
