@@ -265,8 +265,7 @@ impl Core {
     /// thread (`IORING_SQ_TASKRUN`), never to wait. Returns whether work arrived.
     fn busy_poll(&mut self, idle_since: Instant) -> io::Result<bool> {
         let budget = self.ctx.busy_poll;
-        if budget.is_zero() || self.conns.len() != 1 || self.last_idle > budget * 2 || self.stopping
-        {
+        if self.stopping || !worth_polling(budget, self.conns.len(), self.last_idle) {
             return Ok(false);
         }
         let until = idle_since + budget;
