@@ -174,7 +174,7 @@ impl Conn {
         interrupt: Option<&dyn Fn() -> bool>,
     ) -> Result<Answer, Error> {
         let begun = Instant::now();
-        let spin = if self.recent <= busy_poll * 2 {
+        let spin = if self.recent <= busy_poll.saturating_mul(2) {
             busy_poll
         } else {
             Duration::ZERO

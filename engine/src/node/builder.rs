@@ -47,6 +47,7 @@ pub struct NodeBuilder {
     request_queue_capacity: usize,
     shutdown_timeout: Duration,
     busy_poll: Duration,
+    core_busy_poll: Duration,
 }
 
 impl std::fmt::Debug for NodeBuilder {
@@ -94,6 +95,7 @@ impl NodeBuilder {
             request_queue_capacity: 65_536,
             shutdown_timeout: Duration::from_secs(5),
             busy_poll: default_busy_poll(),
+            core_busy_poll: default_core_busy_poll(),
         }
     }
 
@@ -347,19 +349,32 @@ impl NodeBuilder {
         self
     }
 
-    /// How long a driver thread, or a caller of a blocking ask, polls for the next message
-    /// instead of sleeping, when it is in a quick request-reply conversation (default 20 µs
-    /// where the machine has more than one CPU, else 0; `Duration::ZERO` turns it off).
-    ///
-    /// A driver thread polls only while it carries a single connection and its last idle
-    /// spell lasted at most twice this (with more connections it has work anyway, and polling
-    /// would take the CPU from the threads that produce it); a blocking caller only when its
-    /// connection's recent exchanges took less than twice this. A driver thread's polling
-    /// reads shared memory and enters the kernel only to run work it deferred, never to wait.
-    /// Polling trades at most this much CPU per wait for not paying a sleeping thread's
-    /// wake-up (5–10 µs on a virtual machine) on a round trip of 20–30 µs.
+    /// How long a caller of a blocking ask polls for its reply instead of sleeping, when it is
+    /// in a quick request-reply conversation (default 20 µs where the machine has more than
+    /// one CPU, else 0; `Duration::ZERO` turns it off). It polls only when its connection's
+    /// recent exchanges took less than twice this. Polling trades at most this much CPU per
+    /// wait for not paying a sleeping thread's wake-up (5–10 µs on a virtual machine) on a
+    /// round trip of 20–30 µs. The shared-memory receiver polls on the same budget.
     pub fn busy_poll(mut self, budget: Duration) -> Self {
         self.busy_poll = budget;
+        self
+    }
+
+    /// How long an io_uring driver thread polls for its next completion instead of sleeping
+    /// (default 250 µs where the machine has more than one CPU, else 0; `Duration::ZERO` turns
+    /// it off).
+    ///
+    /// A driver thread polls only while it carries a single connection and its recent idle
+    /// spells were at most twice this; each poll lasts at most twice the longest recent idle
+    /// spell; and after a poll that found nothing it sleeps through the next 32 idle spells.
+    /// With more connections it has work anyway, and polling would take the CPU from the
+    /// threads that produce it. Polling reads the ring's shared memory and enters the kernel
+    /// only to run work the kernel deferred to the thread, never to wait. What it buys, on
+    /// 2 CPUs (`docs/benchmarks.md`, "Busy-polling"): a thread that does not sleep is not
+    /// pulled onto its peer's CPU when woken, so a 1 MiB round trip's copies run on both CPUs
+    /// at once, and a 4 KiB round trip skips the wake-up.
+    pub fn core_busy_poll(mut self, budget: Duration) -> Self {
+        self.core_busy_poll = budget;
         self
     }
 
@@ -388,10 +403,15 @@ pub enum ShmAccess {
 
 /// 20 µs where there is more than one CPU to poll on, else nothing.
 fn default_busy_poll() -> Duration {
+    if_several_cpus(Duration::from_micros(20))
+}
+
+/// 250 µs where there is more than one CPU to poll on, else nothing.
+fn default_core_busy_poll() -> Duration {
+    if_several_cpus(Duration::from_micros(250))
+}
+
+fn if_several_cpus(budget: Duration) -> Duration {
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-    if cpus > 1 {
-        Duration::from_micros(20)
-    } else {
-        Duration::ZERO
-    }
+    if cpus > 1 { budget } else { Duration::ZERO }
 }

@@ -32,7 +32,8 @@ pub(crate) struct Ring {
 
 impl Ring {
     /// Creates a ring with `SINGLE_ISSUER | DEFER_TASKRUN | COOP_TASKRUN | TASKRUN_FLAG`, retrying
-    /// with fewer flags on `EINVAL` (older kernels), and checks the required opcodes.
+    /// with `COOP_TASKRUN | TASKRUN_FLAG` and then none on `EINVAL` (older kernels), and checks
+    /// the required opcodes.
     ///
     /// Must run on the thread that will use the ring (DEFER_TASKRUN requires it).
     pub(crate) fn new(entries: u32) -> io::Result<Self> {
@@ -40,15 +41,17 @@ impl Ring {
         let mut last = io::Error::from_raw_os_error(libc::EINVAL);
         for flags in [
             "single_issuer|defer_taskrun|coop_taskrun|taskrun_flag",
-            "coop_taskrun",
+            "coop_taskrun|taskrun_flag",
             "none",
         ] {
             let mut builder = IoUring::builder();
             builder.setup_cqsize(cq).dontfork();
             match flags {
                 "none" => {}
-                "coop_taskrun" => {
-                    builder.setup_coop_taskrun();
+                "coop_taskrun|taskrun_flag" => {
+                    // The flag too: a busy-polling core learns from it that deferred work
+                    // waits (`has_deferred_work`); without it, it would spin past it.
+                    builder.setup_coop_taskrun().setup_taskrun_flag();
                 }
                 _ => {
                     builder

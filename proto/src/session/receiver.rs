@@ -15,6 +15,8 @@ use crate::session::read_buf::Lent;
 use crate::session::read_buf::ReadBuf;
 use crate::transport::{ReceiveMemory, RecvBuffer};
 
+mod window;
+
 /// What the bytes received so far mean.
 #[derive(Debug)]
 pub(crate) enum Received {
@@ -454,65 +456,6 @@ impl Receiver {
             return self.finish();
         }
         None
-    }
-
-    /// Exposes the next window of final memory (charging the budget) so a read can go straight
-    /// into it. The window is four times what the frame brought so far (at least 64 KiB, at
-    /// most `max_window`): a peer is never given more memory than it paid for with data, yet a
-    /// real transfer reaches the largest window within a few reads. Memory that is committed
-    /// already (a warm slot of the receive pool) is exposed whole as soon as it is allocated,
-    /// within the budget: it costs nothing new, and one read can then take the whole section.
-    fn prepare_window(&mut self) -> Option<Received> {
-        let window = usize::try_from(self.frame_bytes.saturating_mul(4))
-            .unwrap_or(usize::MAX)
-            .clamp(self.config.min_window(), self.config.max_window.max(1));
-        if let Some(failed) = self.expose(window) {
-            return Some(failed);
-        }
-        let Stage::Body(Some(body)) = &self.stage else {
-            return None;
-        };
-        let ahead = body.committed_ahead();
-        let exposed = body.exposed_unfilled();
-        if ahead == 0 || !self.memory.charge(ahead) {
-            return None;
-        }
-        self.charged += ahead;
-        let wider = usize::try_from(exposed + ahead).unwrap_or(usize::MAX);
-        self.expose_charged(wider)
-    }
-
-    /// Charges and exposes up to `window` bytes beyond what arrived.
-    fn expose(&mut self, window: usize) -> Option<Received> {
-        let Stage::Body(Some(body)) = &mut self.stage else {
-            return None;
-        };
-        let exposed_before = body.received() + body.exposed_unfilled();
-        let wanted = (body.received() + len_u64(window)).min(body.layout().body_len());
-        let grow = wanted.saturating_sub(exposed_before);
-        if grow == 0 {
-            return None;
-        }
-        if !self.memory.charge(grow) {
-            let text = self.budget_text(grow);
-            return Some(self.fail_now(RecvError::Memory(text)));
-        }
-        self.charged += grow;
-        self.expose_charged(window)
-    }
-
-    /// Exposes up to `window` bytes beyond what arrived; the caller charged for them.
-    fn expose_charged(&mut self, window: usize) -> Option<Received> {
-        let memory = Arc::clone(&self.memory);
-        let Stage::Body(Some(body)) = &mut self.stage else {
-            return None;
-        };
-        match body.expose(window, &mut |len| {
-            memory.allocate(len).map_err(RecvError::from)
-        }) {
-            Ok(()) => None,
-            Err(e) => Some(self.fail_now(e)),
-        }
     }
 
     fn finish(&mut self) -> Option<Received> {

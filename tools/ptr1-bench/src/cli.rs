@@ -62,9 +62,14 @@ pub(crate) struct ServeArgs {
     /// Where the fixture's handlers run.
     #[arg(long, value_enum, default_value_t = Handlers::Core)]
     handlers: Handlers,
-    /// The engine's busy-poll budget in microseconds.
+    /// The engine's busy-poll budget for blocking calls in microseconds
+    /// (`NodeBuilder::busy_poll`).
     #[arg(long = "busy-poll-us")]
     busy_poll_us: Option<u64>,
+    /// The engine's busy-poll budget for its io_uring threads in microseconds
+    /// (`NodeBuilder::core_busy_poll`).
+    #[arg(long = "core-poll-us")]
+    core_poll_us: Option<u64>,
     #[command(flatten)]
     tls: ServerTls,
 }
@@ -120,9 +125,14 @@ pub(crate) struct RunArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
-    /// The engine's busy-poll budget in microseconds.
+    /// The engine's busy-poll budget for blocking calls in microseconds
+    /// (`NodeBuilder::busy_poll`).
     #[arg(long = "busy-poll-us")]
     busy_poll_us: Option<u64>,
+    /// The engine's busy-poll budget for its io_uring threads in microseconds
+    /// (`NodeBuilder::core_busy_poll`).
+    #[arg(long = "core-poll-us")]
+    core_poll_us: Option<u64>,
     /// Request bytes on their way to the fixture at once, per driver thread
     /// (`NodeBuilder::busy_bytes_per_peer`; 2MiB by default): how many connections asks of
     /// a given size spread over (engine and tokio transports).
@@ -225,6 +235,7 @@ impl From<&ServeArgs> for Options {
             cores: a.cores,
             handlers: a.handlers,
             busy_poll: a.busy_poll_us.map(Duration::from_micros),
+            core_poll: a.core_poll_us.map(Duration::from_micros),
             cert: a.tls.cert.clone(),
             key: a.tls.key.clone(),
             client_ca: a.tls.client_ca.clone(),
@@ -249,6 +260,7 @@ impl From<&RunArgs> for Options {
             verify: a.verify,
             loaned: a.loaned,
             busy_poll: a.busy_poll_us.map(Duration::from_micros),
+            core_poll: a.core_poll_us.map(Duration::from_micros),
             busy_bytes: a.busy_bytes,
             ca: a.ca.clone(),
             cert: a.cert.clone(),

@@ -36,6 +36,9 @@ fn builder(
     if let Some(budget) = options.busy_poll {
         builder = builder.busy_poll(budget);
     }
+    if let Some(budget) = options.core_poll {
+        builder = builder.core_busy_poll(budget);
+    }
 
     match transport {
         Transport::Tokio => {

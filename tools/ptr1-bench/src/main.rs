@@ -191,6 +191,8 @@ pub(crate) struct Options {
     pub(crate) handlers: Handlers,
     /// The engine node's busy-poll budget (`NodeBuilder::busy_poll`), if set.
     pub(crate) busy_poll: Option<Duration>,
+    /// The io_uring threads' busy-poll budget (`NodeBuilder::core_busy_poll`), if set.
+    pub(crate) core_poll: Option<Duration>,
     /// run: the client node's `NodeBuilder::busy_bytes_per_peer`, if set.
     pub(crate) busy_bytes: Option<usize>,
     pub(crate) mode: Mode,
@@ -278,6 +280,7 @@ impl Options {
             cores: None,
             handlers: Handlers::Core,
             busy_poll: None,
+            core_poll: None,
             busy_bytes: None,
             mode: Mode::OneWay,
             size: 0,

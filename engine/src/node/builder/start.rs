@@ -118,7 +118,7 @@ impl NodeBuilder {
                     zero_copy: self.zero_copy,
                     zero_copy_min_bytes: self.zero_copy_min_bytes,
                     shutdown_timeout: self.shutdown_timeout,
-                    busy_poll: self.busy_poll,
+                    busy_poll: self.core_busy_poll,
                     core_restarts: CORE_RESTARTS_PER_MINUTE,
                 };
                 Box::new(UringDriver::start(setup(listener), config)?)

@@ -22,6 +22,7 @@ use crate::uring::timers::Timers;
 
 mod client;
 mod ops;
+mod poll_policy;
 mod server;
 mod transfer;
 
@@ -47,9 +48,8 @@ pub(super) struct Core {
     /// Completions taken from the ring and not handled yet (kept here, so a panic in one
     /// leaves the others for the next turn).
     completions: std::collections::VecDeque<(u64, i32, u32)>,
-    /// How long the core's last idle spell lasted (busy-polling or asleep), for
-    /// [`Core::busy_poll`].
-    last_idle: Duration,
+    /// Whether and how long to busy-poll before sleeping.
+    polling: poll_policy::PollPolicy,
     /// Requests to start outside the handler that found them (a connection freed up, a
     /// waiter may connect): a work list instead of recursion, however many wait.
     backlog: std::collections::VecDeque<Backlog>,
@@ -84,6 +84,7 @@ impl Core {
             },
             |remains| *remains,
         );
+        let polling = poll_policy::PollPolicy::new(ctx.busy_poll);
         Self {
             ring,
             pool,
@@ -102,7 +103,7 @@ impl Core {
             next_request,
             completions: std::collections::VecDeque::with_capacity(256),
             backlog: std::collections::VecDeque::new(),
-            last_idle: Duration::MAX,
+            polling,
             now: Instant::now(),
             restartable: false,
             #[cfg(test)]
@@ -221,7 +222,8 @@ impl Core {
         waited?;
         self.now = Instant::now();
         if polled || !busy {
-            self.last_idle = self.now.saturating_duration_since(idle_since);
+            self.polling
+                .idle_spell(self.now.saturating_duration_since(idle_since));
         }
         // Completions first: an idle peer's close is seen before a request could reuse it.
         self.ring.drain(&mut self.completions);
@@ -254,21 +256,22 @@ impl Core {
         Ok(())
     }
 
-    /// Polls the ring and the queues for up to the busy-poll budget instead of going to sleep,
-    /// if the core carries a single connection and its last idle spell was short (at most
-    /// twice the budget): a quick request-reply conversation, whose next message is likely to
-    /// come sooner than a sleeping thread wakes up. With more connections, or after longer
-    /// idle spells, it sleeps at once and leaves the CPU to the threads that produce its work
-    /// (measured in `docs/benchmarks.md`: polling with 64 asks in flight cost a fifth of the
-    /// throughput on 2 CPUs). Polling reads only shared memory; it enters the kernel
-    /// only to submit what the last turn queued and to run work the kernel deferred to this
-    /// thread (`IORING_SQ_TASKRUN`), never to wait. Returns whether work arrived.
+    /// Polls the ring and the queues instead of going to sleep, when [`poll_policy`] says a
+    /// quick request-reply conversation is on (measured in `docs/benchmarks.md`,
+    /// "Busy-polling"). Polling reads only shared memory; it enters the kernel only to submit
+    /// what the last turn queued and to run work the kernel deferred to this thread
+    /// (`IORING_SQ_TASKRUN`), never to wait. Returns whether work arrived.
     fn busy_poll(&mut self, idle_since: Instant) -> io::Result<bool> {
-        let budget = self.ctx.busy_poll;
-        if self.stopping || !worth_polling(budget, self.conns.len(), self.last_idle) {
+        if self.stopping {
             return Ok(false);
         }
-        let until = idle_since + budget;
+        let Some(until) = self
+            .polling
+            .poll_for(self.conns.len(), self.driver_connections())
+            .and_then(|poll_for| idle_since.checked_add(poll_for))
+        else {
+            return Ok(false);
+        };
         self.ring.submit_and_run()?;
         loop {
             if self.ring.has_completions()
@@ -278,6 +281,7 @@ impl Core {
                 return Ok(true);
             }
             if Instant::now() >= until {
+                self.polling.missed();
                 return Ok(false);
             }
             if self.ring.has_deferred_work() {
@@ -286,6 +290,20 @@ impl Core {
                 std::hint::spin_loop();
             }
         }
+    }
+
+    /// Connections of every core of this driver, as their gauges last said (this core's
+    /// exactly): a core polls only while the whole driver carries one conversation, since
+    /// with more, some thread of this process has work and polling would take its CPU.
+    fn driver_connections(&self) -> usize {
+        let others = self.ctx.cores.get().map_or(0, |cores| {
+            cores
+                .iter()
+                .filter(|core| !Arc::ptr_eq(&core.shared, &self.handle.shared))
+                .map(|core| core.shared.connections.load(Ordering::Relaxed))
+                .sum()
+        });
+        others + self.conns.len()
     }
 
     fn next_deadline(&self) -> Option<Instant> {
@@ -415,12 +433,6 @@ impl Core {
     }
 }
 
-/// Whether a core with `connections` connections, whose last idle spell lasted `last_idle`,
-/// polls for `budget` before it sleeps (see [`Core::busy_poll`]).
-fn worth_polling(budget: Duration, connections: usize, last_idle: Duration) -> bool {
-    !budget.is_zero() && connections == 1 && last_idle <= budget.saturating_mul(2)
-}
-
 /// How a core's run ended.
 pub(super) enum Ended {
     /// Shut down (or failed while shutting down): nothing takes its place.
@@ -453,40 +465,5 @@ impl Drop for Core {
             // ring itself may close: the kernel keeps what it needs of it.)
             std::mem::forget(std::mem::take(&mut self.ops));
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_core_polls_only_for_a_lone_connection_after_a_short_idle_spell() {
-        let budget = Duration::from_micros(20);
-        let short = Duration::from_micros(30);
-        assert!(worth_polling(budget, 1, short));
-        assert!(worth_polling(budget, 1, budget * 2));
-        assert!(!worth_polling(
-            budget,
-            1,
-            budget * 2 + Duration::from_nanos(1)
-        ));
-        assert!(
-            !worth_polling(budget, 1, Duration::MAX),
-            "a core that just started"
-        );
-        assert!(!worth_polling(budget, 0, short));
-        assert!(
-            !worth_polling(budget, 2, short),
-            "64 asks in flight: the CPU goes to others"
-        );
-        assert!(
-            !worth_polling(Duration::ZERO, 1, Duration::ZERO),
-            "turned off"
-        );
-        assert!(
-            worth_polling(Duration::MAX, 1, Duration::MAX),
-            "no overflow"
-        );
     }
 }

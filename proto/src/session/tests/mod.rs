@@ -4,3 +4,4 @@ mod client;
 mod pair;
 mod pool;
 mod server;
+mod window;

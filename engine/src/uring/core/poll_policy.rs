@@ -1,0 +1,150 @@
+//! When a core busy-polls before it sleeps, and for how long: a pure policy, fed the core's
+//! idle spells and the driver's connection count, so the decision is tested without a ring.
+//!
+//! A core polls only while it carries the only connection of the whole driver (with more,
+//! some thread of this process has work, and polling would take its CPU; without one, only
+//! a new request could come) and its recent idle spells were at most twice the budget (a
+//! quick request-reply conversation, whose next message comes sooner than a sleeping thread
+//! wakes up). A poll lasts at most twice the longest recent idle
+//! spell, within the budget, and after a poll that found nothing the core sleeps through the
+//! next [`BACKOFF`] idle spells: its producer may share its CPU.
+
+use std::time::Duration;
+
+/// Idle spells a core sleeps through without polling, after a poll that found nothing.
+pub(super) const BACKOFF: u32 = 32;
+
+/// One core's busy-poll state.
+#[derive(Debug)]
+pub(super) struct PollPolicy {
+    budget: Duration,
+    /// Idle spells to sleep through without polling, after a poll that found nothing.
+    skips: u32,
+    /// The longest recent idle spell (busy-polling or asleep), forgetting an eighth per spell.
+    idle_estimate: Duration,
+}
+
+impl PollPolicy {
+    /// A core that has not been idle yet: it counts as long idle, so it sleeps first.
+    pub(super) fn new(budget: Duration) -> Self {
+        Self {
+            budget,
+            skips: 0,
+            idle_estimate: Duration::from_secs(1),
+        }
+    }
+
+    /// How long to poll before sleeping now, or `None` to sleep at once, for a core carrying
+    /// `own` of the `driver`'s connections.
+    pub(super) fn poll_for(&mut self, own: usize, driver: usize) -> Option<Duration> {
+        if own != 1 || !worth_polling(self.budget, driver, self.idle_estimate) {
+            return None;
+        }
+        if self.skips > 0 {
+            self.skips -= 1;
+            return None;
+        }
+        Some(self.budget.min(self.idle_estimate.saturating_mul(2)))
+    }
+
+    /// A poll found nothing: sleep through the next [`BACKOFF`] idle spells.
+    pub(super) fn missed(&mut self) {
+        self.skips = BACKOFF;
+    }
+
+    /// The core was idle (polling or asleep) for `spell`.
+    pub(super) fn idle_spell(&mut self, spell: Duration) {
+        self.idle_estimate = spell.max(self.idle_estimate - self.idle_estimate / 8);
+    }
+}
+
+/// Whether a core of a driver carrying `connections` connections, whose recent idle spells
+/// lasted up to `idle`, polls before it sleeps.
+fn worth_polling(budget: Duration, connections: usize, idle: Duration) -> bool {
+    !budget.is_zero() && connections == 1 && idle <= budget.saturating_mul(2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BUDGET: Duration = Duration::from_micros(250);
+
+    /// A policy whose recent idle spells all lasted `spell`.
+    fn settled(spell: Duration) -> PollPolicy {
+        let mut policy = PollPolicy::new(BUDGET);
+        for _ in 0..200 {
+            policy.idle_spell(spell);
+        }
+        policy
+    }
+
+    #[test]
+    fn a_core_polls_only_for_a_lone_connection_after_short_idle_spells() {
+        let short = Duration::from_micros(30);
+        assert!(worth_polling(BUDGET, 1, short));
+        assert!(worth_polling(BUDGET, 1, BUDGET * 2));
+        assert!(!worth_polling(
+            BUDGET,
+            1,
+            BUDGET * 2 + Duration::from_nanos(1)
+        ));
+        assert!(!worth_polling(BUDGET, 0, short));
+        assert!(
+            !worth_polling(BUDGET, 2, short),
+            "64 asks in flight: the CPU goes to others"
+        );
+        assert!(
+            !worth_polling(Duration::ZERO, 1, Duration::ZERO),
+            "turned off"
+        );
+        assert!(
+            worth_polling(Duration::MAX, 1, Duration::MAX),
+            "no overflow"
+        );
+    }
+
+    #[test]
+    fn a_new_core_sleeps_first_and_polls_once_its_spells_are_short() {
+        let mut policy = PollPolicy::new(BUDGET);
+        assert_eq!(policy.poll_for(1, 1), None, "a core that just started");
+        policy = settled(Duration::from_micros(30));
+        assert_eq!(
+            policy.poll_for(1, 1),
+            Some(Duration::from_micros(60)),
+            "twice the longest recent spell, within the budget"
+        );
+        policy = settled(Duration::from_micros(200));
+        assert_eq!(policy.poll_for(1, 1), Some(BUDGET));
+        assert_eq!(policy.poll_for(1, 2), None, "another core has work");
+        assert_eq!(policy.poll_for(0, 1), None, "the connection is elsewhere");
+    }
+
+    #[test]
+    fn one_long_spell_is_remembered_and_then_forgotten() {
+        let mut policy = settled(Duration::from_micros(30));
+        policy.idle_spell(Duration::from_millis(10));
+        assert_eq!(policy.poll_for(1, 1), None, "a long spell just happened");
+        let mut spells = 0;
+        while policy.poll_for(1, 1).is_none() {
+            policy.idle_spell(Duration::from_micros(30));
+            spells += 1;
+            assert!(spells < 100, "the long spell is never forgotten");
+        }
+        assert!(spells > 10, "forgotten after {spells} spells: too fast");
+    }
+
+    #[test]
+    fn a_poll_that_finds_nothing_is_followed_by_a_backoff() {
+        let mut policy = settled(Duration::from_micros(30));
+        assert!(policy.poll_for(1, 1).is_some());
+        policy.missed();
+        for spell in 0..BACKOFF {
+            assert_eq!(policy.poll_for(1, 1), None, "spell {spell} of the backoff");
+        }
+        assert!(
+            policy.poll_for(1, 1).is_some(),
+            "polls again after the backoff"
+        );
+    }
+}
