@@ -6,7 +6,7 @@
 use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
@@ -75,6 +75,9 @@ pub(crate) struct CoreShared {
     pub(crate) sleeping: AtomicBool,
     /// Gauges for statistics, updated by the core.
     pub(crate) connections: AtomicUsize,
+    /// When the core's two connections that moved bytes last did so (`poll_policy::stamp`;
+    /// 0: none), for the other cores' busy-poll decision.
+    pub(crate) recent_io: [AtomicU64; 2],
     pub(crate) timers: AtomicUsize,
     pub(crate) operations: AtomicUsize,
     pub(crate) peers: AtomicUsize,
@@ -149,6 +152,7 @@ impl CoreHandle {
             wake: Arc::new(wake),
             sleeping: AtomicBool::new(false),
             connections: AtomicUsize::new(0),
+            recent_io: [AtomicU64::new(0), AtomicU64::new(0)],
             timers: AtomicUsize::new(0),
             operations: AtomicUsize::new(0),
             peers: AtomicUsize::new(0),

@@ -50,6 +50,8 @@ pub(super) struct Core {
     completions: std::collections::VecDeque<(u64, i32, u32)>,
     /// Whether and how long to busy-poll before sleeping.
     polling: poll_policy::PollPolicy,
+    /// The connections that moved bytes last, for the busy-poll decision.
+    recent: poll_policy::RecentConns<ConnKey>,
     /// Requests to start outside the handler that found them (a connection freed up, a
     /// waiter may connect): a work list instead of recursion, however many wait.
     backlog: std::collections::VecDeque<Backlog>,
@@ -104,6 +106,7 @@ impl Core {
             completions: std::collections::VecDeque::with_capacity(256),
             backlog: std::collections::VecDeque::new(),
             polling,
+            recent: poll_policy::RecentConns::new(),
             now: Instant::now(),
             restartable: false,
             #[cfg(test)]
@@ -265,9 +268,10 @@ impl Core {
         if self.stopping {
             return Ok(false);
         }
+        let own = poll_policy::active(self.recent.stamps(), idle_since);
         let Some(until) = self
             .polling
-            .poll_for(self.conns.len(), self.driver_connections())
+            .poll_for(own, self.driver_active(own, idle_since))
             .and_then(|poll_for| idle_since.checked_add(poll_for))
         else {
             return Ok(false);
@@ -292,18 +296,40 @@ impl Core {
         }
     }
 
-    /// Connections of every core of this driver, as their gauges last said (this core's
-    /// exactly): a core polls only while the whole driver carries one conversation, since
-    /// with more, some thread of this process has work and polling would take its CPU.
-    fn driver_connections(&self) -> usize {
+    /// Connection `key` moved bytes at `now`: remembered, and published for the other cores.
+    fn note_io(&mut self, key: ConnKey, now: Instant) {
+        self.recent.note(key, now);
+        for (shared, stamp) in self
+            .handle
+            .shared
+            .recent_io
+            .iter()
+            .zip(self.recent.stamps())
+        {
+            shared.store(stamp, Ordering::Relaxed);
+        }
+    }
+
+    /// Active connections of every core of this driver (0, 1 or 2 for more each), from the
+    /// other cores' stamps and `own` for this one: a core polls only while the whole driver
+    /// carries one conversation, since with more, some thread of this process has work and
+    /// polling would take its CPU.
+    fn driver_active(&self, own: usize, now: Instant) -> usize {
         let others = self.ctx.cores.get().map_or(0, |cores| {
             cores
                 .iter()
                 .filter(|core| !Arc::ptr_eq(&core.shared, &self.handle.shared))
-                .map(|core| core.shared.connections.load(Ordering::Relaxed))
+                .map(|core| {
+                    let stamps = core
+                        .shared
+                        .recent_io
+                        .each_ref()
+                        .map(|at| at.load(Ordering::Relaxed));
+                    poll_policy::active(stamps, now)
+                })
                 .sum()
         });
-        others + self.conns.len()
+        others + own
     }
 
     fn next_deadline(&self) -> Option<Instant> {

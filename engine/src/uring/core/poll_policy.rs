@@ -1,15 +1,19 @@
 //! When a core busy-polls before it sleeps, and for how long: a pure policy, fed the core's
 //! idle spells and the driver's connection count, so the decision is tested without a ring.
 //!
-//! A core polls only while it carries the only connection of the whole driver (with more,
-//! some thread of this process has work, and polling would take its CPU; without one, only
-//! a new request could come) and its recent idle spells were at most twice the budget (a
-//! quick request-reply conversation, whose next message comes sooner than a sleeping thread
-//! wakes up). A poll lasts at most twice the longest recent idle
+//! A core polls only while it carries the only active connection of the whole driver (one
+//! that moved bytes within the last [`ACTIVE_WINDOW`]; with more, some thread of this process
+//! has work, and polling would take its CPU; idle pooled connections do not count) and its
+//! recent idle spells were at most twice the budget (a quick request-reply conversation,
+//! whose next message comes sooner than a sleeping thread wakes up). A poll lasts at most twice the longest recent idle
 //! spell, within the budget, and after a poll that found nothing the core sleeps through the
 //! next [`BACKOFF`] idle spells: its producer may share its CPU.
 
-use std::time::Duration;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// A connection that moved bytes within this long counts as active.
+pub(super) const ACTIVE_WINDOW: Duration = Duration::from_millis(10);
 
 /// Idle spells a core sleeps through without polling, after a poll that found nothing.
 pub(super) const BACKOFF: u32 = 32;
@@ -35,7 +39,7 @@ impl PollPolicy {
     }
 
     /// How long to poll before sleeping now, or `None` to sleep at once, for a core carrying
-    /// `own` of the `driver`'s connections.
+    /// `own` of the `driver`'s active connections.
     pub(super) fn poll_for(&mut self, own: usize, driver: usize) -> Option<Duration> {
         if own != 1 || !worth_polling(self.budget, driver, self.idle_estimate) {
             return None;
@@ -56,6 +60,55 @@ impl PollPolicy {
     pub(super) fn idle_spell(&mut self, spell: Duration) {
         self.idle_estimate = spell.max(self.idle_estimate - self.idle_estimate / 8);
     }
+}
+
+/// The two connections of a core that moved bytes last, and when: enough to tell none, one or
+/// several active connections apart in constant time, however many sit idle.
+#[derive(Debug)]
+pub(super) struct RecentConns<K> {
+    /// Most recent first; distinct keys.
+    last: [Option<(K, Instant)>; 2],
+}
+
+impl<K: Copy + PartialEq> RecentConns<K> {
+    pub(super) fn new() -> Self {
+        Self { last: [None, None] }
+    }
+
+    /// Connection `key` moved bytes at `now`.
+    pub(super) fn note(&mut self, key: K, now: Instant) {
+        match self.last[0] {
+            Some((first, _)) if first == key => {}
+            _ => self.last[1] = self.last[0],
+        }
+        self.last[0] = Some((key, now));
+    }
+
+    /// When the two connections moved bytes last, as [`stamp`]s (0: none), for other cores.
+    pub(super) fn stamps(&self) -> [u64; 2] {
+        self.last.map(|entry| entry.map_or(0, |(_, at)| stamp(at)))
+    }
+}
+
+/// How many of the connections behind `stamps` moved bytes within [`ACTIVE_WINDOW`] before
+/// `now`: 0, 1, or 2 for "more than one".
+pub(super) fn active(stamps: [u64; 2], now: Instant) -> usize {
+    let now = stamp(now);
+    let window = u64::try_from(ACTIVE_WINDOW.as_nanos()).unwrap_or(u64::MAX);
+    stamps
+        .iter()
+        .filter(|&&at| at != 0 && now.saturating_sub(at) < window)
+        .count()
+}
+
+/// `at` in nanoseconds since the process's first stamp, plus one (0 means "never"): an
+/// instant other threads can read from an atomic.
+pub(super) fn stamp(at: Instant) -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let epoch = *EPOCH.get_or_init(|| at.checked_sub(Duration::from_secs(1)).unwrap_or(at));
+    u64::try_from(at.saturating_duration_since(epoch).as_nanos())
+        .unwrap_or(u64::MAX)
+        .saturating_add(1)
 }
 
 /// Whether a core of a driver carrying `connections` connections, whose recent idle spells
@@ -132,6 +185,31 @@ mod tests {
             assert!(spells < 100, "the long spell is never forgotten");
         }
         assert!(spells > 10, "forgotten after {spells} spells: too fast");
+    }
+
+    #[test]
+    fn idle_connections_do_not_count_as_active_and_two_busy_ones_do() {
+        let t0 = Instant::now();
+        let mut recent = RecentConns::new();
+        assert_eq!(active(recent.stamps(), t0), 0);
+        recent.note(1, t0);
+        recent.note(1, t0 + Duration::from_micros(300));
+        assert_eq!(
+            active(recent.stamps(), t0 + Duration::from_millis(1)),
+            1,
+            "one conversation"
+        );
+        recent.note(2, t0 + Duration::from_millis(2));
+        assert_eq!(active(recent.stamps(), t0 + Duration::from_millis(3)), 2);
+        assert_eq!(
+            active(recent.stamps(), t0 + Duration::from_millis(11)),
+            1,
+            "the first one went quiet"
+        );
+        recent.note(3, t0 + Duration::from_millis(12));
+        recent.note(2, t0 + Duration::from_millis(12));
+        assert_eq!(active(recent.stamps(), t0 + Duration::from_millis(13)), 2);
+        assert_eq!(active(recent.stamps(), t0 + Duration::from_millis(30)), 0);
     }
 
     #[test]

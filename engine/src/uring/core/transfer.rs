@@ -97,6 +97,9 @@ impl Core {
 
     pub(super) fn on_received(&mut self, key: ConnKey, buf: ReadBuf, res: i32) {
         let now = self.now;
+        if res > 0 {
+            self.note_io(key, now);
+        }
         let Some(conn) = self.conns.get_mut(key) else {
             return; // closed meanwhile: the memory goes back here
         };
@@ -109,6 +112,9 @@ impl Core {
     pub(super) fn on_sent(&mut self, op: OpKey, key: ConnKey, res: i32, flags: u32) {
         let now = self.now;
         let auto = self.ctx.zero_copy == ZeroCopy::Auto;
+        if res > 0 && !cqueue::notif(flags) {
+            self.note_io(key, now);
+        }
         let Some(Op::Send(send)) = self.ops.get_mut(op).map(|entry| &mut entry.op) else {
             return;
         };
