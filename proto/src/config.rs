@@ -38,8 +38,8 @@ pub struct SessionConfig {
     pub scratch_len: usize,
     /// The most receive memory exposed ahead of the bytes that arrived (default 16 MiB). The
     /// window starts at 64 KiB and grows to four times the bytes the peer actually sent (64
-    /// times over memory committed already, such as a warm pool slot), so a peer is never
-    /// given memory it has not paid for with data.
+    /// times the body bytes over memory committed already, such as a warm pool slot), so a
+    /// peer is never given memory it has not paid for with data.
     pub max_window: usize,
     /// TCP keepalive on every PTR1 connection, both roles (default on: 15 s idle, then 3
     /// probes 3 s apart). A peer that vanished without a FIN — a host gone, a link cut, a

@@ -354,7 +354,9 @@ impl NodeBuilder {
     /// one CPU, else 0; `Duration::ZERO` turns it off). It polls only when its connection's
     /// recent exchanges took less than twice this. Polling trades at most this much CPU per
     /// wait for not paying a sleeping thread's wake-up (5–10 µs on a virtual machine) on a
-    /// round trip of 20–30 µs. The shared-memory receiver polls on the same budget.
+    /// round trip of 20–30 µs. The shared-memory receiver polls on the same budget. The
+    /// io_uring driver threads have their own budget, [`NodeBuilder::core_busy_poll`]: to stop
+    /// all polling, set both to zero.
     pub fn busy_poll(mut self, budget: Duration) -> Self {
         self.busy_poll = budget;
         self
@@ -362,7 +364,7 @@ impl NodeBuilder {
 
     /// How long an io_uring driver thread polls for its next completion instead of sleeping
     /// (default 250 µs where the machine has more than one CPU, else 0; `Duration::ZERO` turns
-    /// it off).
+    /// it off; [`NodeBuilder::busy_poll`] does not).
     ///
     /// A driver thread polls only while it carries the driver's only active connection (one
     /// that moved bytes in the last 10 ms: idle pooled connections do not count) and its

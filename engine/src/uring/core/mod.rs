@@ -52,6 +52,8 @@ pub(super) struct Core {
     polling: poll_policy::PollPolicy,
     /// The connections that moved bytes last, for the busy-poll decision.
     recent: poll_policy::RecentConns<ConnKey>,
+    /// `recent`'s stamps as last published to the other cores.
+    published: [u64; 2],
     /// Requests to start outside the handler that found them (a connection freed up, a
     /// waiter may connect): a work list instead of recursion, however many wait.
     backlog: std::collections::VecDeque<Backlog>,
@@ -107,6 +109,7 @@ impl Core {
             backlog: std::collections::VecDeque::new(),
             polling,
             recent: poll_policy::RecentConns::new(),
+            published: [0, 0],
             now: Instant::now(),
             restartable: false,
             #[cfg(test)]
@@ -296,18 +299,21 @@ impl Core {
         }
     }
 
-    /// Connection `key` moved bytes at `now`: remembered, and published for the other cores.
+    /// Connection `key` moved bytes at `now`: remembered, and published for the other cores
+    /// when another connection moved, or a millisecond after the last publication: they only
+    /// ask whether it moved within the last 10 ms, and each store takes the cache line from
+    /// the threads that post to this core.
     fn note_io(&mut self, key: ConnKey, now: Instant) {
         self.recent.note(key, now);
-        for (shared, stamp) in self
-            .handle
-            .shared
-            .recent_io
-            .iter()
-            .zip(self.recent.stamps())
+        let stamps = self.recent.stamps();
+        if stamps[1] == self.published[1] && stamps[0].saturating_sub(self.published[0]) < 1_000_000
         {
+            return;
+        }
+        for (shared, stamp) in self.handle.shared.recent_io.iter().zip(stamps) {
             shared.store(stamp, Ordering::Relaxed);
         }
+        self.published = stamps;
     }
 
     /// Active connections of every core of this driver (0, 1 or 2 for more each), from the

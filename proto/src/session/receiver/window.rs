@@ -19,8 +19,8 @@ impl Receiver {
     /// real transfer reaches the largest window within a few reads.
     ///
     /// Memory that is committed already (a warm slot of the receive pool) costs nothing new,
-    /// so over it the window is wider, up to [`WARM_FACTOR`] times what the frame brought (the
-    /// same bounds), within the budget: a 1 MiB frame then arrives in two reads. Either way
+    /// so over it the window is wider, up to [`WARM_FACTOR`] times the body bytes that arrived
+    /// (the same bounds; the head does not count), within the budget: a 1 MiB frame then arrives in two reads. Either way
     /// a peer's header alone opens only the smallest window: charging the shared budget for
     /// memory no byte paid for would let a peer that sends headers and then stalls starve the
     /// other connections.
@@ -32,7 +32,11 @@ impl Receiver {
             return None;
         };
         let exposed = body.exposed_unfilled();
-        let room = len_u64(self.window(WARM_FACTOR)).saturating_sub(exposed);
+        // Body bytes only: a head with a long length table must not open the wide window.
+        let warm = usize::try_from(body.received().saturating_mul(WARM_FACTOR))
+            .unwrap_or(usize::MAX)
+            .clamp(self.config.min_window(), self.config.max_window.max(1));
+        let room = len_u64(warm).saturating_sub(exposed);
         let ahead = body.committed_ahead().min(room);
         if ahead == 0 || !self.memory.charge(ahead) {
             return None;

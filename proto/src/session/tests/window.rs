@@ -134,3 +134,21 @@ fn a_frame_over_the_receive_budget_is_answered_with_an_error() {
     );
     assert_eq!(memory.heap.charged(), 0);
 }
+
+#[test]
+fn a_long_length_table_does_not_open_the_warm_window() {
+    // 4,096 buffers: a 32 KiB length table, then nothing. The head counts for the cold window
+    // (four times it) but not for the warm one, which needs body bytes.
+    let (mut sut, memory) = warm_pair(1 << 30);
+    let mut lens = vec![1u64; 4096];
+    lens[0] = 16 << 20;
+    let mut wire = header(1, 12, 0, &lens);
+    wire.extend_from_slice(b"/actors/echo");
+    let head_len = u64::try_from(wire.len()).unwrap();
+    sut.raw_to_server(&wire);
+    assert_eq!(memory.heap.charged(), 4 * head_len);
+    assert!(
+        memory.heap.charged() < 1 << 20,
+        "the warm window opened on a head alone"
+    );
+}
