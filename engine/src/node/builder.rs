@@ -371,8 +371,9 @@ impl NodeBuilder {
     /// recent idle spells were at most twice this; each poll lasts at most twice the longest
     /// recent idle spell; and after a poll that found nothing it sleeps through the next 32
     /// idle spells. With more connections some thread has work anyway, and polling would take
-    /// the CPU from the threads that produce it. Polling reads the ring's shared memory and enters the kernel
-    /// only to run work the kernel deferred to the thread, never to wait. What it buys, on
+    /// the CPU from the threads that produce it. Polling reads the ring's shared memory and
+    /// enters the kernel only to run work the kernel deferred to the thread, never to wait.
+    /// What it buys, on
     /// 2 CPUs (`docs/benchmarks.md`, "Busy-polling"): a thread that does not sleep is not
     /// pulled onto its peer's CPU when woken, so a 1 MiB round trip's copies run on both CPUs
     /// at once, and a 4 KiB round trip skips the wake-up.

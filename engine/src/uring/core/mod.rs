@@ -26,6 +26,8 @@ mod poll_policy;
 mod server;
 mod transfer;
 
+/// How often, at most, a core republishes that the same connection moved bytes again.
+const PUBLISH_EVERY_NS: u64 = 1_000_000;
 /// New requests taken from the queue per loop turn, so completions are not starved.
 const REQUESTS_PER_TURN: usize = 256;
 
@@ -306,7 +308,8 @@ impl Core {
     fn note_io(&mut self, key: ConnKey, now: Instant) {
         self.recent.note(key, now);
         let stamps = self.recent.stamps();
-        if stamps[1] == self.published[1] && stamps[0].saturating_sub(self.published[0]) < 1_000_000
+        if stamps[1] == self.published[1]
+            && stamps[0].saturating_sub(self.published[0]) < PUBLISH_EVERY_NS
         {
             return;
         }

@@ -1,13 +1,14 @@
 //! When a core busy-polls before it sleeps, and for how long: a pure policy, fed the core's
-//! idle spells and the driver's connection count, so the decision is tested without a ring.
+//! idle spells and the driver's active connections, so the decision is tested without a ring.
 //!
 //! A core polls only while it carries the only active connection of the whole driver (one
 //! that moved bytes within the last [`ACTIVE_WINDOW`]; with more, some thread of this process
 //! has work, and polling would take its CPU; idle pooled connections do not count) and its
 //! recent idle spells were at most twice the budget (a quick request-reply conversation,
-//! whose next message comes sooner than a sleeping thread wakes up). A poll lasts at most twice the longest recent idle
-//! spell, within the budget, and after a poll that found nothing the core sleeps through the
-//! next [`BACKOFF`] idle spells: its producer may share its CPU.
+//! whose next message comes sooner than a sleeping thread wakes up). A poll lasts at most
+//! twice the longest recent idle spell, within the budget, and after a poll that found
+//! nothing the core sleeps through the next [`BACKOFF`] idle spells: its producer may share
+//! its CPU.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};

@@ -8,8 +8,8 @@ use crate::len::len_u64;
 
 /// Over cold memory the window is this many times what the frame brought so far.
 const COLD_FACTOR: u64 = 4;
-/// Over memory committed already (a warm pool slot) the window is this many times what the
-/// frame brought so far.
+/// Over memory committed already (a warm pool slot) the window is this many times the body
+/// bytes that arrived.
 const WARM_FACTOR: u64 = 64;
 
 impl Receiver {
@@ -20,12 +20,12 @@ impl Receiver {
     ///
     /// Memory that is committed already (a warm slot of the receive pool) costs nothing new,
     /// so over it the window is wider, up to [`WARM_FACTOR`] times the body bytes that arrived
-    /// (the same bounds; the head does not count), within the budget: a 1 MiB frame then arrives in two reads. Either way
-    /// a peer's header alone opens only the smallest window: charging the shared budget for
-    /// memory no byte paid for would let a peer that sends headers and then stalls starve the
-    /// other connections.
+    /// (the same bounds; the head does not count), within the budget: a 1 MiB frame then
+    /// arrives in two reads. A head alone never opens the wide window: charging the shared
+    /// budget for memory no body byte paid for would let a peer that sends heads and then
+    /// stalls starve the other connections.
     pub(super) fn prepare_window(&mut self) -> Option<Received> {
-        if let Some(failed) = self.expose(self.window(COLD_FACTOR)) {
+        if let Some(failed) = self.expose(self.window(self.frame_bytes, COLD_FACTOR)) {
             return Some(failed);
         }
         let Stage::Body(Some(body)) = &self.stage else {
@@ -33,10 +33,7 @@ impl Receiver {
         };
         let exposed = body.exposed_unfilled();
         // Body bytes only: a head with a long length table must not open the wide window.
-        let warm = usize::try_from(body.received().saturating_mul(WARM_FACTOR))
-            .unwrap_or(usize::MAX)
-            .clamp(self.config.min_window(), self.config.max_window.max(1));
-        let room = len_u64(warm).saturating_sub(exposed);
+        let room = len_u64(self.window(body.received(), WARM_FACTOR)).saturating_sub(exposed);
         let ahead = body.committed_ahead().min(room);
         if ahead == 0 || !self.memory.charge(ahead) {
             return None;
@@ -46,9 +43,9 @@ impl Receiver {
         self.expose_charged(wider)
     }
 
-    /// `factor` times what the frame brought so far, within the window bounds.
-    fn window(&self, factor: u64) -> usize {
-        usize::try_from(self.frame_bytes.saturating_mul(factor))
+    /// `factor` times `paid` bytes, within the window bounds.
+    fn window(&self, paid: u64, factor: u64) -> usize {
+        usize::try_from(paid.saturating_mul(factor))
             .unwrap_or(usize::MAX)
             .clamp(self.config.min_window(), self.config.max_window.max(1))
     }

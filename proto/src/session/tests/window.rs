@@ -1,9 +1,10 @@
 //! The receive window: how much final memory a frame's bytes open ahead of them, cold and
 //! warm, within the receive budget.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::pair::Pair;
+use super::pair::{CountingMemory, Pair};
 use super::server::{frames, header};
 use crate::ptr1::Frame;
 use crate::session::{CloseReason, SessionConfig};
@@ -11,8 +12,7 @@ use crate::session::{CloseReason, SessionConfig};
 #[test]
 fn a_header_declaring_huge_buffers_commits_no_memory_until_bytes_arrive() {
     let mut sut = Pair::new();
-    let mut wire = header(1, 12, 0, &[16 << 20; 16]);
-    wire.extend_from_slice(b"/actors/echo");
+    let wire = ask_head(&[16 << 20; 16]);
     sut.raw_to_server(&wire);
     // Only the first buffer has memory, and only a small window of it is prepared (committed)
     // and charged to the budget.
@@ -31,8 +31,7 @@ fn a_header_declaring_huge_buffers_commits_no_memory_until_bytes_arrive() {
 #[test]
 fn memory_is_committed_a_bounded_window_ahead_of_the_bytes_that_arrived() {
     let mut sut = Pair::new();
-    let mut wire = header(1, 12, 0, &[64 << 20]);
-    wire.extend_from_slice(b"/actors/echo");
+    let wire = ask_head(&[64 << 20]);
     sut.raw_to_server(&wire);
     let mut arrived = 0u64;
     for _ in 0..40 {
@@ -57,25 +56,36 @@ fn memory_is_committed_a_bounded_window_ahead_of_the_bytes_that_arrived() {
 
 /// A server whose receive memory is a warm pool slot (committed already) and whose budget is
 /// `budget` bytes.
-fn warm_pair(budget: u64) -> (Pair, std::sync::Arc<super::pair::CountingMemory>) {
-    let mut sut = Pair::new();
-    let memory = super::pair::CountingMemory::new(budget);
+fn warm_pair(budget: u64) -> (Pair, Arc<CountingMemory>) {
+    let memory = CountingMemory::new(budget);
     memory.warm.store(true, Relaxed);
-    let shared: std::sync::Arc<dyn crate::transport::ReceiveMemory> = memory.clone();
+    (pair_with(&memory), memory)
+}
+
+/// A pair whose server receives into `memory`.
+fn pair_with(memory: &Arc<CountingMemory>) -> Pair {
+    let mut sut = Pair::new();
+    let shared: Arc<dyn crate::transport::ReceiveMemory> = memory.clone();
     sut.server = crate::session::ServerSession::new(
-        std::sync::Arc::new(SessionConfig::default()),
+        Arc::new(SessionConfig::default()),
         shared,
         false,
         sut.now,
     );
-    (sut, memory)
+    sut
+}
+
+/// The head of an ask to `/actors/echo` declaring buffers of `lens` bytes, without metadata.
+fn ask_head(lens: &[u64]) -> Vec<u8> {
+    let mut wire = header(1, 12, 0, lens);
+    wire.extend_from_slice(b"/actors/echo");
+    wire
 }
 
 #[test]
 fn committed_memory_opens_a_wider_window_once_bytes_paid_for_it() {
     let (mut sut, memory) = warm_pair(1 << 30);
-    let mut wire = header(1, 12, 0, &[4 << 20]);
-    wire.extend_from_slice(b"/actors/echo");
+    let wire = ask_head(&[4 << 20]);
     sut.raw_to_server(&wire);
     // A header alone opens the smallest window, warm memory or not: what is exposed is
     // charged to the shared budget, and a peer that stalls after its header holds no more.
@@ -96,8 +106,7 @@ fn committed_memory_opens_a_wider_window_once_bytes_paid_for_it() {
 fn committed_memory_beyond_the_budget_opens_only_the_window_the_bytes_paid_for() {
     // Room for the cold window and what the bytes bring, not for the wider warm one.
     let (mut sut, memory) = warm_pair((64 << 10) + 2000);
-    let mut wire = header(1, 12, 0, &[4 << 20]);
-    wire.extend_from_slice(b"/actors/echo");
+    let wire = ask_head(&[4 << 20]);
     sut.raw_to_server(&wire);
     assert_eq!(memory.heap.charged(), 64 << 10);
     sut.raw_to_server(&[1; 1000]);
@@ -110,21 +119,10 @@ fn committed_memory_beyond_the_budget_opens_only_the_window_the_bytes_paid_for()
 
 #[test]
 fn a_frame_over_the_receive_budget_is_answered_with_an_error() {
-    let mut sut = Pair::new();
-    let wire_head = {
-        let mut w = header(1, 12, 0, &[4 << 20]);
-        w.extend_from_slice(b"/actors/echo");
-        w
-    };
+    let wire_head = ask_head(&[4 << 20]);
     // A budget smaller than the first window.
-    let memory = super::pair::CountingMemory::new(1000);
-    let shared: std::sync::Arc<dyn crate::transport::ReceiveMemory> = memory.clone();
-    sut.server = crate::session::ServerSession::new(
-        std::sync::Arc::new(SessionConfig::default()),
-        shared,
-        false,
-        sut.now,
-    );
+    let memory = CountingMemory::new(1000);
+    let mut sut = pair_with(&memory);
     sut.raw_to_server(&wire_head);
     sut.raw_to_server(&[0; 5000]);
     let replies = frames(&sut.take_from_server());
@@ -142,8 +140,7 @@ fn a_long_length_table_does_not_open_the_warm_window() {
     let (mut sut, memory) = warm_pair(1 << 30);
     let mut lens = vec![1u64; 4096];
     lens[0] = 16 << 20;
-    let mut wire = header(1, 12, 0, &lens);
-    wire.extend_from_slice(b"/actors/echo");
+    let wire = ask_head(&lens);
     let head_len = u64::try_from(wire.len()).unwrap();
     sut.raw_to_server(&wire);
     assert_eq!(memory.heap.charged(), 4 * head_len);
