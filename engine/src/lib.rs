@@ -26,6 +26,8 @@
 
 mod blocking;
 mod endpoint;
+pub mod fork;
+mod inflight;
 mod node;
 mod panics;
 mod pending;
@@ -43,7 +45,9 @@ pub use pool::{PoolBuffer, PoolConfig, PoolStats, ReceivePool};
 pub use tensorwire_proto::TensorMessage;
 pub use tensorwire_proto::route::{Preference, Route};
 pub use tensorwire_proto::session::{Keepalive, SessionConfig};
-pub use tensorwire_proto::transport::{Error, LocalPeer, Reply, RequestKind};
+pub use tensorwire_proto::transport::{
+    Error, LimitSide, LocalPeer, OverLimit, RemoteKind, Reply, RequestKind,
+};
 pub use uring::ZeroCopy;
 
 /// Whether io_uring can be used in this process; `Err` says why not.

@@ -1,13 +1,24 @@
 //! Engine counters beyond the proto stats: zero-copy sends, why the io_uring driver could not
 //! be used, and which driver each node of this process runs.
 
+use crate::fork::PerProcess;
 use crate::sync::lock;
 use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-static FALLBACK_REASON: Mutex<Option<String>> = Mutex::new(None);
-static NODES: Mutex<Vec<(SocketAddr, &'static str)>> = Mutex::new(Vec::new());
+/// Why io_uring cannot be used (a child made by `fork()` finds out again).
+static FALLBACK_REASON: PerProcess<Mutex<Option<String>>> = PerProcess::new();
+
+fn fallback_slot() -> &'static Mutex<Option<String>> {
+    FALLBACK_REASON.get_or_init(|| Mutex::new(None))
+}
+/// The running nodes of this process (a child made by `fork()` starts with none).
+static NODES: PerProcess<Mutex<Vec<(SocketAddr, &'static str)>>> = PerProcess::new();
+
+fn nodes() -> &'static Mutex<Vec<(SocketAddr, &'static str)>> {
+    NODES.get_or_init(|| Mutex::new(Vec::new()))
+}
 static ZERO_COPY_REQUESTS: AtomicU64 = AtomicU64::new(0);
 static ZERO_COPY_DONE: AtomicU64 = AtomicU64::new(0);
 static ZERO_COPY_COPIED: AtomicU64 = AtomicU64::new(0);
@@ -35,18 +46,18 @@ pub fn snapshot() -> EngineStats {
         zero_copy_done: ZERO_COPY_DONE.load(Relaxed),
         zero_copy_copied: ZERO_COPY_COPIED.load(Relaxed),
         fallback_reason: fallback_reason(),
-        drivers: lock(&NODES).clone(),
+        drivers: lock(nodes()).clone(),
     }
 }
 
 /// Why this process could not use io_uring, if a node ever found out.
 pub fn fallback_reason() -> Option<String> {
-    lock(&FALLBACK_REASON).clone()
+    lock(fallback_slot()).clone()
 }
 
 /// Records (and logs once) why io_uring could not be used.
 pub(crate) fn record_fallback(reason: &str, fallback: Option<&str>) {
-    let mut slot = lock(&FALLBACK_REASON);
+    let mut slot = lock(fallback_slot());
     if slot.is_none() {
         match fallback {
             Some(driver) => tracing::warn!(
@@ -64,11 +75,11 @@ pub(crate) fn record_fallback(reason: &str, fallback: Option<&str>) {
 }
 
 pub(crate) fn register_node(addr: SocketAddr, driver: &'static str) {
-    lock(&NODES).push((addr, driver));
+    lock(nodes()).push((addr, driver));
 }
 
 pub(crate) fn unregister_node(addr: SocketAddr) {
-    lock(&NODES).retain(|(a, _)| *a != addr);
+    lock(nodes()).retain(|(a, _)| *a != addr);
 }
 
 pub(crate) fn record_zero_copy_request() {

@@ -9,6 +9,10 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
 use tensorwire_proto::session::Keepalive;
 
+/// `MADV_POPULATE_WRITE` (Linux 5.14; not in every libc crate version): older kernels answer
+/// `EINVAL`, and pages fault in as they are touched.
+pub(crate) const MADV_POPULATE_WRITE: libc::c_int = 23;
+
 /// Calls a libc function and turns `-1` into the thread's `errno`.
 macro_rules! syscall {
     ($fn:ident ( $($arg:expr),* $(,)? )) => {{
@@ -283,6 +287,32 @@ pub(crate) fn eventfd_blocking() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// A close-on-exec, non-blocking eventfd (a shared-memory doorbell, waited on through epoll).
+pub(crate) fn eventfd_nonblocking() -> io::Result<OwnedFd> {
+    // SAFETY: eventfd() takes no pointers.
+    let fd = syscall!(eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK))?;
+    // SAFETY: eventfd() just returned this descriptor and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// This process's soft limit on open descriptors (`RLIMIT_NOFILE`).
+pub(crate) fn open_files_limit() -> Option<u64> {
+    // SAFETY: rlimit is plain old data; all-zero is valid.
+    let mut limit: libc::rlimit = unsafe { zeroed() };
+    // SAFETY: getrlimit writes into `limit`, a live local of the right type.
+    syscall!(getrlimit(libc::RLIMIT_NOFILE, &raw mut limit)).ok()?;
+    Some(limit.rlim_cur)
+}
+
+/// Makes `fd`'s file description non-blocking.
+pub(crate) fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl(F_GETFL) takes no pointer.
+    let flags = syscall!(fcntl(fd, libc::F_GETFL))?;
+    // SAFETY: fcntl(F_SETFL) takes an integer argument.
+    syscall!(fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK))?;
+    Ok(())
+}
+
 /// Adds one to an eventfd counter (wakes its reader).
 pub(crate) fn eventfd_signal(fd: RawFd) {
     let one: u64 = 1;
@@ -307,4 +337,24 @@ fn family(af: i32) -> libc::sa_family_t {
 /// `size_of` of a C struct as `socklen_t`. Struct sizes are small constants.
 pub(crate) fn socklen(len: usize) -> libc::socklen_t {
     libc::socklen_t::try_from(len).unwrap_or(libc::socklen_t::MAX)
+}
+
+/// 16 random bytes from the kernel (`getrandom`): a stripe token no other client can guess.
+pub(crate) fn random_16() -> io::Result<[u8; 16]> {
+    let mut out = [0u8; 16];
+    let mut filled = 0;
+    while filled < out.len() {
+        let rest = &mut out[filled..];
+        // SAFETY: writes at most `rest.len()` bytes into `rest`, a live local array slice.
+        let res = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if res < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        filled += usize::try_from(res).unwrap_or(0);
+    }
+    Ok(out)
 }

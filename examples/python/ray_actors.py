@@ -65,7 +65,9 @@ def main() -> None:
         got = ray.get(consumer.checksum.remote(producer.weights.remote(args.mib, step)))
         expected = float(step) * n + float((np.arange(1024) + step).sum())
         assert got == expected, (got, expected)
-        in_place = ray.get(consumer.checksum.remote(producer.filled_in_place.remote(args.mib, step)))
+        in_place = ray.get(
+            consumer.checksum.remote(producer.filled_in_place.remote(args.mib, step))
+        )
         assert in_place == float(step) * n, in_place
         print(f"step {step}: {2 * args.mib} MiB checked in {time.perf_counter() - started:.3f} s")
     # ray.put works too; ray.get in the driver fetches like any consumer.

@@ -20,6 +20,7 @@ def main() -> None:
     args = parser.parse_args()
 
     with tw.Node() as client, tw.Node() as server:
+
         def receive(msg: tw.TensorMessage) -> bytes:
             x = np.frombuffer(msg.buffers[0], dtype=np.float32)
             return f"ack {x.size} floats, sum {float(x.sum(dtype=np.float64)):.1f}".encode()

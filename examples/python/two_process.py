@@ -21,6 +21,7 @@ from tensorwire import tensors
 
 def consumer() -> None:
     with tw.Node() as node:
+
         def consume(msg: tw.TensorMessage) -> bytes:
             batch = tensors.unpack(msg)
             total = sum(float(a.sum(dtype=np.float64)) for a in batch.values())
@@ -34,7 +35,10 @@ def consumer() -> None:
 
 def producer(steps: int, transport: str) -> None:
     child = subprocess.Popen(
-        [sys.executable, __file__, "--consumer"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, __file__, "--consumer"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert child.stdout is not None

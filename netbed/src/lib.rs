@@ -179,7 +179,57 @@ impl Testbed {
             ]);
         }
     }
+
+    /// Caps every TCP connection `host` opens at `rate` (tc syntax, e.g. `200mbit`) each way,
+    /// as a datacenter link caps one flow: the host's outgoing connections take local ports
+    /// from [`FLOW_PORTS`] only (`net.ipv4.ip_local_port_range`, per namespace), and each of
+    /// those ports is an `htb` class of its own — u32 filters by source port on the host's
+    /// `eth0`, by destination port on the bridge's port towards it. Any other traffic (the
+    /// host's own listeners, ARP) is not shaped. Two connections never share a class: a port
+    /// is one connection's at a time. Replaces [`Testbed::limit_rate`] on that link.
+    ///
+    /// # Panics
+    ///
+    /// If `tc` or the kernel refuse (root is needed).
+    pub fn limit_rate_per_flow(&self, host: &Host, rate: &str) {
+        let (first, last) = (FLOW_PORTS.start(), FLOW_PORTS.end());
+        // /proc/sys/net is the namespace of the thread that opens it. A port a closed
+        // connection left in TIME_WAIT may serve a new one (timestamps tell them apart): the
+        // range is small.
+        host.enter(|| {
+            std::fs::write(
+                "/proc/sys/net/ipv4/ip_local_port_range",
+                format!("{first} {last}"),
+            )?;
+            std::fs::write("/proc/sys/net/ipv4/tcp_tw_reuse", "1")
+        })
+        .unwrap_or_else(|e| panic!("cannot set the local port range of {}: {e}", host.ns.name));
+        let port = format!("p{}", host.index);
+        for (ns, dev, field) in [
+            (&host.ns, "eth0", "sport"),
+            (&self.switch, port.as_str(), "dport"),
+        ] {
+            // Unclassified traffic (minor 0 names no class) leaves unshaped.
+            let mut batch =
+                format!("qdisc replace dev {dev} root handle 1: htb default 0 r2q 1000\n");
+            for (k, local) in FLOW_PORTS.enumerate() {
+                let class = format!("1:{:x}", k + 1);
+                // A burst of a few 64 KiB GSO packets, as in `limit_rate`.
+                batch.push_str(&format!(
+                    "class replace dev {dev} parent 1: classid {class} htb rate {rate} ceil \
+                     {rate} burst 256k cburst 256k\n\
+                     filter add dev {dev} parent 1: protocol ip prio 1 u32 match ip {field} \
+                     {local} 0xffff flowid {class}\n"
+                ));
+            }
+            ns.run_batch(&["tc", "-batch", "-"], &batch);
+        }
+    }
 }
+
+/// The local ports of a host's outgoing connections under [`Testbed::limit_rate_per_flow`]:
+/// at most 256 connections at a time (ports in TIME_WAIT are reused for new ones).
+pub const FLOW_PORTS: std::ops::RangeInclusive<u16> = 40_000..=40_255;
 
 impl Host {
     /// This host's address.
@@ -343,6 +393,31 @@ impl Namespace {
         assert!(
             output.status.success(),
             "nft refused {ruleset}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    /// Runs `args` with `input` on its standard input; panics with its output if it fails.
+    fn run_batch(&self, args: &[&str], input: &str) {
+        let mut child = self
+            .command(args[0])
+            .args(&args[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {args:?} in {}: {e}", self.name));
+        child
+            .stdin
+            .take()
+            .expect("a pipe")
+            .write_all(input.as_bytes())
+            .expect("the command reads its input");
+        let output = child.wait_with_output().expect("the command runs");
+        assert!(
+            output.status.success(),
+            "{args:?} in {} refused its input: {}",
+            self.name,
             String::from_utf8_lossy(&output.stderr)
         );
     }

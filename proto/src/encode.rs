@@ -58,9 +58,11 @@ impl Encoded {
 
 /// Encodes any frame. Checks (PTR1 order) path, metadata, count, then the total; PTM1 checks
 /// the count before the metadata, as other PTM1 peers do.
+#[allow(clippy::too_many_arguments)] // one private funnel for both formats and every kind
 pub(crate) fn encode(
     format: Format,
     kind: Option<FrameKind>,
+    extension: u8,
     version: u32,
     path: &[u8],
     metadata: &Bytes,
@@ -104,7 +106,7 @@ pub(crate) fn encode(
     match kind {
         Some(kind) => {
             head.push(kind as u8);
-            head.extend_from_slice(&[0, 0, 0]); // reserved
+            head.extend_from_slice(&[extension, 0, 0]); // extension, reserved
             head.extend_from_slice(&version.to_le_bytes());
             head.extend_from_slice(&path32.to_le_bytes());
         }

@@ -158,6 +158,25 @@ pub struct LimitExceeded {
     pub limit: u64,
 }
 
+impl LimitExceeded {
+    /// Reads back a text that starts with what [`LimitExceeded`]'s `Display` writes
+    /// (`"buffer count is 100, over the limit of 10 (PULSING_MAX_TENSOR_BUFFERS)"`), as a peer
+    /// sends it in an error reply; `None` for any other text.
+    pub fn parse(text: &str) -> Option<Self> {
+        let (field, rest) = LimitField::ALL.iter().find_map(|field| {
+            let rest = text.strip_prefix(field.name())?.strip_prefix(" is ")?;
+            Some((*field, rest))
+        })?;
+        let (value, rest) = rest.split_once(", over the limit of ")?;
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        Some(Self {
+            field,
+            value: value.parse().ok()?,
+            limit: rest[..digits].parse().ok()?,
+        })
+    }
+}
+
 /// The lengths that have limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -175,6 +194,26 @@ pub enum LimitField {
 }
 
 impl LimitField {
+    /// Every field, in the order of the frame's head.
+    pub const ALL: [Self; 5] = [
+        Self::PathBytes,
+        Self::MetadataBytes,
+        Self::BufferCount,
+        Self::BufferBytes,
+        Self::WireBytes,
+    ];
+
+    /// What the field is, in words (its `Display`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::PathBytes => "path length in bytes",
+            Self::MetadataBytes => "metadata length in bytes",
+            Self::BufferCount => "buffer count",
+            Self::BufferBytes => "buffer length in bytes",
+            Self::WireBytes => "frame size in bytes",
+        }
+    }
+
     /// The environment variable that configures this limit, if any.
     pub const fn variable(self) -> Option<&'static str> {
         match self {
@@ -188,13 +227,7 @@ impl LimitField {
 
 impl fmt::Display for LimitField {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::PathBytes => "path length in bytes",
-            Self::MetadataBytes => "metadata length in bytes",
-            Self::BufferCount => "buffer count",
-            Self::BufferBytes => "buffer length in bytes",
-            Self::WireBytes => "frame size in bytes",
-        })
+        f.write_str(self.name())
     }
 }
 

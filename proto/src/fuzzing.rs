@@ -3,9 +3,10 @@
 //! Each decoder target decodes the input both in one piece and split into chunks whose sizes
 //! the input itself chooses, checks that both agree, and checks that no more memory was
 //! requested than the (small) fuzzing limits allow. The PTR1 sessions are driven by scripts of
-//! driver steps (`sessions`).
+//! driver steps (`sessions`), and so is the same-host session (`shm_session`).
 
 mod sessions;
+mod shm_session;
 
 use std::cell::Cell;
 
@@ -14,6 +15,7 @@ use bytes::Bytes;
 use crate::{Limits, WireError, ptm1, ptr1};
 
 pub use sessions::{ptr1_client_session, ptr1_server_session};
+pub use shm_session::shm_session;
 
 /// Limits small enough that any accepted layout can be allocated quickly.
 fn limits() -> Limits {

@@ -19,6 +19,7 @@ pub(crate) const TABLE_ENTRY_LEN: usize = 8;
 pub struct Layout {
     format: Format,
     kind: Option<FrameKind>,
+    extension: u8,
     version: u32,
     path_len: usize,
     metadata_len: usize,
@@ -41,6 +42,13 @@ impl Layout {
     /// The version field, unchanged.
     pub fn version(&self) -> u32 {
         self.version
+    }
+
+    /// The PTR1 extension byte (the first reserved byte; 0 for PTM1 and for every frame of
+    /// plain PTR1). Only peers that agreed on an extension send a value other than 0
+    /// ([`crate::stripe`]).
+    pub fn extension(&self) -> u8 {
+        self.extension
     }
 
     /// Bytes in the PTR1 path slot (0 for PTM1).
@@ -88,6 +96,7 @@ impl Layout {
 pub struct FixedHeader {
     format: Format,
     kind: Option<FrameKind>,
+    extension: u8,
     version: u32,
     path_len: u64,
     metadata_len: u64,
@@ -125,6 +134,9 @@ impl FixedHeader {
             Format::Ptr1 => {
                 let kind = FrameKind::from_u8(bytes[4]).ok_or(Malformed::UnknownKind(bytes[4]))?;
                 // bytes[5..8] are reserved: written as zeros, never checked (as other peers do).
+                // The first is read as the extension byte, which only peers that negotiated an
+                // extension set; whoever receives it decides what it means.
+                let limits = &limits_for(Some(kind), limits);
                 let path_len = u64::from(le_u32(&bytes[12..16]));
                 let metadata_len = le_u64(&bytes[16..24]);
                 let buffer_count = le_u32(&bytes[24..28]);
@@ -134,6 +146,7 @@ impl FixedHeader {
                 Self {
                     format,
                     kind: Some(kind),
+                    extension: bytes[5],
                     version: le_u32(&bytes[8..12]),
                     path_len,
                     metadata_len,
@@ -149,6 +162,7 @@ impl FixedHeader {
                 Self {
                     format,
                     kind: None,
+                    extension: 0,
                     version: le_u32(&bytes[4..8]),
                     path_len: 0,
                     metadata_len,
@@ -167,7 +181,7 @@ impl FixedHeader {
             .and_then(|head| head.checked_add(header.path_len))
             .and_then(|head| head.checked_add(header.metadata_len))
             .ok_or(overflow)?;
-        limits.check(LimitField::WireBytes, known_len)?;
+        limits_for(header.kind, limits).check(LimitField::WireBytes, known_len)?;
         Ok(Self {
             known_len,
             ..header
@@ -177,6 +191,11 @@ impl FixedHeader {
     /// The frame kind (PTR1) or `None` (PTM1).
     pub fn kind(&self) -> Option<FrameKind> {
         self.kind
+    }
+
+    /// The PTR1 extension byte (see [`Layout::extension`]).
+    pub fn extension(&self) -> u8 {
+        self.extension
     }
 
     /// Number of buffers the length table describes.
@@ -230,10 +249,11 @@ impl FixedHeader {
                 .ok_or(Malformed::LengthSumOverflow { format, index, len })?;
             buffer_lens.push(to_usize(format, LimitField::BufferBytes, len)?);
         }
-        limits.check(LimitField::WireBytes, wire_len)?;
+        limits_for(self.kind, limits).check(LimitField::WireBytes, wire_len)?;
         Ok(Layout {
             format,
             kind: self.kind,
+            extension: self.extension,
             version: self.version,
             path_len: to_usize(format, LimitField::PathBytes, self.path_len)?,
             metadata_len: to_usize(format, LimitField::MetadataBytes, self.metadata_len)?,
@@ -241,6 +261,16 @@ impl FixedHeader {
             head_len: fixed + table_len,
             wire_len,
         })
+    }
+}
+
+/// The limits a frame of `kind` is checked against: an Error reply may always carry a short
+/// text ([`Limits::for_error_replies`]).
+fn limits_for(kind: Option<FrameKind>, limits: &Limits) -> Limits {
+    if kind == Some(FrameKind::Error) {
+        limits.for_error_replies()
+    } else {
+        *limits
     }
 }
 

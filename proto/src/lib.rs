@@ -45,12 +45,13 @@ pub mod route;
 pub mod session;
 pub mod shm;
 pub mod stats;
+pub mod stripe;
 pub mod transport;
 
 #[cfg(test)]
 mod test_util;
 
-#[cfg(fuzzing)]
+#[cfg(any(fuzzing, test))]
 pub mod fuzzing;
 
 pub use body::{Body, ReceiveBuffer};

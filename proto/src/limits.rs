@@ -60,6 +60,23 @@ impl Limits {
         self.max_buffers
     }
 
+    /// The longest error text an Error reply carries (4 KiB): longer texts are cut.
+    pub const MAX_ERROR_TEXT_BYTES: u64 = 4 << 10;
+
+    /// The limits an Error reply is encoded and decoded with: these limits, raised so that
+    /// an error text of up to [`Limits::MAX_ERROR_TEXT_BYTES`] always fits. An Error reply is
+    /// a short control answer; a node whose message limits are smaller than its own error
+    /// text must still be able to say why it refused a request, instead of closing the
+    /// connection without a word.
+    pub fn for_error_replies(&self) -> Self {
+        let text = Self::MAX_ERROR_TEXT_BYTES;
+        Self {
+            max_wire_bytes: self.max_wire_bytes.max(text + 64),
+            max_metadata_bytes: self.max_metadata_bytes.max(text),
+            max_buffers: self.max_buffers,
+        }
+    }
+
     /// Checks `value` against the limit on `field`.
     ///
     /// # Errors

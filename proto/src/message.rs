@@ -25,6 +25,24 @@ impl TensorMessage {
         }
     }
 
+    /// The same message in memory of this process alone: metadata and every buffer copied.
+    ///
+    /// A received buffer may be a view of another process's memory (shared memory on one
+    /// host). That sender can never reuse the memory while a view lives, but a process of the
+    /// same user can still write pages it owns; a receiver that must not depend on the sender
+    /// takes a private copy (`docs/python.md`, "What a same-user peer can do").
+    pub fn private_copy(&self) -> Self {
+        Self {
+            version: self.version,
+            metadata: Bytes::copy_from_slice(&self.metadata),
+            buffers: self
+                .buffers
+                .iter()
+                .map(|b| Bytes::copy_from_slice(b))
+                .collect(),
+        }
+    }
+
     /// The number of payload bytes: the sum of the buffer lengths. Metadata is not counted.
     pub fn total_bytes(&self) -> u64 {
         self.buffers.iter().fold(0u64, |sum, buffer| {
@@ -36,6 +54,15 @@ impl TensorMessage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_private_copy_is_equal_and_shares_no_memory() {
+        let shared = Bytes::from(vec![5u8; 4096]);
+        let sut = TensorMessage::new(3, Bytes::from_static(b"m"), vec![shared.clone()]);
+        let copy = sut.private_copy();
+        assert_eq!(copy, sut);
+        assert_ne!(copy.buffers[0].as_ptr(), shared.as_ptr());
+    }
 
     #[test]
     fn total_bytes_counts_buffers_only() {

@@ -40,6 +40,7 @@ pub fn encode(message: &TensorMessage, limits: &Limits) -> Result<Encoded, WireE
     encode_frame(
         Format::Ptm1,
         None,
+        0,
         message.version,
         b"",
         &message.metadata,

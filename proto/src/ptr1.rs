@@ -178,6 +178,20 @@ impl Frame {
 /// [`WireError::LimitExceeded`] if the path, metadata, buffer count or total size is over
 /// `limits` (checked in that order, before anything is built).
 pub fn encode(frame: &Frame, limits: &Limits) -> Result<Encoded, WireError> {
+    encode_extended(frame, 0, limits)
+}
+
+/// Encodes a frame with `extension` in its extension byte (the first reserved byte), for a
+/// peer that agreed on that extension ([`crate::stripe`]); `0` is [`encode`].
+///
+/// # Errors
+///
+/// As [`encode`].
+pub fn encode_extended(
+    frame: &Frame,
+    extension: u8,
+    limits: &Limits,
+) -> Result<Encoded, WireError> {
     static EMPTY: Bytes = Bytes::from_static(b"");
     let (path, metadata, buffers): (&[u8], &Bytes, &[Bytes]) = match frame {
         Frame::Ask { path, message } | Frame::Tell { path, message } => {
@@ -189,11 +203,12 @@ pub fn encode(frame: &Frame, limits: &Limits) -> Result<Encoded, WireError> {
             return encode_frame(
                 Format::Ptr1,
                 Some(FrameKind::Error),
+                extension,
                 frame.version(),
                 b"",
                 &Bytes::copy_from_slice(text.as_bytes()),
                 &[],
-                limits,
+                &limits.for_error_replies(),
             );
         }
         Frame::SingleResponse { msg_type, data, .. } => (msg_type.as_bytes(), data, &[]),
@@ -201,6 +216,7 @@ pub fn encode(frame: &Frame, limits: &Limits) -> Result<Encoded, WireError> {
     encode_frame(
         Format::Ptr1,
         Some(frame.kind()),
+        extension,
         frame.version(),
         path,
         metadata,

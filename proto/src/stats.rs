@@ -82,6 +82,13 @@ pub struct TransportStats {
     shm_credit_waits: AtomicU64,
     shm_credit_fallbacks: AtomicU64,
     shm_credit_refusals: AtomicU64,
+    shm_spin_micros: AtomicU64,
+    shm_doorbells: AtomicU64,
+    shm_peers_refused: AtomicU64,
+    stripes_sent: AtomicU64,
+    stripes_received: AtomicU64,
+    striped_requests_sent: AtomicU64,
+    striped_requests_received: AtomicU64,
     active_copy_model: AtomicU8,
 }
 
@@ -104,6 +111,13 @@ impl TransportStats {
             shm_credit_waits: AtomicU64::new(0),
             shm_credit_fallbacks: AtomicU64::new(0),
             shm_credit_refusals: AtomicU64::new(0),
+            shm_spin_micros: AtomicU64::new(0),
+            shm_doorbells: AtomicU64::new(0),
+            shm_peers_refused: AtomicU64::new(0),
+            stripes_sent: AtomicU64::new(0),
+            stripes_received: AtomicU64::new(0),
+            striped_requests_sent: AtomicU64::new(0),
+            striped_requests_received: AtomicU64::new(0),
             active_copy_model: AtomicU8::new(0),
         }
     }
@@ -169,6 +183,39 @@ impl TransportStats {
         self.shm_credit_refusals.fetch_add(1, Relaxed);
     }
 
+    /// A thread waiting for same-host messages spun `micros` without finding any (the CPU
+    /// its spin window cost).
+    pub fn record_shm_spin(&self, micros: u64) {
+        self.shm_spin_micros.fetch_add(micros, Relaxed);
+    }
+
+    /// A same-host peer's doorbell was rung (a system call: it was about to sleep).
+    pub fn record_shm_doorbell(&self) {
+        self.shm_doorbells.fetch_add(1, Relaxed);
+    }
+
+    /// A same-host peer was refused something by a bound (a connection, a hello slot, a
+    /// mapping) or disconnected for passing one.
+    pub fn record_shm_peer_refused(&self) {
+        self.shm_peers_refused.fetch_add(1, Relaxed);
+    }
+
+    /// A striped request went out as `stripes` stripes (each acknowledged) and its request.
+    pub fn record_striped_request_sent(&self, stripes: u64) {
+        self.striped_requests_sent.fetch_add(1, Relaxed);
+        self.stripes_sent.fetch_add(stripes, Relaxed);
+    }
+
+    /// A stripe was received into its parts.
+    pub fn record_stripe_received(&self) {
+        self.stripes_received.fetch_add(1, Relaxed);
+    }
+
+    /// A striped request was put together from its stripes and delivered.
+    pub fn record_striped_request_received(&self) {
+        self.striped_requests_received.fetch_add(1, Relaxed);
+    }
+
     /// Records the path used last.
     pub fn set_active_copy_model(&self, model: CopyModel) {
         self.active_copy_model.store(model.to_u8(), Relaxed);
@@ -192,6 +239,13 @@ impl TransportStats {
             shm_credit_waits: self.shm_credit_waits.load(Relaxed),
             shm_credit_fallbacks: self.shm_credit_fallbacks.load(Relaxed),
             shm_credit_refusals: self.shm_credit_refusals.load(Relaxed),
+            shm_spin_micros: self.shm_spin_micros.load(Relaxed),
+            shm_doorbells: self.shm_doorbells.load(Relaxed),
+            shm_peers_refused: self.shm_peers_refused.load(Relaxed),
+            stripes_sent: self.stripes_sent.load(Relaxed),
+            stripes_received: self.stripes_received.load(Relaxed),
+            striped_requests_sent: self.striped_requests_sent.load(Relaxed),
+            striped_requests_received: self.striped_requests_received.load(Relaxed),
             active_copy_model: CopyModel::from_u8(self.active_copy_model.load(Relaxed)),
         }
     }
@@ -236,6 +290,20 @@ pub struct Snapshot {
     pub shm_credit_fallbacks: u64,
     /// Of those, sends that failed after waiting.
     pub shm_credit_refusals: u64,
+    /// Microseconds threads spun waiting for same-host messages without finding any.
+    pub shm_spin_micros: u64,
+    /// Doorbells rung (system calls made to wake a sleeping same-host peer).
+    pub shm_doorbells: u64,
+    /// Same-host peers refused by a bound, or disconnected for passing one.
+    pub shm_peers_refused: u64,
+    /// Stripes sent (of striped requests; each acknowledged by the receiver).
+    pub stripes_sent: u64,
+    /// Stripes received.
+    pub stripes_received: u64,
+    /// Striped requests sent after their stripes.
+    pub striped_requests_sent: u64,
+    /// Striped requests put together from their stripes and delivered.
+    pub striped_requests_received: u64,
     /// The path used last.
     pub active_copy_model: CopyModel,
 }
@@ -243,7 +311,7 @@ pub struct Snapshot {
 impl Snapshot {
     /// The numeric counters under their report keys, in a fixed order
     /// (`active_copy_model` is separate: it is text).
-    pub fn counters(&self) -> [(&'static str, u64); 15] {
+    pub fn counters(&self) -> [(&'static str, u64); 22] {
         [
             ("raw_frames_sent", self.raw_frames_sent),
             ("raw_frames_received", self.raw_frames_received),
@@ -260,6 +328,13 @@ impl Snapshot {
             ("shm_credit_waits", self.shm_credit_waits),
             ("shm_credit_fallbacks", self.shm_credit_fallbacks),
             ("shm_credit_refusals", self.shm_credit_refusals),
+            ("shm_spin_micros", self.shm_spin_micros),
+            ("shm_doorbells", self.shm_doorbells),
+            ("shm_peers_refused", self.shm_peers_refused),
+            ("stripes_sent", self.stripes_sent),
+            ("stripes_received", self.stripes_received),
+            ("striped_requests_sent", self.striped_requests_sent),
+            ("striped_requests_received", self.striped_requests_received),
         ]
     }
 }
@@ -303,6 +378,13 @@ mod tests {
                 ("shm_credit_waits", 0),
                 ("shm_credit_fallbacks", 0),
                 ("shm_credit_refusals", 0),
+                ("shm_spin_micros", 0),
+                ("shm_doorbells", 0),
+                ("shm_peers_refused", 0),
+                ("stripes_sent", 0),
+                ("stripes_received", 0),
+                ("striped_requests_sent", 0),
+                ("striped_requests_received", 0),
             ]
         );
         assert_eq!(

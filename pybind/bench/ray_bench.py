@@ -67,8 +67,9 @@ def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     twr.register()
     env = {"PYTHONPATH": str(HERE), "OPENBLAS_NUM_THREADS": "1"}
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": env})
+    ray.init(
+        num_cpus=4, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env}
+    )
     try:
         from ray_bench_actors import Consumer, Producer
 
@@ -79,18 +80,25 @@ def main() -> None:
         floor = Producer.remote(), Consumer.remote()
         columns = {
             "same host: Ray RDT moving no bytes": lambda n: transfer(
-                floor[0].no_bytes, floor[1], n, "consume_nothing"),
+                floor[0].no_bytes, floor[1], n, "consume_nothing"
+            ),
             "same host: object store": lambda n: transfer(store[0].plain, store[1], n),
             "same host: tensorwire": lambda n: transfer(rdt[0].tensorwire, rdt[1], n),
             "same host: tensorwire empty()": lambda n: transfer(rdt[0].loaned, rdt[1], n),
         }
         measure(out, "same host", columns, sizes, args)
         route = ray.get(rdt[1].stats.remote())
-        out.record(kind="note", peer="same host: tensorwire",
-                   text=f"consumer fetched over: {route_counts(route)}")
+        out.record(
+            kind="note",
+            peer="same host: tensorwire",
+            text=f"consumer fetched over: {route_counts(route)}",
+        )
         if "rss" not in skip:
-            for name, method in (("object store", "plain"), ("tensorwire", "tensorwire"),
-                                 ("tensorwire empty()", "loaned")):
+            for name, method in (
+                ("object store", "plain"),
+                ("tensorwire", "tensorwire"),
+                ("tensorwire empty()", "loaned"),
+            ):
                 peak_rss(out, f"same host: {name}", Producer.remote(), Consumer.remote(), method)
     finally:
         ray.shutdown()
@@ -108,15 +116,20 @@ def transfer(method: Any, consumer: Any, nbytes: int, check: str = "consume") ->
         raise RuntimeError(f"the consumer read {first_and_last}, expected {2 * (nbytes % 251)}")
 
 
-def measure(out: Output, group: str, columns: dict[str, Callable[[int], None]], sizes: list[int],
-            args: argparse.Namespace) -> None:
+def measure(
+    out: Output,
+    group: str,
+    columns: dict[str, Callable[[int], None]],
+    sizes: list[int],
+    args: argparse.Namespace,
+) -> None:
     names = list(columns)
     for size in sizes:
         for name in names:  # warm: segments mapped, connections made, pages touched
             for _ in range(2):
                 columns[name](size)
         for rep in range(args.reps):
-            order = names[rep % len(names):] + names[: rep % len(names)]
+            order = names[rep % len(names) :] + names[: rep % len(names)]
             for name in order:
                 times = []
                 deadline = time.perf_counter() + args.seconds
@@ -137,26 +150,36 @@ def peak_rss(out: Output, name: str, producer: Any, consumer: Any, method: str) 
     ray.wait([ref], fetch_local=False)
     idle = ray.get(consumer.rss.remote())
     peak = ray.get(consumer.hold_and_measure.remote(ref))
-    out.record(kind="rss", peer=name, size=nbytes, idle=idle, peak=peak,
-               ratio=(peak - idle) / nbytes)
+    out.record(
+        kind="rss", peer=name, size=nbytes, idle=idle, peak=peak, ratio=(peak - idle) / nbytes
+    )
 
 
-def two_raylets(out: Output, sizes: list[int], args: argparse.Namespace, env: dict[str, str]) -> None:
+def two_raylets(
+    out: Output, sizes: list[int], args: argparse.Namespace, env: dict[str, str]
+) -> None:
     import ray
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "resources": {"first": 1}, "include_dashboard": False})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "resources": {"first": 1}, "include_dashboard": False},
+    )
     cluster.add_node(num_cpus=2, resources={"second": 1})
-    ray.init(address=cluster.address, log_to_driver=False,
-             runtime_env={"env_vars": {**env, "TENSORWIRE_RAY_TRANSPORT": "raw"}})
+    ray.init(
+        address=cluster.address,
+        log_to_driver=False,
+        runtime_env={"env_vars": {**env, "TENSORWIRE_RAY_TRANSPORT": "raw"}},
+    )
     try:
         cluster.wait_for_nodes()
         from ray_bench_actors import Consumer, Producer
 
         def pair() -> tuple[Any, Any]:
-            return (Producer.options(resources={"first": 0.01}).remote(),
-                    Consumer.options(resources={"second": 0.01}).remote())
+            return (
+                Producer.options(resources={"first": 0.01}).remote(),
+                Consumer.options(resources={"second": 0.01}).remote(),
+            )
 
         store, rdt = pair(), pair()
         columns = {
@@ -165,16 +188,25 @@ def two_raylets(out: Output, sizes: list[int], args: argparse.Namespace, env: di
         }
         measure(out, "two raylets", columns, sizes, args)
         route = ray.get(rdt[1].stats.remote())
-        out.record(kind="note", peer="two raylets: tensorwire PTR1",
-                   text=f"consumer fetched over: {route_counts(route)}")
+        out.record(
+            kind="note",
+            peer="two raylets: tensorwire PTR1",
+            text=f"consumer fetched over: {route_counts(route)}",
+        )
     finally:
         ray.shutdown()
         cluster.shutdown()
 
 
 def route_counts(stats: dict[str, Any]) -> str:
-    return ", ".join(f"{k.removeprefix('fetched_')} {v}" for k, v in sorted(stats.items())
-                     if k.startswith("fetched_") and k != "fetched_bytes") or "nothing"
+    return (
+        ", ".join(
+            f"{k.removeprefix('fetched_')} {v}"
+            for k, v in sorted(stats.items())
+            if k.startswith("fetched_") and k != "fetched_bytes"
+        )
+        or "nothing"
+    )
 
 
 class Output:
@@ -189,9 +221,20 @@ class Output:
         if self.as_json:
             print(json.dumps(fields), flush=True)
 
-    def sample(self, group: str, peer: str, size: int, rep: int, gbps: float, micros: float) -> None:
-        self.record(kind="sample", group=group, peer=peer, mode="actor", size=size, buffers=1,
-                    rep=rep, value=gbps, micros=micros)
+    def sample(
+        self, group: str, peer: str, size: int, rep: int, gbps: float, micros: float
+    ) -> None:
+        self.record(
+            kind="sample",
+            group=group,
+            peer=peer,
+            mode="actor",
+            size=size,
+            buffers=1,
+            rep=rep,
+            value=gbps,
+            micros=micros,
+        )
 
     def flush_table(self) -> None:
         if self.as_json:
@@ -201,8 +244,10 @@ class Output:
             if r["kind"] == "sample":
                 samples.setdefault((r["group"], r["peer"], r["size"]), []).append(r)
             elif r["kind"] in ("note", "unavailable", "version"):
-                print(f"{r['kind']}: {r.get('peer', r.get('name'))}: "
-                      f"{r.get('text', r.get('reason', r.get('version')))}")
+                print(
+                    f"{r['kind']}: {r.get('peer', r.get('name'))}: "
+                    f"{r.get('text', r.get('reason', r.get('version')))}"
+                )
         groups: dict[str, list[str]] = {}
         for group, peer, _ in samples:
             if peer not in groups.setdefault(group, []):
@@ -218,16 +263,21 @@ class Output:
                     gbps = statistics.median(r["value"] for r in rows) if rows else float("nan")
                     us = statistics.median(r["micros"] for r in rows) if rows else float("nan")
                     base = gbps if "object store" in peer else base
-                    ratio = (f" ({gbps / base:.2f}×)"
-                             if base and "object store" not in peer and "no bytes" not in peer else "")
+                    ratio = (
+                        f" ({gbps / base:.2f}×)"
+                        if base and "object store" not in peer and "no bytes" not in peer
+                        else ""
+                    )
                     cells.append(f"{gbps:.3f} ({us:,.0f} µs){ratio}")
                 print(f"| {format_size(size)} | " + " | ".join(cells) + " |")
         rss = [r for r in self.records if r["kind"] == "rss"]
         if rss:
             print("\nconsumer RSS holding one 256 MiB array (every byte read), × the array:")
             for r in rss:
-                print(f"  {r['peer']}: {r['ratio']:.2f}× (idle {r['idle'] / MiB:.0f} MiB, "
-                      f"peak {r['peak'] / MiB:.0f} MiB)")
+                print(
+                    f"  {r['peer']}: {r['ratio']:.2f}× (idle {r['idle'] / MiB:.0f} MiB, "
+                    f"peak {r['peak'] / MiB:.0f} MiB)"
+                )
 
 
 def parse_size(text: str) -> int:

@@ -17,9 +17,15 @@ use pyo3::types::PyBytes;
 use pyo3::{Bound, ffi};
 
 use crate::errors::InvalidArgument;
+use tensorwire_engine::fork::PerProcess;
 
-/// Exports whose last Rust reference dropped, waiting for an attached thread to release them.
-static RELEASES: Mutex<Vec<PyUntypedBuffer>> = Mutex::new(Vec::new());
+/// Exports whose last Rust reference dropped, waiting for an attached thread to release them
+/// (a child made by `fork()` starts with an empty list and a lock of its own).
+static RELEASES: PerProcess<Mutex<Vec<PyUntypedBuffer>>> = PerProcess::new();
+
+fn releases() -> &'static Mutex<Vec<PyUntypedBuffer>> {
+    RELEASES.get_or_init(|| Mutex::new(Vec::new()))
+}
 /// Whether `RELEASES` may hold anything (checked without the lock on every call).
 static WAITING: AtomicBool = AtomicBool::new(false);
 
@@ -27,7 +33,7 @@ static WAITING: AtomicBool = AtomicBool::new(false);
 /// Call with the interpreter attached; nearly free when there is nothing to do.
 pub(crate) fn drain_releases(py: Python<'_>) {
     if WAITING.swap(false, Ordering::AcqRel) {
-        let drained = std::mem::take(&mut *crate::sync::lock(&RELEASES));
+        let drained = std::mem::take(&mut *crate::sync::lock(releases()));
         // Dropping a `PyUntypedBuffer` here (attached) calls `PyBuffer_Release` directly.
         drop(drained);
     }
@@ -62,7 +68,7 @@ impl AsRef<[u8]> for Export {
 impl Drop for Export {
     fn drop(&mut self) {
         if let Some(buffer) = self.buffer.take() {
-            RELEASES
+            releases()
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(buffer);
@@ -73,16 +79,26 @@ impl Drop for Export {
 
 /// Takes `obj`'s buffer without copying. `index` names it in the error.
 pub(crate) fn export(obj: &Bound<'_, PyAny>, index: usize) -> PyResult<Bytes> {
+    export_to_send(obj, index).map(|(bytes, _)| bytes)
+}
+
+/// [`export`], and whether its bytes may still change after the send: a writable export of
+/// Python memory, or a writable received buffer (`false`: immutable — `bytes`, a read-only
+/// array or view, a read-only received buffer, a frozen loan).
+pub(crate) fn export_to_send(obj: &Bound<'_, PyAny>, index: usize) -> PyResult<(Bytes, bool)> {
     if let Ok(buffer) = obj.cast::<Buffer>() {
         // One of ours (a received buffer sent on): share the memory, no export needed.
-        return Ok(buffer.get().bytes.clone());
+        let buffer = buffer.get();
+        return Ok((buffer.bytes.clone(), buffer.writable));
     }
-    let buffer = PyUntypedBuffer::get(obj).map_err(|e| {
-        InvalidArgument::new_err(format!(
-            "buffer {index} ({}) does not support the buffer protocol: {e}",
-            type_name(obj)
-        ))
-    })?;
+    let buffer = match PyUntypedBuffer::get(obj) {
+        Ok(buffer) => buffer,
+        // A DLPack producer without the buffer protocol (a CPU torch tensor, a JAX array):
+        // numpy's view of its memory (no copy), which keeps the producer's tensor alive.
+        Err(_) if obj.hasattr("__dlpack__")? => PyUntypedBuffer::get(&from_dlpack(obj, index)?)
+            .map_err(|e| unsupported(obj, index, &e))?,
+        Err(e) => return Err(unsupported(obj, index, &e)),
+    };
     if !buffer.is_c_contiguous() {
         return Err(InvalidArgument::new_err(format!(
             "buffer {index} ({}) is not C-contiguous (shape {:?}, strides {:?}); pass a \
@@ -96,11 +112,31 @@ pub(crate) fn export(obj: &Bound<'_, PyAny>, index: usize) -> PyResult<Bytes> {
         buffer.buf_ptr().cast::<u8>().cast_const(),
         buffer.len_bytes(),
     );
-    Ok(Bytes::from_owner(Export {
+    let mutable = !buffer.readonly();
+    let bytes = Bytes::from_owner(Export {
         buffer: Some(buffer),
         ptr,
         len,
-    }))
+    });
+    Ok((bytes, mutable))
+}
+
+fn unsupported(obj: &Bound<'_, PyAny>, index: usize, e: &PyErr) -> PyErr {
+    InvalidArgument::new_err(format!(
+        "buffer {index} ({}) does not support the buffer protocol or DLPack: {e}",
+        type_name(obj)
+    ))
+}
+
+/// `numpy.from_dlpack(obj)`: a zero-copy view of a DLPack producer's CPU memory.
+fn from_dlpack<'py>(obj: &Bound<'py, PyAny>, index: usize) -> PyResult<Bound<'py, PyAny>> {
+    let numpy = obj.py().import("numpy")?;
+    numpy.call_method1("from_dlpack", (obj,)).map_err(|e| {
+        InvalidArgument::new_err(format!(
+            "buffer {index} ({}) cannot be shared through DLPack as CPU memory: {e}",
+            type_name(obj)
+        ))
+    })
 }
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
@@ -186,9 +222,10 @@ impl Buffer {
         self.writable
     }
 
-    /// The DLPack protocol: a capsule of a one-dimensional `uint8` CPU tensor over the same
-    /// memory, which it keeps alive (`numpy.from_dlpack(buffer)`, `torch.from_dlpack`). A
-    /// read-only buffer is exported only as DLPack 1.x with its read-only flag set.
+    /// The DLPack protocol: a capsule of a one-dimensional `uint8` CPU tensor, which it keeps
+    /// alive (`numpy.from_dlpack(buffer)`, `torch.from_dlpack`, `jax.numpy.from_dlpack`). A
+    /// read-only buffer is shared only with a consumer that keeps it read-only (DLPack 1.x,
+    /// not torch); others get a copy (see `dlpack.rs`).
     #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
     fn __dlpack__<'py>(
         slf: &Bound<'py, Self>,
@@ -207,6 +244,9 @@ impl Buffer {
             max_version,
             copy,
             device: dl_device,
+            ignores_read_only: !me.writable
+                && copy != Some(true)
+                && crate::dlpack::caller_ignores_read_only(slf.py()),
         };
         crate::dlpack::capsule(slf.py(), &me.bytes, me.writable, &request)
     }

@@ -20,13 +20,20 @@ pub(crate) const BYTES: &str = "bytes";
 /// The single-reply type of a pickled object.
 pub(crate) const PICKLE: &str = "pickle";
 
-/// A Python answer as an engine reply.
-pub(crate) fn reply_from_py(value: &Bound<'_, PyAny>, pickle: bool) -> PyResult<Reply> {
+/// A Python answer as an engine reply; `in_process`: the asker is in this process (it gets a
+/// copy of the buffers the handler may still change, see `PyTensorMessage::outgoing`).
+pub(crate) fn reply_from_py(
+    value: &Bound<'_, PyAny>,
+    pickle: bool,
+    in_process: bool,
+) -> PyResult<Reply> {
     if value.is_none() {
         return Ok(single(ACK, Bytes::new()));
     }
     if let Ok(message) = value.cast::<PyTensorMessage>() {
-        return Ok(Reply::Tensor(message.get().inner.clone()));
+        return Ok(Reply::Tensor(
+            message.get().outgoing(value.py(), || in_process),
+        ));
     }
     if let Ok(bytes) = value.cast::<PyBytes>() {
         return Ok(single(BYTES, Bytes::copy_from_slice(bytes.as_bytes())));
@@ -93,6 +100,12 @@ pub(crate) fn reply_to_py(
                 .unbind()),
         },
     }
+}
+
+/// Whether a request came from a node of this process (it crossed no socket and no shared
+/// memory): its buffers are the sender's, and so is a reply's on the way back.
+pub(crate) fn in_process(request: &tensorwire_engine::Request) -> bool {
+    request.peer.is_none() && request.local_peer.is_none()
 }
 
 /// Whether a reply that came over `route` lies in this process's own receive memory (a

@@ -1,12 +1,22 @@
 //! The DLPack protocol for received buffers (`__dlpack__`, `__dlpack_device__`), so that
-//! `numpy.from_dlpack` and `torch.from_dlpack` take them without a copy: a one-dimensional
-//! `uint8` CPU tensor over the buffer's memory, which the capsule keeps alive until the
-//! consumer's deleter runs.
+//! `numpy.from_dlpack`, `torch.from_dlpack` and `jax.numpy.from_dlpack` take them: a
+//! one-dimensional `uint8` CPU tensor, which the capsule keeps alive until the consumer's
+//! deleter runs.
 //!
-//! A read-only buffer (shared memory, an alias of a sender in this process) is exported only
-//! as a versioned (DLPack 1.x) tensor carrying the read-only flag: the unversioned format
-//! cannot say "read-only", and a consumer writing through it would fault or change a sender's
-//! bytes. A consumer that asks for `copy=True` gets a writable copy it owns.
+//! Every consumer gets the data on every path; what it gets depends on what it can promise:
+//!
+//! | buffer | consumer | export |
+//! |---|---|---|
+//! | writable (PTR1, HTTP/2 receive memory) | any | zero-copy, writable |
+//! | read-only (shared memory, a sender's memory in this process) | versioned DLPack 1.x that honours the read-only flag (numpy) | zero-copy, flagged read-only |
+//! | read-only | unversioned DLPack (JAX asks for it) | a copy it owns |
+//! | read-only | torch (asks for 1.x, but has no read-only tensors and ignores the flag) | a copy it owns |
+//! | any | `copy=True` | a copy it owns, flagged as copied |
+//! | read-only, a copy needed | `copy=False` | `BufferError` |
+//!
+//! The array API lets a producer copy when `copy` is `None` and it cannot share the memory
+//! safely. A consumer writing through a shared read-only export would fault on a sealed
+//! shared-memory mapping, or change the sender's bytes in this process.
 
 use std::ffi::{CStr, c_void};
 
@@ -86,6 +96,20 @@ pub(crate) struct Request {
     pub(crate) copy: Option<bool>,
     /// The device the consumer wants it on, if it said.
     pub(crate) device: Option<(i32, i32)>,
+    /// The consumer asks for DLPack 1.x but makes writable tensors of read-only memory
+    /// (torch: it has no read-only tensors).
+    pub(crate) ignores_read_only: bool,
+}
+
+/// Whether the Python code calling `__dlpack__` right now is a consumer that ignores the
+/// read-only flag: torch's `from_dlpack` (in `torch.utils.dlpack`, `torch._tensor`).
+pub(crate) fn caller_ignores_read_only(py: Python<'_>) -> bool {
+    let module = || -> PyResult<String> {
+        // A method implemented in Rust pushes no frame: frame 0 is its Python caller's.
+        let frame = py.import("sys")?.getattr("_getframe")?.call1((0,))?;
+        frame.getattr("f_globals")?.get_item("__name__")?.extract()
+    };
+    module().is_ok_and(|name| name == "torch" || name.starts_with("torch."))
 }
 
 /// The `(device_type, device_id)` of every buffer: the CPU.
@@ -112,20 +136,24 @@ pub(crate) fn capsule<'py>(
             "tensorwire buffers are CPU memory; cannot export to device {device:?}"
         )));
     }
-    let (bytes, copied) = match request.copy {
-        Some(true) => (Bytes::from(bytes.to_vec()), true),
-        _ => (bytes.clone(), false),
+    let versioned = request.max_version.is_some_and(|(major, _)| major >= 1);
+    // Read-only memory is shared only with a consumer that can mark it so and honours it.
+    let must_copy = !writable && (!versioned || request.ignores_read_only);
+    if must_copy && request.copy == Some(false) {
+        return Err(PyBufferError::new_err(
+            "this buffer is read-only (shared memory, or a sender's memory in this process) and \
+             the consumer cannot keep it read-only (unversioned DLPack, or torch, which has no \
+             read-only tensors): it needs a copy, and copy=False forbids one",
+        ));
+    }
+    let copied = must_copy || request.copy == Some(true);
+    let bytes = if copied {
+        Bytes::from(bytes.to_vec())
+    } else {
+        bytes.clone()
     };
     let read_only = !writable && !copied;
     let len = i64::try_from(bytes.len()).map_err(|_| PyBufferError::new_err("buffer too large"))?;
-    let versioned = request.max_version.is_some_and(|(major, _)| major >= 1);
-    if read_only && !versioned {
-        return Err(PyBufferError::new_err(
-            "this buffer is read-only (shared memory, or a sender's memory in this process) and \
-             the consumer asked for unversioned DLPack, which cannot mark it so: use a consumer \
-             that speaks DLPack 1.0 (numpy >= 2.1) or pass copy=True",
-        ));
-    }
     let tensor = DlTensor {
         data: bytes.as_ptr().cast_mut().cast(),
         device: DlDevice {

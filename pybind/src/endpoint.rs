@@ -11,6 +11,7 @@ use tensorwire_engine::{Endpoint, Incoming, Replier, RequestKind};
 use crate::buffers::drain_releases;
 use crate::convert::reply_from_py;
 use crate::errors::{InvalidArgument, to_py};
+use crate::into::{Targets, keeping};
 use crate::message::PyTensorMessage;
 use crate::pump::{Outcome, Pump};
 use crate::sync::lock;
@@ -46,15 +47,19 @@ impl PyEndpoint {
     }
 
     /// The next request; waits up to `timeout` seconds (forever when `None`) with the GIL
-    /// released; `None` when the time passed.
-    #[pyo3(signature = (timeout = None, *, pickle = false))]
+    /// released; `None` when the time passed. With `into`, its buffers are copied into those
+    /// (after `check(metadata)` passed).
+    #[pyo3(signature = (timeout = None, *, pickle = false, into = None, check = None))]
     fn recv(
         &self,
         py: Python<'_>,
         timeout: Option<f64>,
         pickle: bool,
+        into: Option<&Bound<'_, PyAny>>,
+        check: Option<Py<PyAny>>,
     ) -> PyResult<Option<PyRequest>> {
         drain_releases(py);
+        let mut targets = into.map(|into| Targets::take(into, check)).transpose()?;
         // A timeout too large to represent (or infinite) waits forever.
         let deadline = match timeout {
             Some(t) if t.is_nan() || t < 0.0 => {
@@ -77,7 +82,7 @@ impl PyEndpoint {
                 .detach(move || endpoint.recv_blocking(Some(slice)))
                 .map_err(|e| to_py(&e, &format!("receiving on {}", self.endpoint.path())))?;
             if let Some(incoming) = got {
-                return PyRequest::from_incoming(py, incoming, pickle).map(Some);
+                return PyRequest::from_incoming(py, incoming, pickle, targets.take()).map(Some);
             }
             if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
                 return Ok(None);
@@ -115,27 +120,38 @@ impl PyEndpoint {
                 }
                 let requests = batch
                     .into_iter()
-                    .map(|incoming| Py::new(py, PyRequest::from_incoming(py, incoming, pickle)?))
+                    .map(|incoming| {
+                        Py::new(py, PyRequest::from_incoming(py, incoming, pickle, None)?)
+                    })
                     .collect::<PyResult<Vec<_>>>()?;
                 Ok(pyo3::types::PyList::new(py, requests)?.into_any().unbind())
             }) as Outcome
         }))
     }
 
-    /// Starts a receive whose completion `pump` delivers; returns its token.
-    #[pyo3(signature = (pump, *, pickle = false))]
-    fn recv_start(&self, pump: &Bound<'_, Pump>, pickle: bool) -> u64 {
+    /// Starts a receive whose completion `pump` delivers; returns its token. `into` and
+    /// `check` as for [`PyEndpoint::recv`].
+    #[pyo3(signature = (pump, *, pickle = false, into = None, check = None))]
+    fn recv_start(
+        &self,
+        pump: &Bound<'_, Pump>,
+        pickle: bool,
+        into: Option<&Bound<'_, PyAny>>,
+        check: Option<Py<PyAny>>,
+    ) -> PyResult<u64> {
+        let targets = into.map(|into| Targets::take(into, check)).transpose()?;
         let endpoint = Arc::clone(&self.endpoint);
-        pump.get().start(Box::pin(async move {
+        Ok(pump.get().start(Box::pin(async move {
             let result = endpoint.recv().await;
             let path = endpoint.path().to_owned();
             Box::new(move |py: Python<'_>| match result {
                 Ok(incoming) => {
-                    Ok(Py::new(py, PyRequest::from_incoming(py, incoming, pickle)?)?.into_any())
+                    let request = PyRequest::from_incoming(py, incoming, pickle, targets)?;
+                    Ok(Py::new(py, request)?.into_any())
                 }
                 Err(e) => Err(to_py(&e, &format!("receiving on {path}"))),
             }) as Outcome
-        }))
+        })))
     }
 }
 
@@ -164,14 +180,37 @@ pub(crate) struct PyRequest {
     message: Py<PyTensorMessage>,
     replier: Mutex<Option<Replier>>,
     pickle: bool,
+    /// The asker is in this process (a reply's changeable buffers are copied for it).
+    in_process: bool,
 }
 
 impl PyRequest {
-    fn from_incoming(py: Python<'_>, incoming: Incoming, pickle: bool) -> PyResult<Self> {
+    /// A request taken from a mailbox; with `targets`, its buffers are received into them (on
+    /// a mismatch the error carries the request as `received`, nothing is lost).
+    fn from_incoming(
+        py: Python<'_>,
+        incoming: Incoming,
+        pickle: bool,
+        targets: Option<Targets>,
+    ) -> PyResult<Self> {
         let (request, replier) = incoming.into_parts();
         let writable = request.peer.is_some() && request.local_peer.is_none();
+        let in_process = crate::convert::in_process(&request);
         let credentials = request.local_peer.map(|p| (p.uid, p.pid));
-        Ok(Self {
+        let (message, refused) = match targets {
+            None => (
+                PyTensorMessage::received(py, request.message, writable, None)?,
+                None,
+            ),
+            Some(targets) => match targets.fill(py, request.message, None) {
+                Ok(filled) => (filled, None),
+                Err(refused) => (
+                    PyTensorMessage::received(py, refused.message, writable, None)?,
+                    Some(refused.error),
+                ),
+            },
+        };
+        let taken = Self {
             path: request.path,
             kind: match request.kind {
                 RequestKind::Tell => "tell",
@@ -180,13 +219,15 @@ impl PyRequest {
             peer: request.peer.map(|p| p.to_string()),
             identity: request.identity,
             credentials,
-            message: Py::new(
-                py,
-                PyTensorMessage::received(py, request.message, writable, None)?,
-            )?,
+            message: Py::new(py, message)?,
             replier: Mutex::new(Some(replier)),
             pickle,
-        })
+            in_process,
+        };
+        match refused {
+            None => Ok(taken),
+            Some(error) => Err(keeping(py, error, Py::new(py, taken)?.into_any())),
+        }
     }
 
     fn take(&self) -> PyResult<Replier> {
@@ -203,13 +244,42 @@ impl PyRequest {
     #[pyo3(signature = (value = None))]
     fn reply(&self, py: Python<'_>, value: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let reply = match value {
-            Some(v) => reply_from_py(v, self.pickle)?,
-            None => reply_from_py(py.None().bind(py), false)?,
+            Some(v) => reply_from_py(v, self.pickle, self.in_process)?,
+            None => reply_from_py(py.None().bind(py), false, false)?,
         };
         let replier = self.take()?;
         // A shared-memory reply is copied on this thread: not under the GIL.
         py.detach(|| replier.reply(Ok(reply)));
         Ok(())
+    }
+
+    /// This request with its buffers copied into `into` (after `check(metadata)` passed): the
+    /// request returned answers it, this one no longer can. On a mismatch nothing is written
+    /// and this request stays as it was.
+    #[pyo3(signature = (into, check = None))]
+    fn copy_into(
+        &self,
+        py: Python<'_>,
+        into: &Bound<'_, PyAny>,
+        check: Option<Py<PyAny>>,
+    ) -> PyResult<Self> {
+        let targets = Targets::take(into, check)?;
+        let received = self.message.get().inner.clone();
+        let message = targets
+            .fill(py, received, None)
+            .map_err(|refused| refused.error)?;
+        let replier = self.take()?;
+        Ok(Self {
+            path: self.path.clone(),
+            kind: self.kind,
+            peer: self.peer.clone(),
+            identity: self.identity.clone(),
+            credentials: self.credentials,
+            message: Py::new(py, message)?,
+            replier: Mutex::new(Some(replier)),
+            pickle: self.pickle,
+            in_process: self.in_process,
+        })
     }
 
     /// Answers with an error; the asker gets a `RemoteError` carrying `text`.

@@ -7,7 +7,8 @@ use std::sync::Mutex;
 use crate::sync::lock;
 
 use pyo3::PyErr;
-use tensorwire_engine::Error;
+use tensorwire_engine::fork::PerProcess;
+use tensorwire_engine::{Error, LimitSide, OverLimit, RemoteKind};
 
 pyo3::import_exception!(tensorwire._errors, DeadlineExceeded);
 pyo3::import_exception!(tensorwire._errors, ConnectionFailed);
@@ -31,20 +32,44 @@ mod base {
     pyo3::import_exception!(tensorwire._errors, Error);
 }
 
-/// Errors raised through this seam, by exception name (for `tensor_transport_stats`).
-static RAISED: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
+/// Errors raised through this seam, by exception name (for `tensor_transport_stats`); a
+/// child made by `fork()` counts its own (its parent's lock may be held for good there).
+static RAISED: PerProcess<Mutex<BTreeMap<&'static str, u64>>> = PerProcess::new();
+
+fn counts() -> &'static Mutex<BTreeMap<&'static str, u64>> {
+    RAISED.get_or_init(|| Mutex::new(BTreeMap::new()))
+}
 
 /// How many errors of each kind were raised so far.
 pub(crate) fn raised() -> BTreeMap<&'static str, u64> {
-    lock(&RAISED).clone()
+    lock(counts()).clone()
 }
 
 /// `err` as a Python exception; `context` says what was being done (e.g. "ask echo at
 /// 127.0.0.1:9000 over raw TCP").
 pub(crate) fn to_py(err: &Error, context: &str) -> PyErr {
-    let (name, exception) = classify(err, format!("{context}: {err}"));
-    *lock(&RAISED).entry(name).or_default() += 1;
+    let (name, exception) = match err.over_limit() {
+        Some(over) => ("LimitExceeded", over_limit(err, context, &over)),
+        None => classify(err, format!("{context}: {err}")),
+    };
+    *lock(counts()).entry(name).or_default() += 1;
     exception
+}
+
+/// A message over a size limit, on any path and either side: `LimitExceeded` naming whose
+/// limit it was and the variable that sets it.
+fn over_limit(err: &Error, context: &str, over: &OverLimit) -> PyErr {
+    let side = match over.side {
+        LimitSide::Local => "this node",
+        LimitSide::Peer => "the peer",
+    };
+    let variable = over.exceeded.field.variable();
+    let hint = variable.map_or_else(String::new, |v| format!("; {v} sets it on {side}"));
+    LimitExceeded::new_err((
+        format!("{context}: over {side}'s limit: {err}{hint}"),
+        over.side.as_str(),
+        variable,
+    ))
 }
 
 /// The exception `err` becomes, and its name.
@@ -66,17 +91,14 @@ fn classify(err: &Error, message: String) -> (&'static str, PyErr) {
             "UnknownEndpoint",
             UnknownEndpoint::new_err((message, String::new())),
         ),
-        // PTR1 and shared memory send the text as it is; HTTP/2 prefixes the status.
-        Error::Remote { text, .. } if text.contains("no endpoint at path") => (
-            "UnknownEndpoint",
-            UnknownEndpoint::new_err((message, text.clone())),
-        ),
-        Error::Remote { text, .. } => {
-            ("RemoteError", RemoteError::new_err((message, text.clone())))
-        }
-        Error::Encode(tensorwire_proto::WireError::LimitExceeded(_)) => {
-            ("LimitExceeded", LimitExceeded::new_err(message))
-        }
+        Error::Remote { text, .. } => match err.remote_kind() {
+            Some(RemoteKind::UnknownEndpoint) => (
+                "UnknownEndpoint",
+                UnknownEndpoint::new_err((message, text.clone())),
+            ),
+            Some(RemoteKind::Overloaded) => ("Overloaded", Overloaded::new_err(message)),
+            _ => ("RemoteError", RemoteError::new_err((message, text.clone()))),
+        },
         Error::Encode(_) => ("InvalidArgument", InvalidArgument::new_err(message)),
         Error::Memory(_) => ("OutOfMemory", OutOfMemory::new_err(message)),
         Error::Overloaded { .. } => ("Overloaded", Overloaded::new_err(message)),
@@ -88,10 +110,11 @@ fn classify(err: &Error, message: String) -> (&'static str, PyErr) {
             TransportUnavailable::new_err(message),
         ),
         Error::SharedMemoryFull { .. } => ("OutOfMemory", OutOfMemory::new_err(message)),
-        Error::Shutdown | Error::MailboxClosed => ("ShutDown", ShutDown::new_err(message)),
+        Error::Shutdown | Error::MailboxClosed | Error::Forked { .. } => {
+            ("ShutDown", ShutDown::new_err(message))
+        }
         Error::Cancelled => ("Cancelled", Cancelled::new_err(message)),
         Error::Io { .. } => ("IoError", IoError::new_err(message)),
-        _ if err.limit().is_some() => ("LimitExceeded", LimitExceeded::new_err(message)),
         _ => ("Error", base::Error::new_err(message)),
     }
 }

@@ -104,6 +104,7 @@ fn answer(py: Python<'_>, slot: &HandlerSlot, incoming: Incoming, pickle: bool) 
     let (request, replier) = incoming.into_parts();
     let path = request.path.clone();
     let writable = request.peer.is_some() && request.local_peer.is_none();
+    let in_process = crate::convert::in_process(&request);
     let result = (|| {
         let handler = slot
             .handler(py)
@@ -111,7 +112,7 @@ fn answer(py: Python<'_>, slot: &HandlerSlot, incoming: Incoming, pickle: bool) 
         let message = PyTensorMessage::received(py, request.message, writable, None)
             .map_err(|e| failure(py, &e))?;
         let value = handler.call1(py, (message,)).map_err(|e| failure(py, &e))?;
-        reply_from_py(value.bind(py), pickle).map_err(|e| failure(py, &e))
+        reply_from_py(value.bind(py), pickle, in_process).map_err(|e| failure(py, &e))
     })();
     py.detach(|| replier.reply(result));
 }

@@ -16,6 +16,7 @@ mod dlpack;
 mod endpoint;
 mod errors;
 mod handlers;
+mod into;
 mod loan;
 mod message;
 mod node;

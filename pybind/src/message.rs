@@ -2,18 +2,20 @@
 
 use bytes::Bytes;
 use pyo3::PyTraverseError;
+use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::PyTypeError;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 use tensorwire_engine::TensorMessage;
 
-use crate::buffers::{Buffer, drain_releases, export};
+use crate::buffers::{Buffer, drain_releases, export, export_to_send};
 
 /// A message: `version`, opaque `metadata` and an ordered list of contiguous buffers.
 ///
 /// Buffers are any C-contiguous buffer-protocol objects, held without copying until the send
-/// that carries them completes.
+/// that carries them completes. A receiver in this process gets a copy of the buffers whose
+/// bytes may still change (writable ones), unless `lend=True` lends them as they are.
 #[pyclass(frozen, weakref, module = "tensorwire._native", name = "TensorMessage")]
 pub(crate) struct PyTensorMessage {
     pub(crate) inner: TensorMessage,
@@ -21,32 +23,54 @@ pub(crate) struct PyTensorMessage {
     objects: Py<PyList>,
     /// The path a received reply came over (`None` for messages built here, and requests).
     route: Option<&'static str>,
+    /// Indices of the buffers whose bytes their owner may change after the send (writable).
+    mutable: Box<[usize]>,
+    /// The sender lends even those to an in-process receiver, and keeps them unchanged.
+    lend: bool,
 }
+
+/// Copies at least this many bytes with the GIL released.
+const COPY_DETACHED: usize = 1 << 20;
 
 #[pymethods]
 impl PyTensorMessage {
     #[new]
-    #[pyo3(signature = (metadata, buffers, version = 1))]
+    #[pyo3(signature = (metadata, buffers, version = 1, *, lend = false))]
     fn new(
         py: Python<'_>,
         metadata: &Bound<'_, PyAny>,
         buffers: &Bound<'_, PyAny>,
         version: u32,
+        lend: bool,
     ) -> PyResult<Self> {
         drain_releases(py);
         let metadata = metadata_bytes(metadata)?;
+        refuse_single_buffer(buffers)?;
         let objects = PyList::empty(py);
         let mut bytes = Vec::new();
+        let mut mutable = Vec::new();
         for (index, obj) in buffers.try_iter()?.enumerate() {
             let obj = obj?;
-            bytes.push(export(&obj, index)?);
+            let (exported, may_change) = export_to_send(&obj, index)?;
+            bytes.push(exported);
+            if may_change {
+                mutable.push(index);
+            }
             objects.append(obj)?;
         }
         Ok(Self {
             inner: TensorMessage::new(version, metadata, bytes),
             objects: objects.unbind(),
             route: None,
+            mutable: mutable.into_boxed_slice(),
+            lend,
         })
+    }
+
+    /// Whether an in-process receiver gets the buffers as they are (`lend=True`).
+    #[getter]
+    fn lend(&self) -> bool {
+        self.lend
     }
 
     /// The message's version.
@@ -84,6 +108,13 @@ impl PyTensorMessage {
         self.inner.buffers.len()
     }
 
+    /// The same message in memory of this process alone, with writable buffers: no other
+    /// process — not even a same-user sender whose shared memory a received buffer views —
+    /// can change its bytes.
+    fn copy(&self, py: Python<'_>) -> PyResult<Self> {
+        Self::received(py, self.inner.private_copy(), true, self.route)
+    }
+
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.objects)
     }
@@ -119,14 +150,95 @@ impl PyTensorMessage {
     ) -> PyResult<Self> {
         let objects = PyList::empty(py);
         for bytes in &inner.buffers {
+            // Memory nobody else holds (a copy made for this receiver) is writable too.
+            let writable = writable || bytes.is_unique();
             objects.append(Py::new(py, Buffer::new(bytes.clone(), writable))?)?;
         }
         Ok(Self {
             inner,
             objects: objects.unbind(),
             route,
+            mutable: Box::new([]),
+            lend: false,
         })
     }
+
+    /// A message of `objects` (the caller's own buffers, filled by a receive `into=`), with
+    /// the received `version` and `metadata`.
+    pub(crate) fn of_objects(
+        version: u32,
+        metadata: Bytes,
+        objects: &Bound<'_, PyList>,
+        route: Option<&'static str>,
+    ) -> PyResult<Self> {
+        let mut bytes = Vec::with_capacity(objects.len());
+        let mut mutable = Vec::new();
+        for (index, obj) in objects.iter().enumerate() {
+            let (exported, may_change) = export_to_send(&obj, index)?;
+            bytes.push(exported);
+            if may_change {
+                mutable.push(index);
+            }
+        }
+        Ok(Self {
+            inner: TensorMessage::new(version, metadata, bytes),
+            objects: objects.clone().unbind(),
+            route,
+            mutable: mutable.into_boxed_slice(),
+            lend: false,
+        })
+    }
+
+    /// The message to send: as it is, except that a receiver in this process
+    /// (`in_process()`) gets a copy of the buffers whose owner may change them after the send
+    /// — one rule on every path: what is received never changes under the receiver.
+    pub(crate) fn outgoing(
+        &self,
+        py: Python<'_>,
+        in_process: impl FnOnce() -> bool,
+    ) -> TensorMessage {
+        if self.lend || self.mutable.is_empty() || !in_process() {
+            return self.inner.clone();
+        }
+        let mut message = self.inner.clone();
+        let copied: usize = self
+            .mutable
+            .iter()
+            .filter_map(|&i| message.buffers.get(i))
+            .map(Bytes::len)
+            .sum();
+        let mutable = &self.mutable;
+        let copy = |message: &mut TensorMessage| {
+            for &i in mutable.iter() {
+                if let Some(buffer) = message.buffers.get_mut(i) {
+                    *buffer = Bytes::copy_from_slice(buffer);
+                }
+            }
+        };
+        if copied >= COPY_DETACHED {
+            py.detach(|| copy(&mut message));
+        } else {
+            copy(&mut message);
+        }
+        message
+    }
+}
+
+/// `buffers` must be a collection of buffers. One buffer passed as the whole collection would
+/// be iterated: a 2-D array into one buffer per row, `bytes` into integers. Refused, saying so.
+fn refuse_single_buffer(buffers: &Bound<'_, PyAny>) -> PyResult<()> {
+    let is_buffer = PyUntypedBuffer::get(buffers).is_ok() || buffers.hasattr("__dlpack__")?;
+    if is_buffer {
+        return Err(PyTypeError::new_err(format!(
+            "buffers must be a list of buffers, not one {}: it would be split into its rows or \
+             bytes; pass [array] for one buffer (or list(array) for one buffer per row)",
+            buffers
+                .get_type()
+                .name()
+                .map_or_else(|_| "buffer".to_owned(), |n| n.to_string())
+        )));
+    }
+    Ok(())
 }
 
 /// Metadata from `bytes`, `str` (UTF-8) or any buffer (copied: metadata is small).

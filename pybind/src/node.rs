@@ -6,6 +6,7 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
@@ -41,8 +42,13 @@ impl Drop for PyNode {
     /// A node collected without `close()`: shut it down and join its handler threads with the
     /// GIL released (they may wait for it to finish their last request).
     fn drop(&mut self) {
-        let node = self.node.clone();
         let threads = std::mem::take(&mut *lock(&self.threads));
+        if self.node.check_process().is_err() {
+            // Inherited by a child made by fork(): its threads are not in this process.
+            std::mem::forget(threads);
+            return;
+        }
+        let node = self.node.clone();
         let detached = Python::try_attach(|py| {
             let finalizing = finalizing(py);
             py.detach(|| {
@@ -76,6 +82,30 @@ fn join(threads: Vec<JoinHandle<()>>) {
         if thread.thread().id() != current {
             let _ = thread.join();
         }
+    }
+}
+
+/// [`join`] until `until`; a handler still busy then is left to finish by itself (its answer
+/// goes nowhere: the node is shut down).
+fn join_until(threads: Vec<JoinHandle<()>>, until: Instant) {
+    let current = std::thread::current().id();
+    let mut left: Vec<_> = threads
+        .into_iter()
+        .filter(|t| t.thread().id() != current)
+        .collect();
+    while !left.is_empty() && Instant::now() < until {
+        let (done, running): (Vec<_>, Vec<_>) = left.into_iter().partition(JoinHandle::is_finished);
+        done.into_iter().for_each(|t| drop(t.join()));
+        left = running;
+        if !left.is_empty() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    if !left.is_empty() {
+        tracing::warn!(
+            threads = left.len(),
+            "closing a node: Python handlers still busy at the close timeout are left to finish"
+        );
     }
 }
 
@@ -226,10 +256,16 @@ impl PyNode {
     /// buffer that reaches a same-host peer without a copy.
     fn loan(&self, py: Python<'_>, nbytes: usize) -> PyResult<PyLoan> {
         drain_releases(py);
-        let loan = self.node.shm().loan(nbytes).map_err(|e| {
-            OutOfMemory::new_err(format!("a shared-memory loan of {nbytes} bytes: {e}"))
-        })?;
-        PyLoan::new(loan)
+        self.usable(&format!("a shared-memory loan of {nbytes} bytes"))?;
+        // A new segment and the loan's window are mapped with their pages (tens of ms for
+        // hundreds of MiB): other Python threads run meanwhile.
+        let node = &self.node;
+        py.detach(|| {
+            let loan = node.shm().loan(nbytes).map_err(|e| {
+                OutOfMemory::new_err(format!("a shared-memory loan of {nbytes} bytes: {e}"))
+            })?;
+            PyLoan::new(loan)
+        })
     }
 
     /// The node's shared-memory regions and leases.
@@ -240,22 +276,43 @@ impl PyNode {
 
     /// This node's counters and gauges, as numbers and dicts.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.node
+            .check_process()
+            .map_err(|e| to_py(&e, "the statistics of a node"))?;
         node_stats(py, &self.node)
     }
 
-    /// Stops the node: fails what is in flight, closes endpoints and connections, joins its
-    /// threads. Idempotent.
-    fn close(&self, py: Python<'_>) {
-        let node = self.node.clone();
+    /// Closes the node gracefully within `timeout` seconds: takes nothing new, finishes the
+    /// replies, acknowledgements and sends in flight, then stops (what is left then fails)
+    /// and joins its handler threads (until the timeout; busy ones are left to finish).
+    /// Idempotent; does nothing to a node inherited through `fork()`.
+    #[pyo3(signature = (timeout = 5.0))]
+    fn close(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
+        let timeout = crate::reference::seconds(timeout)?;
         let threads = std::mem::take(&mut *lock(&self.threads));
+        if self.node.check_process().is_err() {
+            std::mem::forget(threads); // a fork's copy: its threads are not in this process
+            return Ok(());
+        }
+        let node = self.node.clone();
         let finalizing = finalizing(py);
         py.detach(move || {
-            node.shutdown();
-            if !finalizing {
-                join(threads);
+            let until = Instant::now().checked_add(timeout);
+            node.close(timeout);
+            match (finalizing, until) {
+                (true, _) => {}
+                (false, Some(until)) => join_until(threads, until),
+                (false, None) => join(threads),
             }
         });
         drain_releases(py);
+        Ok(())
+    }
+
+    /// Whether the node is closed.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.node.is_shut_down()
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -277,6 +334,18 @@ impl PyNode {
             let handler = lock(&slot.handler).take();
             drop(handler);
         }
+    }
+}
+
+impl PyNode {
+    /// `Ok` if the node takes calls (made by this process, not closed); the error says what
+    /// was being done.
+    fn usable(&self, what: &str) -> PyResult<()> {
+        self.node.check_process().map_err(|e| to_py(&e, what))?;
+        if self.node.is_shut_down() {
+            return Err(to_py(&tensorwire_engine::Error::Shutdown, what));
+        }
+        Ok(())
     }
 }
 

@@ -10,11 +10,12 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use pyo3::prelude::*;
-use tensorwire_engine::{Destination, Error, Node, Pending, Route, Via};
+use tensorwire_engine::{Destination, Error, Node, Pending, Route, TensorMessage, Via};
 
 use crate::buffers::drain_releases;
 use crate::convert::{reply_to_py, route_name};
 use crate::errors::{InvalidArgument, to_py};
+use crate::into::{Targets, reply_into};
 use crate::message::PyTensorMessage;
 use crate::pump::{Outcome, Pump};
 use crate::sync::{into_inner, lock};
@@ -39,6 +40,13 @@ impl PyRef {
         }
     }
 
+    /// The message to send to this reference (see `PyTensorMessage::outgoing`).
+    fn outgoing(&self, py: Python<'_>, message: &Bound<'_, PyTensorMessage>) -> TensorMessage {
+        message
+            .get()
+            .outgoing(py, || self.node.delivers_in_process(&self.to))
+    }
+
     /// What a failed call was doing (formatted only when it failed).
     fn context(&self, what: &str) -> String {
         format!(
@@ -52,25 +60,32 @@ impl PyRef {
 
 #[pymethods]
 impl PyRef {
-    /// Asks and waits for the reply (GIL released; Ctrl+C interrupts).
-    #[pyo3(signature = (message, timeout = 30.0))]
+    /// Asks and waits for the reply (GIL released; Ctrl+C interrupts). With `into`, the
+    /// reply's buffers are copied into those buffers (after `check(metadata)` passed).
+    #[pyo3(signature = (message, timeout = 30.0, *, into = None, check = None))]
     fn ask(
         &self,
         py: Python<'_>,
         message: &Bound<'_, PyTensorMessage>,
         timeout: f64,
+        into: Option<&Bound<'_, PyAny>>,
+        check: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         drain_releases(py);
-        let (message, timeout) = (message.get().inner.clone(), seconds(timeout)?);
+        let targets = into.map(|into| Targets::take(into, check)).transpose()?;
+        let (message, timeout) = (self.outgoing(py, message), seconds(timeout)?);
         let interrupted = Mutex::new(None);
         let result = py.detach(|| {
             let stop = || interrupt(&interrupted);
             self.node
                 .ask_blocking_to(&self.to, message, timeout, Some(&stop))
         });
-        match result {
-            Ok((reply, route)) => reply_to_py(py, reply, Some(route), self.pickle),
-            Err(e) => {
+        match (result, targets) {
+            (Ok((reply, route)), None) => reply_to_py(py, reply, Some(route), self.pickle),
+            (Ok((reply, route)), Some(targets)) => {
+                reply_into(py, targets, reply, Some(route), self.pickle)
+            }
+            (Err(e), _) => {
                 Err(into_inner(interrupted).unwrap_or_else(|| to_py(&e, &self.context("ask"))))
             }
         }
@@ -85,7 +100,7 @@ impl PyRef {
         timeout: f64,
     ) -> PyResult<()> {
         drain_releases(py);
-        let (message, timeout) = (message.get().inner.clone(), seconds(timeout)?);
+        let (message, timeout) = (self.outgoing(py, message), seconds(timeout)?);
         let interrupted = Mutex::new(None);
         let result = py.detach(|| {
             let stop = || interrupt(&interrupted);
@@ -110,7 +125,7 @@ impl PyRef {
         timeout: f64,
     ) -> PyResult<()> {
         drain_releases(py);
-        let (message, timeout) = (message.get().inner.clone(), seconds(timeout)?);
+        let (message, timeout) = (self.outgoing(py, message), seconds(timeout)?);
         let pending = self.node.tell_to(&self.to, message, timeout);
         let context = (self.to.path().to_owned(), self.to.peer());
         pending.detach(move |result| {
@@ -121,26 +136,31 @@ impl PyRef {
         Ok(())
     }
 
-    /// Starts an ask whose completion `pump` delivers; returns its token.
-    #[pyo3(signature = (pump, message, timeout = 30.0))]
+    /// Starts an ask whose completion `pump` delivers; returns its token. `into` and `check`
+    /// as for [`PyRef::ask`].
+    #[pyo3(signature = (pump, message, timeout = 30.0, *, into = None, check = None))]
     fn ask_start(
         &self,
         py: Python<'_>,
         pump: &Bound<'_, Pump>,
         message: &Bound<'_, PyTensorMessage>,
         timeout: f64,
+        into: Option<&Bound<'_, PyAny>>,
+        check: Option<Py<PyAny>>,
     ) -> PyResult<u64> {
         drain_releases(py);
-        let (message, timeout) = (message.get().inner.clone(), seconds(timeout)?);
+        let targets = into.map(|into| Targets::take(into, check)).transpose()?;
+        let (message, timeout) = (self.outgoing(py, message), seconds(timeout)?);
         // Starting never waits (a copy, a connection or a hello happens on the transport's
         // threads): no need to let go of the GIL for it.
         let pending = self.node.ask_to(&self.to, message, timeout);
         let (pickle, context) = (self.pickle, ContextLater::of(self, "ask"));
         Ok(pump.get().start(Box::pin(async move {
             let (result, route) = finish(pending).await;
-            Box::new(move |py: Python<'_>| match result {
-                Ok(reply) => reply_to_py(py, reply, route, pickle),
-                Err(e) => Err(to_py(&e, &context.text())),
+            Box::new(move |py: Python<'_>| match (result, targets) {
+                (Ok(reply), None) => reply_to_py(py, reply, route, pickle),
+                (Ok(reply), Some(targets)) => reply_into(py, targets, reply, route, pickle),
+                (Err(e), _) => Err(to_py(&e, &context.text())),
             }) as Outcome
         })))
     }
@@ -155,7 +175,7 @@ impl PyRef {
         timeout: f64,
     ) -> PyResult<u64> {
         drain_releases(py);
-        let (message, timeout) = (message.get().inner.clone(), seconds(timeout)?);
+        let (message, timeout) = (self.outgoing(py, message), seconds(timeout)?);
         let pending = self.node.tell_to(&self.to, message, timeout);
         let context = ContextLater::of(self, "tell");
         Ok(pump.get().start(Box::pin(async move {

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::sync::lock;
+use tensorwire_engine::fork::PerProcess;
 
 use pyo3::prelude::*;
 
@@ -14,14 +15,19 @@ use pyo3::prelude::*;
 const MAX_WAITING: usize = 64;
 
 static FAILED: AtomicU64 = AtomicU64::new(0);
-static WAITING: Mutex<VecDeque<String>> = Mutex::new(VecDeque::new());
+/// Texts to log (a child made by `fork()` starts with none and a lock of its own).
+static WAITING: PerProcess<Mutex<VecDeque<String>>> = PerProcess::new();
+
+fn texts() -> &'static Mutex<VecDeque<String>> {
+    WAITING.get_or_init(|| Mutex::new(VecDeque::new()))
+}
 /// Whether `WAITING` may hold anything (checked without the lock).
 static ANY: AtomicBool = AtomicBool::new(false);
 
 /// A fire-and-forget tell failed (any thread).
 pub(crate) fn failed(text: String) {
     FAILED.fetch_add(1, Ordering::Relaxed);
-    let mut waiting = lock(&WAITING);
+    let mut waiting = lock(texts());
     if waiting.len() < MAX_WAITING {
         waiting.push_back(text);
     }
@@ -39,7 +45,7 @@ pub(crate) fn log_failures(py: Python<'_>) {
         return;
     }
     let texts: Vec<String> = {
-        let mut waiting = lock(&WAITING);
+        let mut waiting = lock(texts());
         if waiting.is_empty() {
             return;
         }

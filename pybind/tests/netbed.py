@@ -49,7 +49,9 @@ class Namespace:
         return ["nsenter", f"--net={self.path}", "--", *args]
 
     def run(self, *args: str, stdin: str | None = None) -> None:
-        out = subprocess.run(self.argv(args), input=stdin, capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            self.argv(args), input=stdin, capture_output=True, text=True, timeout=30
+        )
         if out.returncode != 0:
             raise RuntimeError(f"{list(args)} in {self.name} failed: {out.stderr.strip()}")
 
@@ -90,8 +92,19 @@ class NetBed:
                 host = Host(index)
                 self.hosts.append(host)
                 port = f"p{index}"
-                self.switch.run("ip", "link", "add", port, "type", "veth", "peer", "name", "eth0",
-                                "netns", host.path)
+                self.switch.run(
+                    "ip",
+                    "link",
+                    "add",
+                    port,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    "eth0",
+                    "netns",
+                    host.path,
+                )
                 self.switch.run("ip", "link", "set", port, "master", "br0", "up")
                 host.run("ip", "addr", "add", f"{host.ip}/24", "dev", "eth0")
                 host.run("ip", "link", "set", "eth0", "up")
@@ -108,11 +121,13 @@ class NetBed:
             each.run("ethtool", "-K", "eth0", "tso", "off", "gso", "off")
         port, rule = f"p{host}", f"numgen random mod 1000 < {per_mille} drop"
         self.switch.run(
-            "nft", "-f", "-",
+            "nft",
+            "-f",
+            "-",
             stdin=(
                 f"table bridge twloss{host} {{\n"
                 "  chain forward { type filter hook forward priority 0; policy accept;\n"
-                f"    iifname \"{port}\" {rule}; oifname \"{port}\" {rule}; }}\n"
+                f'    iifname "{port}" {rule}; oifname "{port}" {rule}; }}\n'
                 "}\n"
             ),
         )

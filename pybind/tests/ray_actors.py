@@ -56,6 +56,11 @@ class Producer:
         """Writes over the array ``make_loaned`` returned (the object must not change)."""
         self.kept[:] = 0
 
+    @ray.method(tensor_transport="tensorwire_torch")
+    def make_torch(self, n: int) -> list[Any]:
+        """CPU torch tensors: float32, and bfloat16 (which numpy lacks)."""
+        return torch_pair(n)
+
     def put(self, nbytes: int) -> list[ray.ObjectRef]:
         return [ray.put(pattern(nbytes, 5), _tensor_transport="tensorwire")]
 
@@ -98,7 +103,23 @@ class Consumer:
             a.dtype == np.uint8 and np.array_equal(a, pattern(nbytes, first + i))
             for i, a in enumerate(arrays)
         )
-        return {"intact": intact, "count": len(arrays), "writable": [a.flags.writeable for a in arrays]}
+        return {
+            "intact": intact,
+            "count": len(arrays),
+            "writable": [a.flags.writeable for a in arrays],
+        }
+
+    def check_torch(self, tensors: list[Any], n: int) -> dict[str, Any]:
+        """Compares torch tensors that arrived with :func:`torch_pair`."""
+        import torch
+
+        expected = torch_pair(n)
+        return {
+            "types": [type(t).__name__ for t in tensors],
+            "dtypes": [str(t.dtype) for t in tensors],
+            "intact": all(torch.equal(t, e) for t, e in zip(tensors, expected, strict=True)),
+            "writable": [_writable(t) for t in tensors],
+        }
 
     def get(self, refs: list[ray.ObjectRef], nbytes: int) -> bool:
         (arrays,) = ray.get(refs)
@@ -130,6 +151,22 @@ class Plain:
 
     def make(self, nbytes: int, count: int) -> list[np.ndarray]:
         return [pattern(nbytes, i) for i in range(count)]
+
+
+def torch_pair(n: int) -> list[Any]:
+    """Two CPU torch tensors of ``n`` elements: float32 and bfloat16 (imported here: Ray's
+    workers import this module whether or not torch is installed)."""
+    import torch
+
+    base = torch.arange(n, dtype=torch.float32) % 251
+    return [base, (base / 8).to(torch.bfloat16)]
+
+
+def _writable(tensor: Any) -> bool:
+    """Whether an in-place op on ``tensor`` works (a torch tensor over read-only memory
+    would crash or change the sender's bytes; the transport copies into one it may write)."""
+    tensor.add_(0)
+    return True
 
 
 def wait_for(predicate: Any, seconds: float) -> bool:

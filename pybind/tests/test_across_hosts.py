@@ -58,7 +58,9 @@ def ask_across(bed: NetBed, asks: int) -> dict[str, object]:
     with tempfile.TemporaryFile("w+") as server_err:
         server = server_host.popen(
             [sys.executable, "-c", SERVER, f"{server_host.ip}:0"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=server_err,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=server_err,
         )
         try:
             assert server.stdout is not None
@@ -67,8 +69,12 @@ def ask_across(bed: NetBed, asks: int) -> dict[str, object]:
             server_err.seek(0)
             assert address.startswith(server_host.ip), (address, server_err.read())
             client = subprocess.run(
-                client_host.argv([sys.executable, "-c", CLIENT, address, str(asks), f"{client_host.ip}:0"]),
-                capture_output=True, text=True, timeout=240,
+                client_host.argv(
+                    [sys.executable, "-c", CLIENT, address, str(asks), f"{client_host.ip}:0"]
+                ),
+                capture_output=True,
+                text=True,
+                timeout=240,
             )
             assert client.returncode == 0, client.stderr
             result: dict[str, object] = json.loads(client.stdout)

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import tensorwire as tw
-
 from helpers import floats
 
 
@@ -44,7 +43,9 @@ def test_a_thousand_asks_in_flight_all_arrive(node: tw.Node, server: tw.Node) ->
 def test_errors_arrive_as_the_same_exceptions(node: tw.Node, server: tw.Node) -> None:
     async def main() -> None:
         with pytest.raises(tw.RemoteError, match="refused"):
-            await node.ref(server.address, "fail", transport="raw").ask_async(tw.TensorMessage(b"x", []))
+            await node.ref(server.address, "fail", transport="raw").ask_async(
+                tw.TensorMessage(b"x", [])
+            )
         with pytest.raises(TimeoutError):
             await node.ref(server.address, "slow", transport="raw").ask_async(
                 tw.TensorMessage(b"1", []), timeout=0.2

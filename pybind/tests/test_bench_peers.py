@@ -17,25 +17,122 @@ PTR1_BENCH = ROOT / "target" / "release" / "ptr1-bench"
 
 @pytest.mark.skipif(
     not PTR1_BENCH.exists(),
-    reason=f"{PTR1_BENCH} is not built (cargo build --release -p ptr1-bench; scripts/test-all builds it)",
+    reason=f"{PTR1_BENCH} is not built (cargo build --release -p ptr1-bench; "
+    "scripts/test-all builds it)",
 )
 def test_the_driver_measures_every_case_or_says_why_not() -> None:
     out = subprocess.run(
-        [sys.executable, str(BENCH), "--json", "--reps", "1", "--seconds", "0.02",
-         "--sizes", "4KiB,64KiB", "--buffers", "1,16", "--skip", "rust,zmq,grpc,ray,iceoryx2"],
-        capture_output=True, text=True, timeout=300, check=True,
+        [
+            sys.executable,
+            str(BENCH),
+            "--json",
+            "--reps",
+            "1",
+            "--seconds",
+            "0.02",
+            "--sizes",
+            "4KiB,64KiB",
+            "--buffers",
+            "1,16",
+            "--skip",
+            "rust,zmq,grpc,ray,iceoryx2,mpi",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
     )
     records = [json.loads(line) for line in out.stdout.splitlines()]
     samples = [r for r in records if r["kind"] == "sample"]
     cells = {(r["peer"], r["mode"], r["size"], r["buffers"]) for r in samples}
-    for peer in ("tensorwire (Python)", "tensorwire shm (Python)"):
+    for peer in (
+        "tensorwire (Python)",
+        "tensorwire shm (Python)",
+        "tensorwire shm loaned (Python)",
+    ):
         for mode in ("oneway", "rtt", "inflight"):
             for size in (4096, 65536):
                 for buffers in (1, 16):
                     assert (peer, mode, size, buffers) in cells
     assert all(r["value"] > 0 for r in samples)
+    assert all(r["cpu_s"] >= 0 and r["seconds"] > 0 for r in samples)
+    kinds = {(r["peer"], r["size"]): r["transfer"] for r in samples}
+    # Shared memory carries 4 KiB inside a record of its queue, copied in and out, loaned or
+    # not; 64 KiB in slots.
+    assert kinds[("tensorwire shm (Python)", 4096)] == "one_copy"
+    assert kinds[("tensorwire shm loaned (Python)", 4096)] == "one_copy"
+    assert kinds[("tensorwire shm (Python)", 65536)] == "one_copy"
+    assert kinds[("tensorwire shm loaned (Python)", 65536)] == "zero_copy"
+    assert kinds[("multiprocessing.shared_memory", 65536)] == "one_copy"
+    described = {r["peer"]: r for r in records if r["kind"] == "peer"}
+    assert (
+        described["tensorwire (Python)"]["ours"]
+        and not described["multiprocessing.shared_memory"]["ours"]
+    )
+    for mode in ("rtt", "inflight"):
+        assert ("tensorwire into (Python)", mode, 65536, 16) in cells
     assert ("multiprocessing.shared_memory", "rtt", 65536, 16) in cells
     refused = [r for r in records if r["kind"] == "not_applicable"]
-    assert {(r["peer"], r["mode"]) for r in refused} == {("multiprocessing.shared_memory", "inflight")}
+    assert {(r["peer"], r["mode"]) for r in refused} == {
+        ("multiprocessing.shared_memory", "inflight"),
+        ("tensorwire into (Python)", "oneway"),
+    }
     versions = {r["name"] for r in records if r["kind"] == "version"}
     assert {"python", "numpy", "tensorwire"} <= versions
+
+
+def test_the_mpi_peers_measure_one_host_and_tcp_in_fresh_processes() -> None:
+    """MPI (mpi4py over Open MPI, `mpirun -n 2`) on one host and over TCP, each cell in a new
+    mpirun. scripts/install-deps and scripts/python-env install both; a machine without them
+    fails here under TENSORWIRE_REQUIRE_PEERS=1 and skips, saying why, otherwise."""
+    import os
+    import shutil
+
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError as e:
+        missing = f"mpi4py is not installed ({e}; scripts/python-env installs it)"
+    else:
+        missing = (
+            ""
+            if shutil.which("mpirun")
+            else "no mpirun (scripts/install-deps installs openmpi-bin)"
+        )
+    if missing:
+        if os.environ.get("TENSORWIRE_REQUIRE_PEERS") == "1":
+            pytest.fail(missing)
+        pytest.skip(missing)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH),
+            "--json",
+            "--fresh",
+            "--reps",
+            "1",
+            "--seconds",
+            "0.05",
+            "--sizes",
+            "4KiB,64KiB",
+            "--buffers",
+            "1,16",
+            "--only",
+            "mpi,mpitcp",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    records = [json.loads(line) for line in out.stdout.splitlines()]
+    assert not [r for r in records if r["kind"] in ("unavailable", "failed")], out.stdout
+    samples = [r for r in records if r["kind"] == "sample"]
+    cells = {(r["peer"], r["mode"], r["size"], r["buffers"]): r for r in samples}
+    for peer, transfer in (("MPI one host", "one_copy"), ("MPI over TCP", "kernel")):
+        for mode in ("oneway", "rtt", "inflight"):
+            for size in (4096, 65536):
+                for buffers in (1, 16):
+                    cell = cells[(peer, mode, size, buffers)]
+                    assert cell["value"] > 0 and cell["transfer"] == transfer
+    described = {r["peer"]: r for r in records if r["kind"] == "peer"}
+    assert described["MPI one host"]["spins"] and not described["MPI one host"]["ours"]

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import tensorwire as tw
+from helpers import need
 
 
 def test_freeze_refuses_while_a_memoryview_is_exported(node: tw.Node) -> None:
@@ -60,7 +61,7 @@ def test_a_peer_never_sees_a_write_made_after_freeze(node: tw.Node) -> None:
 
 
 def test_a_torch_tensor_built_on_the_loan_writes_privately_after_freeze(node: tw.Node) -> None:
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     loan = node.loan(4096)
     tensor = torch.frombuffer(loan, dtype=torch.uint8)
     tensor[:] = 1

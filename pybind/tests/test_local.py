@@ -1,4 +1,4 @@
-"""Same-process delivery: the receiver aliases the sender's buffer, read-only."""
+"""Same-process delivery: a lent buffer is aliased read-only; what outlives what."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 import tensorwire as tw
-
 from helpers import floats
 
 
-def test_a_local_ask_aliases_the_senders_memory_read_only(node: tw.Node) -> None:
+def test_a_lent_message_is_aliased_read_only_by_a_local_receiver(node: tw.Node) -> None:
+    """`lend=True`: the receiver in this process gets the sender's memory as it is, read-only
+    (the sender promised to keep it unchanged while it is received)."""
     inbox = node.endpoint("inbox")
     x = floats(1024)
     ref = node.ref(node.address, "inbox")
@@ -34,7 +35,7 @@ def test_a_local_ask_aliases_the_senders_memory_read_only(node: tw.Node) -> None
 
     t = threading.Thread(target=receive)
     t.start()
-    reply = ref.ask(tw.TensorMessage(b"m", [x]), timeout=10)
+    reply = ref.ask(tw.TensorMessage(b"m", [x], lend=True), timeout=10)
     t.join()
     assert got and got[0].kind == "ask" and got[0].peer is None
     assert memoryview(reply.buffers[0]).readonly

@@ -12,9 +12,21 @@ import tensorwire as tw
 
 def test_public_surface() -> None:
     for name in [
-        "TensorMessage", "Node", "Ref", "Endpoint", "Request", "Buffer", "Route",
-        "tensor_transport_stats", "tensors", "Error", "RemoteError", "DeadlineExceeded",
-        "UnknownEndpoint", "TransportUnavailable", "LimitExceeded",
+        "TensorMessage",
+        "Node",
+        "Ref",
+        "Endpoint",
+        "Request",
+        "Buffer",
+        "Route",
+        "tensor_transport_stats",
+        "tensors",
+        "Error",
+        "RemoteError",
+        "DeadlineExceeded",
+        "UnknownEndpoint",
+        "TransportUnavailable",
+        "LimitExceeded",
     ]:
         assert hasattr(tw, name), name
     assert issubclass(tw.DeadlineExceeded, TimeoutError)
@@ -27,7 +39,13 @@ def test_public_surface() -> None:
 
 def test_attributes_and_a_metadata_only_message() -> None:
     m = tw.TensorMessage(b"only metadata", [])
-    assert (m.version, m.metadata, m.buffers, m.total_bytes, len(m)) == (1, b"only metadata", (), 0, 0)
+    assert (m.version, m.metadata, m.buffers, m.total_bytes, len(m)) == (
+        1,
+        b"only metadata",
+        (),
+        0,
+        0,
+    )
     m = tw.TensorMessage("text", [b"ab", bytearray(b"cde")], version=7)
     assert (m.version, m.metadata, m.total_bytes, len(m)) == (7, b"text", 5, 2)
 
@@ -61,3 +79,12 @@ def test_objects_without_the_buffer_protocol_are_refused() -> None:
         tw.TensorMessage(b"", [3])
     with pytest.raises(TypeError, match="metadata"):
         tw.TensorMessage(42, [])
+
+
+def test_one_array_passed_as_the_buffer_list_is_refused_not_split_into_rows() -> None:
+    with pytest.raises(TypeError, match="list of buffers, not one ndarray"):
+        tw.TensorMessage(b"", np.zeros((3, 4), np.float32))
+    with pytest.raises(TypeError, match="list of buffers, not one bytes"):
+        tw.TensorMessage(b"", b"abc")
+    assert len(tw.TensorMessage(b"", [np.zeros((3, 4), np.float32)])) == 1
+    assert len(tw.TensorMessage(b"", list(np.zeros((3, 4), np.float32)))) == 3

@@ -17,8 +17,17 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "python"
 @pytest.mark.parametrize("transport", ["raw", "shm", "http2", "auto"])
 def test_a_producer_process_streams_dicts_of_tensors_to_a_consumer(transport: str) -> None:
     out = subprocess.run(
-        [sys.executable, str(EXAMPLES / "two_process.py"), "--steps", "10", "--transport", transport],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            str(EXAMPLES / "two_process.py"),
+            "--steps",
+            "10",
+            "--transport",
+            transport,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     assert "10 dicts" in out.stdout
@@ -31,7 +40,9 @@ def test_a_producer_process_streams_dicts_of_tensors_to_a_consumer(transport: st
 def test_the_seed_example_runs(transport: str) -> None:
     out = subprocess.run(
         [sys.executable, str(EXAMPLES / "tensor_message_fast_path.py"), "--transport", transport],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(f"ack 1048576 floats, sum 549755289600.0 over {transport}")

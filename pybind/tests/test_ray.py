@@ -19,6 +19,7 @@ else:
 
 import tensorwire as tw  # noqa: E402
 import tensorwire.ray as twr  # noqa: E402
+from helpers import need  # noqa: E402
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -59,7 +60,9 @@ def fetched(consumer: Any, route: str) -> int:
 
 @pytest.mark.parametrize("count", [1, 16])
 @pytest.mark.parametrize("nbytes", [1, 4096, MiB, 64 * MiB], ids=["1B", "4KiB", "1MiB", "64MiB"])
-def test_arrays_arrive_intact_over_shared_memory(pair: tuple[Any, Any], nbytes: int, count: int) -> None:
+def test_arrays_arrive_intact_over_shared_memory(
+    pair: tuple[Any, Any], nbytes: int, count: int
+) -> None:
     producer, consumer = pair
     before = fetched(consumer, "shm")
     ref = producer.make.remote(nbytes, count)
@@ -67,6 +70,20 @@ def test_arrays_arrive_intact_over_shared_memory(pair: tuple[Any, Any], nbytes: 
     assert seen["intact"] and seen["count"] == count
     # Shared memory the producer's node lent: read-only views, no copy in the consumer.
     assert seen["writable"] == [False] * count
+    assert fetched(consumer, "shm") == before + 1
+
+
+def test_cpu_torch_tensors_travel_over_the_torch_transport(pair: tuple[Any, Any]) -> None:
+    need("torch")
+    producer, consumer = pair
+    before = fetched(consumer, "shm")
+    seen = ray.get(consumer.check_torch.remote(producer.make_torch.remote(MiB // 4), MiB // 4))
+    assert seen == {
+        "types": ["Tensor", "Tensor"],
+        "dtypes": ["torch.float32", "torch.bfloat16"],
+        "intact": True,
+        "writable": [True, True],
+    }
     assert fetched(consumer, "shm") == before + 1
 
 
@@ -83,7 +100,9 @@ def test_ray_put_in_the_driver_and_ray_get_in_the_driver(pair: tuple[Any, Any]) 
     assert twr.stats()["fetched_shm"] >= 1
 
 
-def test_a_plain_ray_task_fetches_after_registering_from_the_metadata(pair: tuple[Any, Any]) -> None:
+def test_a_plain_ray_task_fetches_after_registering_from_the_metadata(
+    pair: tuple[Any, Any],
+) -> None:
     import uuid
 
     from ray_actors import pattern

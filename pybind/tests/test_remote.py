@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import tensorwire as tw
-
 from helpers import floats
 
 
@@ -70,7 +69,9 @@ def test_an_ask_times_out_as_a_timeout_error(node: tw.Node, server: tw.Node) -> 
     counted = tw.tensor_transport_stats()["errors"].get("DeadlineExceeded", 0)
     start = time.monotonic()
     with pytest.raises(TimeoutError) as info:
-        node.ref(server.address, "slow", transport="raw").ask(tw.TensorMessage(b"2", []), timeout=0.3)
+        node.ref(server.address, "slow", transport="raw").ask(
+            tw.TensorMessage(b"2", []), timeout=0.3
+        )
     assert isinstance(info.value, tw.DeadlineExceeded)
     assert time.monotonic() - start < 1.5
     assert tw.tensor_transport_stats()["errors"]["DeadlineExceeded"] == counted + 1
@@ -138,7 +139,10 @@ def test_stats_count_ptr1_traffic(node: tw.Node, server: tw.Node) -> None:
     # The server counts its reply when the kernel reports the send done, which may come just
     # after the asker already has the reply: both directions show up within a moment.
     deadline = time.monotonic() + 5
-    while tw.tensor_transport_stats()["raw_bytes_sent"] < before + 20000 and time.monotonic() < deadline:
+    while (
+        tw.tensor_transport_stats()["raw_bytes_sent"] < before + 20000
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.01)
     assert tw.tensor_transport_stats()["raw_bytes_sent"] >= before + 20000
     assert node.stats()["driver"] in ("io_uring", "tokio")

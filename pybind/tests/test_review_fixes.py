@@ -21,7 +21,9 @@ def test_a_node_dropped_without_close_while_a_handler_runs_does_not_deadlock(nod
 
     def ask() -> None:
         try:
-            results.append(node.ref(address, "slow", transport="raw").ask(tw.TensorMessage(b"", [])))
+            results.append(
+                node.ref(address, "slow", transport="raw").ask(tw.TensorMessage(b"", []))
+            )
         except tw.Error as e:
             results.append(e)
 
@@ -105,7 +107,9 @@ def test_a_port_in_use_is_an_os_error(node: tw.Node) -> None:
     assert isinstance(info.value, tw.Error)
 
 
-def test_an_unknown_endpoint_over_http2_is_a_lookup_error_too(node: tw.Node, server: tw.Node) -> None:
+def test_an_unknown_endpoint_over_http2_is_a_lookup_error_too(
+    node: tw.Node, server: tw.Node
+) -> None:
     with pytest.raises(tw.UnknownEndpoint):
         node.ref(server.address, "nobody", transport="http2").ask(tw.TensorMessage(b"", []))
 

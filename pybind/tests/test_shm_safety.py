@@ -43,7 +43,9 @@ def test_a_buffer_held_past_any_hold_limit_never_changes_while_the_sender_goes_o
         inbox = receiver.endpoint("inbox", capacity=1024)
         with subprocess.Popen(
             [sys.executable, "-c", SENDER, receiver.address, str(HOLD_SECONDS)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         ) as sender:
             assert sender.stdin is not None and sender.stdout is not None
             first = inbox.recv(timeout=30)
@@ -96,7 +98,9 @@ SERVER = textwrap.dedent(
 def _mtls_server(pki, shared_memory: str) -> subprocess.Popen[str]:  # type: ignore[no-untyped-def]
     return subprocess.Popen(
         [sys.executable, "-c", SERVER, pki.server_cert, pki.server_key, pki.ca, shared_memory],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -141,7 +145,8 @@ SQUATTER = textwrap.dedent(
     victim_uid = int(sys.argv[1])
     tcp = socket.socket(); tcp.bind(("127.0.0.1", 0)); tcp.listen()
     name = f"tensorwire/{victim_uid}/squatter-{os.getpid()}"
-    unix = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); unix.bind("\\0" + name); unix.listen()
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    unix.bind("\\0" + name); unix.listen()
     print(tcp.getsockname()[1], flush=True)
     boot = open("/proc/sys/kernel/random/boot_id").read().strip().encode()
     conns, hellos = 0, 0
@@ -152,7 +157,7 @@ SQUATTER = textwrap.dedent(
         if tcp in ready:
             c, _ = tcp.accept()
             if c.recv(4) == b"TWSK":
-                reply = b"TWSK\\x01\\x00" + struct.pack("<II", os.getpid(), victim_uid)
+                reply = b"TWSK\\x02\\x00" + struct.pack("<II", os.getpid(), victim_uid)
                 reply += bytes([len(boot)]) + boot + bytes([len(name)]) + name.encode()
                 reply += struct.pack("<Q", 7) + b"s" * 16
                 c.sendall(reply)
@@ -175,9 +180,19 @@ def test_a_squatter_of_another_user_is_refused_and_the_send_stays_on_tcp() -> No
     if os.geteuid() != 0:
         pytest.skip("running a squatter as another user needs root (CI runs as root)")
     with subprocess.Popen(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-         sys.executable, "-c", SQUATTER, str(os.getuid())],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            SQUATTER,
+            str(os.getuid()),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     ) as squatter:
         assert squatter.stdin is not None and squatter.stdout is not None
         port = int(squatter.stdout.readline())

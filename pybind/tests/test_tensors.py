@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import tensorwire as tw
+from helpers import need
 from tensorwire import tensors
 
 
@@ -68,9 +69,59 @@ def test_metadata_that_does_not_match_the_buffers_is_refused() -> None:
         tensors.pack({"a": [1, 2, 3]})
 
 
-def test_torch_tensors_round_trip_when_torch_is_installed() -> None:
-    torch = pytest.importorskip("torch", reason="torch is not installed: torch cases skipped")
-    batch = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(4, dtype=torch.bfloat16)}
+@pytest.mark.parametrize("transport", ["raw", "shm"])
+def test_torch_tensors_round_trip_bfloat16_included(
+    node: tw.Node, server: tw.Node, transport: str
+) -> None:
+    torch = need("torch")
+    batch = {
+        "w": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+        "b": torch.linspace(-2, 2, 5, dtype=torch.bfloat16),
+        "i": torch.tensor(7, dtype=torch.int64),
+    }
+    for message in (
+        tensors.pack(batch),
+        node.ref(server.address, "echo", transport).ask(tensors.pack(batch)),
+    ):
+        assert isinstance(message, tw.TensorMessage)
+        out = tensors.unpack(message)
+        for name, tensor in batch.items():
+            assert isinstance(out[name], torch.Tensor) and out[name].dtype == tensor.dtype, name
+            assert torch.equal(out[name], tensor), name
+    # numpy receivers get bfloat16's raw bits, and are told so.
+    with pytest.warns(UserWarning, match="bfloat16, which numpy lacks"):
+        raw = tensors.unpack(tensors.pack(batch), as_torch=False)
+    assert raw["b"].dtype == np.int16
+
+
+def test_extra_json_round_trips_beside_the_tensors(node: tw.Node, server: tw.Node) -> None:
+    extra = {"step": np.int64(1200), "layers": [3, 4], "lr": np.float32(0.5), "tag": "warmup"}
+    message = tensors.pack({"g": np.ones(3, np.float32)}, extra=extra, version=9)
+    reply = node.ref(server.address, "echo", transport="raw").ask(message)
+    assert isinstance(reply, tw.TensorMessage)
+    out = tensors.unpack(reply)
+    assert out.extra == {"step": 1200, "layers": [3, 4], "lr": 0.5, "tag": "warmup"}
+    assert list(out) == ["g"] and reply.version == 9
+    assert tensors.unpack(tensors.pack({})).extra is None
+    with pytest.raises(ValueError, match="extra must be JSON"):
+        tensors.pack({}, extra={"a": object()})
+    with pytest.raises(ValueError, match="extra must be JSON"):
+        tensors.pack({}, extra=float("nan"))
+
+
+def test_numpy_and_python_scalars_travel_and_come_back_as_scalars() -> None:
+    batch = {
+        "step": 12,
+        "loss": 0.25,
+        "done": True,
+        "z": 1 + 2j,
+        "n": np.float16(1.5),
+        "i": np.int8(-3),
+    }
     out = tensors.unpack(tensors.pack(batch))
-    assert isinstance(out["w"], torch.Tensor) and out["b"].dtype == torch.bfloat16
-    assert torch.equal(out["w"], batch["w"]) and torch.equal(out["b"], batch["b"])
+    assert out == batch
+    assert [type(out[k]) for k in batch] == [int, float, bool, complex, np.float16, np.int8]
+    with pytest.raises(ValueError, match="does not fit 64 bits"):
+        tensors.pack({"big": 1 << 70})
+    with pytest.raises(TypeError, match="other values go in extra="):
+        tensors.pack({"name": "text"})

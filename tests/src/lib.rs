@@ -14,6 +14,8 @@ use tensorwire_proto::ptr1::{self, Frame};
 pub mod across;
 pub mod http2;
 pub mod pki;
+pub mod raw_shm;
+pub mod stripes;
 
 /// The network test bed (hosts in network namespaces, faults on the wire).
 pub use tensorwire_netbed as netns;
@@ -39,9 +41,12 @@ impl Driver {
     /// A builder for a loopback node on this driver, with two driver threads (shared memory
     /// off: these nodes test PTR1).
     pub fn builder(self) -> NodeBuilder {
-        let builder = Node::builder(any_local_address())
-            .cores(2)
-            .shared_memory(false);
+        self.builder_on(any_local_address())
+    }
+
+    /// [`Driver::builder`] for a node listening on `addr`.
+    pub fn builder_on(self, addr: SocketAddr) -> NodeBuilder {
+        let builder = Node::builder(addr).cores(2).shared_memory(false);
         match self {
             Self::Uring => {
                 require_io_uring();

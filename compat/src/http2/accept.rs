@@ -4,12 +4,14 @@
 //! (with the bytes it already read) or from a standalone listener.
 
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::http2::prefixed::Prefixed;
@@ -43,15 +45,50 @@ pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, prefix: Vec<u8
     let _guard = Guard::connection(&shared);
     let Ok(addr) = stream.peer_addr() else { return };
     let _ = stream.set_nodelay(true);
+    // A second handle on the socket, for a close that loses nothing written (`linger`).
+    let kept = stream.as_fd().try_clone_to_owned().ok();
+    serve_stream(&shared, addr, stream, prefix).await;
+    if let Some(fd) = kept {
+        linger(fd, shared.session.drain_timeout).await;
+    }
+}
+
+/// Closes a served connection without losing what was written to it: the write side is shut
+/// down (the peer reads every byte sent, then the end), and what the peer still sends (window
+/// updates, a PING's answer) is read and dropped until it closes too, for at most `limit`.
+/// Closing with that input unread would reset the connection instead, and the tail of a reply
+/// still on its way would be lost (a graceful close ends a connection right after its last
+/// response is written).
+async fn linger(fd: OwnedFd, limit: Duration) {
+    let stream = std::net::TcpStream::from(fd);
+    if stream.set_nonblocking(true).is_err() {
+        return;
+    }
+    let Ok(mut stream) = TcpStream::from_std(stream) else {
+        return;
+    };
+    let _ = stream.shutdown().await;
+    let mut sink = vec![0u8; 16 << 10];
+    let _ = tokio::time::timeout(limit, async {
+        while let Ok(n) = stream.read(&mut sink).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
+async fn serve_stream(shared: &Arc<Shared>, addr: SocketAddr, stream: TcpStream, prefix: Vec<u8>) {
     let io = Prefixed::new(prefix, stream);
     match classify(&io.prefix) {
-        Kind::Tls => serve_tls(&shared, addr, io).await,
+        Kind::Tls => serve_tls(shared, addr, io).await,
         Kind::H2c if shared.config.require_tls => {
             tracing::debug!(%addr, "h2c refused: this node requires TLS");
         }
         Kind::H2c => {
             serve_http2(
-                &shared,
+                shared,
                 Peer {
                     addr,
                     identity: None,
@@ -84,7 +121,7 @@ pub(crate) async fn listen(shared: Arc<Shared>, listener: TcpListener) {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "HTTP/2 accept failed; retrying in 100 ms");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },
             () = crate::sync::stopped(&mut shutdown) => return,
@@ -192,4 +229,4 @@ enum Phase {
 }
 
 /// How long requests in flight may take to finish once the node shuts down.
-const DRAIN_AT_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(5);
+const DRAIN_AT_SHUTDOWN: Duration = Duration::from_secs(5);

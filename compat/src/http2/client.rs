@@ -16,7 +16,7 @@ use rustls_pki_types::ServerName;
 use tensorwire_proto::transport::{
     ActorPath, Answer, Completion, Error, OutboundRequest, Reply, RequestKind,
 };
-use tensorwire_proto::{Encoded, Format, Malformed, WireError, stats};
+use tensorwire_proto::{Encoded, Format, Limits, Malformed, WireError, stats};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::{Mutex as AsyncMutex, oneshot};
@@ -237,7 +237,9 @@ async fn answer(
             reply: "success status",
         }),
         (status, _) => {
-            let text = collect(peer, body, shared).await.unwrap_or_default();
+            // An error text may be longer than a small metadata limit (as PTR1 Error replies).
+            let limit = Limits::MAX_ERROR_TEXT_BYTES.max(shared.limits.max_metadata_bytes());
+            let text = collect_up_to(peer, body, limit).await.unwrap_or_default();
             let text = String::from_utf8_lossy(&text);
             let text = if text.is_empty() {
                 status.to_string()
@@ -254,7 +256,16 @@ async fn answer(
 
 /// A small body (a single reply, an error text), bounded by the metadata limit.
 async fn collect(peer: SocketAddr, body: Incoming, shared: &Shared) -> Result<bytes::Bytes, Error> {
-    let limit = usize::try_from(shared.limits.max_metadata_bytes()).unwrap_or(usize::MAX);
+    collect_up_to(peer, body, shared.limits.max_metadata_bytes()).await
+}
+
+/// A body of at most `limit` bytes.
+async fn collect_up_to(
+    peer: SocketAddr,
+    body: Incoming,
+    limit: u64,
+) -> Result<bytes::Bytes, Error> {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     Limited::new(body, limit)
         .collect()
         .await

@@ -21,7 +21,7 @@ pub(crate) fn start(shared: &Arc<Shared>, outgoing: Outgoing) {
     let peer = outgoing.peer;
     let (deadline, bytes) = (
         outgoing.request.deadline().at(),
-        outgoing.request.wire_len(),
+        outgoing.request.pool_bytes(),
     );
     let checkout = lock(&shared.pool).checkout(peer, outgoing, bytes, deadline);
     match checkout {

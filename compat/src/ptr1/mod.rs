@@ -106,9 +106,16 @@ pub(crate) struct Shared {
     /// The pool's earliest deadline may have moved.
     pub(crate) pool_changed: Notify,
     pub(crate) shutdown: watch::Sender<bool>,
+    /// The driver closes gracefully: accept nothing more, close each served connection once
+    /// its request is answered.
+    pub(crate) draining: watch::Sender<bool>,
+    /// Served connections open.
+    pub(crate) serving: AtomicUsize,
     /// Tasks still running.
     pub(crate) tasks: AtomicUsize,
     pub(crate) connections: AtomicUsize,
+    /// Where striped requests' stripes go (`None`: the node takes none).
+    pub(crate) stripes: Option<Arc<tensorwire_proto::session::StripeStore>>,
 }
 
 /// `config` for one pool shared by `threads` runtime threads: the byte budget is per driver
@@ -144,11 +151,13 @@ impl TokioDriver {
             .set_nonblocking(true)
             .map_err(|e| Error::io("setting the listener non-blocking", e))?;
         let (shutdown, _) = watch::channel(false);
+        let (draining, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             handle: handle.clone(),
             inbound: setup.inbound,
             memory: setup.memory,
             handoff: setup.handoff,
+            stripes: setup.stripes,
             session: setup.session,
             limits: setup.limits,
             require_tls: setup.require_tls,
@@ -160,6 +169,8 @@ impl TokioDriver {
             next_id: AtomicU64::new(0),
             pool_changed: Notify::new(),
             shutdown,
+            draining,
+            serving: AtomicUsize::new(0),
             tasks: AtomicUsize::new(0),
             connections: AtomicUsize::new(0),
         });
@@ -183,13 +194,15 @@ impl Outbound for TokioDriver {
             message,
             deadline,
             completion,
+            framing,
             ..
         } = request;
         if *self.shared.shutdown.borrow() {
             return completion.complete(Err(Error::Shutdown));
         }
+        let limits = &self.shared.limits;
         let request =
-            match ClientRequest::encode(kind, &path, message, &self.shared.limits, deadline) {
+            match ClientRequest::encode_framed(kind, &path, message, &framing, limits, deadline) {
                 Ok(request) => request,
                 Err(e) => return completion.complete(Err(e)),
             };
@@ -217,6 +230,14 @@ impl Driver for TokioDriver {
         drop(pool);
         gauges.operations = self.shared.tasks.load(Ordering::Relaxed);
         gauges
+    }
+
+    fn drain(&self) {
+        self.shared.draining.send_replace(true);
+    }
+
+    fn drained(&self) -> bool {
+        *self.shared.draining.borrow() && self.shared.serving.load(Ordering::Acquire) == 0
     }
 
     fn shutdown(&self) {

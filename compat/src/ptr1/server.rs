@@ -1,6 +1,7 @@
 //! Accepted connections on tokio: one task per connection drives its server session.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use tensorwire_proto::session::{ServerEvent, ServerSession};
@@ -17,11 +18,14 @@ const ACCEPT_RETRY_DELAY: std::time::Duration = std::time::Duration::from_millis
 
 pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
     let mut shutdown = shared.shutdown.subscribe();
+    let mut draining = shared.draining.subscribe();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     io::tune(&stream, shared.session.keepalive);
+                    // Counted here, so a drain that starts now waits for it.
+                    shared.serving.fetch_add(1, Ordering::AcqRel);
                     Shared::spawn(&shared, serve(Arc::clone(&shared), stream, peer));
                 }
                 Err(e) => {
@@ -30,6 +34,7 @@ pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
                 }
             },
             () = stopped(&mut shutdown) => return,
+            () = stopped(&mut draining) => return,
         }
     }
 }
@@ -40,18 +45,32 @@ enum Answer {
     Reply(u64, Result<Reply, String>),
 }
 
-async fn serve(shared: Arc<Shared>, mut stream: TcpStream, peer: std::net::SocketAddr) {
-    shared
-        .connections
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: std::net::SocketAddr) {
+    let _serving = Serving(Arc::clone(&shared));
+    serve_connection(shared, stream, peer).await;
+}
+
+/// Counts a served connection (counted up by the accept loop) as open until dropped.
+struct Serving(Arc<Shared>);
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.0.serving.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+async fn serve_connection(shared: Arc<Shared>, mut stream: TcpStream, peer: std::net::SocketAddr) {
+    shared.connections.fetch_add(1, Ordering::Relaxed);
     let mut session = ServerSession::new(
         Arc::clone(&shared.session),
         Arc::clone(&shared.memory),
         shared.require_tls,
         Instant::now(),
-    );
+    )
+    .with_stripes(shared.stripes.clone());
     let (answers_tx, mut answers) = mpsc::unbounded_channel();
     let mut shutdown = shared.shutdown.subscribe();
+    let mut draining = shared.draining.subscribe();
     let mut waiting: Option<(u64, Box<dyn Withdraw>)> = None;
     let mut read = None;
     let mut transmit = None;
@@ -90,9 +109,7 @@ async fn serve(shared: Arc<Shared>, mut stream: TcpStream, peer: std::net::Socke
                 }
                 ServerEvent::HandOff { preface } => {
                     hand_off(&shared, stream, preface);
-                    shared
-                        .connections
-                        .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                    shared.connections.fetch_sub(1, Ordering::Relaxed);
                     return;
                 }
                 _ => {}
@@ -124,14 +141,15 @@ async fn serve(shared: Arc<Shared>, mut stream: TcpStream, peer: std::net::Socke
             },
             () = io::sleep_until(deadline) => session.handle_timeout(Instant::now()),
             () = stopped(&mut shutdown) => session.shut_down(),
+            () = stopped(&mut draining), if !session.is_finishing() => {
+                session.finish(Instant::now());
+            }
         }
     }
     if let Some((_, withdraw)) = waiting {
         withdraw.withdraw();
     }
-    shared
-        .connections
-        .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    shared.connections.fetch_sub(1, Ordering::Relaxed);
 }
 
 fn hand_off(shared: &Shared, stream: TcpStream, preface: Vec<u8>) {

@@ -12,6 +12,7 @@
 //! arrives after that check fails the request, which is never replayed.
 
 mod idle;
+mod spin;
 
 use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -28,6 +29,7 @@ use tensorwire_proto::transport::{ActorPath, Answer, Deadline, Error, ReceiveMem
 use crate::sync::lock;
 use crate::sys;
 use idle::IdleConns;
+use spin::SpinPolicy;
 
 /// How often a waiting exchange asks its interrupt whether to give up.
 const INTERRUPT_SLICE: Duration = Duration::from_millis(100);
@@ -41,8 +43,8 @@ pub(crate) struct BlockingPool {
     session: Arc<SessionConfig>,
     memory: Arc<dyn ReceiveMemory>,
     limits: Limits,
-    /// How long a caller polls for its reply before sleeping, when the connection's recent
-    /// exchanges were that quick.
+    /// How long a caller polls before sleeping in a wait, when the connection's recent waits
+    /// were that short.
     busy_poll: Duration,
     idle: Mutex<IdleConns<Conn>>,
     closed: AtomicBool,
@@ -52,8 +54,8 @@ struct Conn {
     stream: TcpStream,
     session: ClientSession,
     low_water: usize,
-    /// How long this connection's exchanges took lately (a moving average).
-    recent: Duration,
+    /// Whether to spin in a wait, from this connection's recent waits.
+    spin: SpinPolicy,
 }
 
 impl BlockingPool {
@@ -93,7 +95,7 @@ impl BlockingPool {
         }
         let request = ClientRequest::encode(kind, path, message, &self.limits, deadline)?;
         let mut conn = self.take(peer, deadline)?;
-        let outcome = conn.run(request, self.busy_poll, interrupt);
+        let outcome = conn.exchange(request, self.busy_poll, interrupt);
         if conn.session.is_reusable() && !self.closed.load(Ordering::Acquire) {
             let over = lock(&self.idle).put(peer, conn, Instant::now());
             drop(over); // outside the lock
@@ -157,34 +159,17 @@ impl BlockingPool {
             stream,
             session,
             low_water: 1,
-            recent: Duration::ZERO,
+            spin: SpinPolicy::new(),
         })
     }
 }
 
 impl Conn {
-    /// Runs one exchange to its outcome. While waiting for the reply the caller polls for up
-    /// to `busy_poll` before it sleeps, if this connection's exchanges were that quick lately:
-    /// a reply that comes within microseconds is then taken without a wake-up. A slower one
-    /// costs at most that much polling.
-    fn run(
-        &mut self,
-        request: ClientRequest,
-        busy_poll: Duration,
-        interrupt: Option<&dyn Fn() -> bool>,
-    ) -> Result<Answer, Error> {
-        let begun = Instant::now();
-        let spin = if self.recent <= busy_poll.saturating_mul(2) {
-            busy_poll
-        } else {
-            Duration::ZERO
-        };
-        let outcome = self.exchange(request, spin, interrupt);
-        // A moving average over the last few exchanges (weight 1/4 for the newest).
-        self.recent = (self.recent * 3 + begun.elapsed()) / 4;
-        outcome
-    }
-
+    /// Runs one exchange to its outcome. Each time it has nothing to read or write it polls
+    /// for up to `spin` before it sleeps, if this connection's recent waits were that short
+    /// ([`SpinPolicy`]): an answer or bytes that come within microseconds are then taken
+    /// without a wake-up; a slower one costs at most that much polling, and long waits stop
+    /// the polling.
     fn exchange(
         &mut self,
         request: ClientRequest,
@@ -197,11 +182,15 @@ impl Conn {
         }
         let mut transmit = None;
         let mut read = None;
-        let mut spin_started: Option<Instant> = None;
+        // Since when nothing could be read or written (the current wait).
+        let mut waiting_since: Option<Instant> = None;
         loop {
             let now = Instant::now();
             while let Some(event) = self.session.poll_event() {
                 if let ClientEvent::Done(outcome) = event {
+                    if let Some(since) = waiting_since {
+                        self.spin.waited(now.saturating_duration_since(since));
+                    }
                     if let Some(buf) = read.take() {
                         // Memory lent for a read that did not happen goes back to the session.
                         let nothing = Err(std::io::ErrorKind::WouldBlock.into());
@@ -260,9 +249,13 @@ impl Conn {
                 }
             }
             if progress {
+                if let Some(since) = waiting_since.take() {
+                    self.spin.waited(now.saturating_duration_since(since));
+                }
                 continue;
             }
-            if !want_write && read.is_some() && spin_started.get_or_insert(now).elapsed() < spin {
+            let waited = now.saturating_duration_since(*waiting_since.get_or_insert(now));
+            if !want_write && read.is_some() && self.spin.keep_spinning(waited, spin) {
                 std::hint::spin_loop();
                 continue;
             }

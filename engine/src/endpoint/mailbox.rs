@@ -100,9 +100,10 @@ impl Mailbox {
         let deadline = timeout.map(|t| Deadline::after(std::time::Instant::now(), t));
         let mut state = self.lock();
         loop {
-            if let Some(item) = state.queue.pop_front() {
+            if let Some(mut item) = state.queue.pop_front() {
                 self.queued.store(state.queue.len(), Ordering::Release);
                 self.admit_waiter(state);
+                item.taken();
                 return Ok(Some(item));
             }
             if state.closed {
@@ -160,9 +161,10 @@ impl Mailbox {
     /// The async form of `pop`.
     pub(crate) fn poll_pop(&self, cx: &mut Context<'_>) -> Poll<Result<Incoming, Error>> {
         let mut state = self.lock();
-        if let Some(item) = state.queue.pop_front() {
+        if let Some(mut item) = state.queue.pop_front() {
             self.queued.store(state.queue.len(), Ordering::Release);
             self.admit_waiter(state);
+            item.taken();
             return Poll::Ready(Ok(item));
         }
         if state.closed {

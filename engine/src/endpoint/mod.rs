@@ -17,6 +17,9 @@ use tensorwire_proto::TensorMessage;
 use tensorwire_proto::transport::{Error, InboundRequest, Reply, RequestKind, Responder};
 
 pub(crate) use handler::{Handler, spawn_handler_threads};
+
+use crate::fork::Birth;
+use crate::inflight::InFlight;
 pub(crate) use local::{LocalResponder, SharedCompleter};
 pub(crate) use mailbox::{Mailbox, Push};
 pub(crate) use registry::{Registry, Served};
@@ -69,6 +72,9 @@ pub struct Incoming {
 /// Answers one ask (does nothing for a tell).
 pub struct Replier {
     responder: Option<Box<dyn Responder>>,
+    /// Counts the request as in flight for a graceful close: an ask until it is answered, a
+    /// tell until it is taken from the mailbox.
+    in_flight: Option<InFlight>,
 }
 
 impl std::fmt::Debug for Replier {
@@ -80,11 +86,16 @@ impl std::fmt::Debug for Replier {
 }
 
 impl Incoming {
-    pub(crate) fn new(request: Request, responder: Box<dyn Responder>) -> Self {
+    pub(crate) fn new(
+        request: Request,
+        responder: Box<dyn Responder>,
+        in_flight: Option<InFlight>,
+    ) -> Self {
         Self {
             request,
             replier: Replier {
                 responder: Some(responder),
+                in_flight,
             },
         }
     }
@@ -116,6 +127,14 @@ impl Incoming {
         }
         if self.request.kind == RequestKind::Tell {
             self.replier.responder = None;
+        }
+    }
+
+    /// Taken out of the mailbox: a tell is no longer in flight (its sender was acknowledged
+    /// when it got in); an ask is until it is answered.
+    pub(crate) fn taken(&mut self) {
+        if self.request.kind == RequestKind::Tell {
+            self.replier.in_flight = None;
         }
     }
 
@@ -153,6 +172,8 @@ pub struct Endpoint {
     pub(crate) path: String,
     pub(crate) mailbox: Arc<Mailbox>,
     pub(crate) registry: Weak<Registry>,
+    /// The process that made it (a child made by `fork()` cannot use it).
+    pub(crate) birth: Birth,
 }
 
 impl Endpoint {
@@ -165,10 +186,12 @@ impl Endpoint {
     ///
     /// # Errors
     ///
-    /// The future fails with [`Error::MailboxClosed`] once the node shut down.
+    /// The future fails with [`Error::MailboxClosed`] once the node shut down, and with
+    /// [`Error::Forked`] in a child made by `fork()` since the endpoint was made.
     pub fn recv(&self) -> Recv<'_> {
         Recv {
             mailbox: &self.mailbox,
+            birth: self.birth,
         }
     }
 
@@ -177,8 +200,10 @@ impl Endpoint {
     ///
     /// # Errors
     ///
-    /// [`Error::MailboxClosed`] once the node shut down.
+    /// [`Error::MailboxClosed`] once the node shut down; [`Error::Forked`] in a child made by
+    /// `fork()` since the endpoint was made.
     pub fn recv_blocking(&self, timeout: Option<Duration>) -> Result<Option<Incoming>, Error> {
+        self.birth.check()?;
         self.mailbox.pop(timeout)
     }
 
@@ -188,12 +213,13 @@ impl Endpoint {
     ///
     /// # Errors
     ///
-    /// [`Error::MailboxClosed`] once the node shut down.
+    /// As [`Endpoint::recv_blocking`].
     pub fn recv_spinning(
         &self,
         spin: Duration,
         timeout: Option<Duration>,
     ) -> Result<Option<Incoming>, Error> {
+        self.birth.check()?;
         self.mailbox.pop_spinning(spin, timeout)
     }
 
@@ -205,6 +231,12 @@ impl Endpoint {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
+        if self.birth.is_inherited() {
+            // A copy a fork made: the registry and the mailbox belong to the parent's threads
+            // (their locks may be held for good here). Leak them.
+            std::mem::forget(Arc::clone(&self.mailbox));
+            return;
+        }
         if let Some(registry) = self.registry.upgrade() {
             registry.remove(&self.path);
         }
@@ -217,12 +249,16 @@ impl Drop for Endpoint {
 #[must_use = "futures do nothing unless awaited"]
 pub struct Recv<'a> {
     mailbox: &'a Mailbox,
+    birth: Birth,
 }
 
 impl Future for Recv<'_> {
     type Output = Result<Incoming, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let Err(e) = self.birth.check() {
+            return Poll::Ready(Err(e));
+        }
         self.mailbox.poll_pop(cx)
     }
 }

@@ -7,11 +7,13 @@ use std::sync::{Arc, RwLock};
 use crate::sync::{read, write};
 
 use tensorwire_proto::transport::{
-    ActorPath, Delivery, Error, Inbound, InboundRequest, RequestKind, Responder, Withdraw,
+    ActorPath, Delivery, Error, Inbound, InboundRequest, NO_ENDPOINT, RequestKind, Responder,
+    Withdraw,
 };
 
 use crate::endpoint::handler::{self, Handler};
 use crate::endpoint::{Incoming, Mailbox, Push, Request};
+use crate::inflight::InFlightCount;
 
 /// How an endpoint's requests are served.
 #[derive(Clone)]
@@ -34,6 +36,10 @@ pub(crate) struct Registry {
     mailbox_capacity: usize,
     /// Requests that may wait for space in each mailbox.
     waiting_capacity: usize,
+    /// The node closes gracefully: no new request is admitted.
+    closing: AtomicBool,
+    /// Requests in a mailbox, and asks taken and not answered yet.
+    in_flight: InFlightCount,
     closed: AtomicBool,
 }
 
@@ -54,6 +60,8 @@ impl Registry {
             endpoints: RwLock::new(HashMap::new()),
             mailbox_capacity,
             waiting_capacity,
+            closing: AtomicBool::new(false),
+            in_flight: InFlightCount::default(),
             closed: AtomicBool::new(false),
         }
     }
@@ -93,6 +101,36 @@ impl Registry {
         drop(removed); // outside the lock
     }
 
+    /// Admits no new request from now on (a graceful close): what was admitted is still
+    /// delivered and answered.
+    pub(crate) fn start_closing(&self) {
+        self.closing.store(true, Ordering::Release);
+    }
+
+    /// Requests waiting in a mailbox, and asks taken but not answered yet.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.get()
+    }
+
+    /// Whether a request of `kind` for `path` is taken now; the error says why not.
+    pub(crate) fn admit_error(&self, path: &str) -> Option<Error> {
+        if self.closed.load(Ordering::Acquire) {
+            return Some(Error::Shutdown);
+        }
+        if self.closing.load(Ordering::Acquire) {
+            return Some(Error::Remote {
+                peer: None,
+                text: CLOSING.to_owned(),
+            });
+        }
+        match self.lookup(path) {
+            Some(_) => None,
+            None => Some(Error::UnknownEndpoint {
+                path: path.to_owned(),
+            }),
+        }
+    }
+
     /// Closes every mailbox (shutdown); queued asks are answered with an error.
     pub(crate) fn close_all(&self) {
         self.closed.store(true, Ordering::Release);
@@ -106,17 +144,19 @@ impl Registry {
 }
 
 fn unknown(path: &str) -> String {
-    format!("no endpoint at path {path:?}")
+    format!("{NO_ENDPOINT}{path:?}")
 }
+
+/// What a request gets that arrives while its node closes.
+const CLOSING: &str = "the node is closing: it finishes the requests it has and takes no new ones";
 
 impl Inbound for Registry {
     fn admit(&self, _kind: RequestKind, path: &str) -> Result<(), String> {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(Error::Shutdown.to_string());
-        }
-        match self.lookup(path) {
-            Some(_) => Ok(()),
-            None => Err(unknown(path)),
+        match self.admit_error(path) {
+            None => Ok(()),
+            Some(Error::Remote { text, .. }) => Err(text),
+            Some(Error::UnknownEndpoint { path }) => Err(unknown(&path)),
+            Some(error) => Err(error.to_string()),
         }
     }
 
@@ -147,10 +187,11 @@ impl Registry {
                 Ok(Delivery::Enqueued)
             }
             Served::Mailbox => {
-                match entry
-                    .mailbox
-                    .push(Incoming::new(Request::from(request), responder))
-                {
+                match entry.mailbox.push(Incoming::new(
+                    Request::from(request),
+                    responder,
+                    Some(self.in_flight.enter()),
+                )) {
                     Push::Pushed => Ok(Delivery::Enqueued),
                     Push::Waiting(ticket) => Ok(Delivery::Waiting(Box::new(Ticket {
                         mailbox: Arc::clone(&entry.mailbox),

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tensorwire_proto::Limits;
 use tensorwire_proto::route::Preference;
 use tensorwire_proto::session::{ConnectionPoolConfig, Keepalive, SessionConfig};
+use tensorwire_proto::shm::{PeerBounds, QueueShape};
 use tensorwire_proto::transport::{DriverFactory, HandOff, TransportFactory};
 
 use crate::pool::PoolConfig;
@@ -39,6 +40,9 @@ pub struct NodeBuilder {
     shm_when_full: WhenFull,
     shm_idle_keep: u64,
     shm_hello_timeout: Duration,
+    shm_spin: Duration,
+    shm_queue_bytes: u32,
+    shm_bounds: Option<PeerBounds>,
     force_fallback: bool,
     require_tls: bool,
     in_process_delivery: bool,
@@ -48,6 +52,9 @@ pub struct NodeBuilder {
     shutdown_timeout: Duration,
     busy_poll: Duration,
     core_busy_poll: Duration,
+    stripes: Option<u16>,
+    stripe_threshold: Option<u64>,
+    stripes_taken: u16,
 }
 
 impl std::fmt::Debug for NodeBuilder {
@@ -86,6 +93,9 @@ impl NodeBuilder {
             shm_when_full: WhenFull::FallBack,
             shm_idle_keep: 128 << 20,
             shm_hello_timeout: Duration::from_secs(1),
+            shm_spin: default_shm_spin(),
+            shm_queue_bytes: QueueShape::DEFAULT.bytes,
+            shm_bounds: None,
             fallback: None,
             force_fallback: false,
             require_tls: false,
@@ -96,6 +106,9 @@ impl NodeBuilder {
             shutdown_timeout: Duration::from_secs(5),
             busy_poll: default_busy_poll(),
             core_busy_poll: default_core_busy_poll(),
+            stripes: None,
+            stripe_threshold: None,
+            stripes_taken: tensorwire_proto::session::DEFAULT_MAX_STRIPES,
         }
     }
 
@@ -315,6 +328,30 @@ impl NodeBuilder {
         self
     }
 
+    /// How long the shared-memory driver thread, and a caller waiting for its reply, keep
+    /// reading the queues after the last message before they sleep (default 100 µs where the
+    /// machine has more than one CPU, else 0). Messages that come closer together than this
+    /// never pay a wake-up; the CPU it costs is counted in `shm_spin_micros`.
+    pub fn shm_spin(mut self, window: Duration) -> Self {
+        self.shm_spin = window;
+        self
+    }
+
+    /// The bytes of each shared-memory queue ring this node creates (a power of two from
+    /// 256 KiB to 16 MiB; default 1 MiB): two per connection, one each way.
+    pub fn shm_queue_bytes(mut self, bytes: u32) -> Self {
+        self.shm_queue_bytes = bytes;
+        self
+    }
+
+    /// What each same-host peer process may hold of this node: connections, connections
+    /// waiting for their hello, mapped segments and bytes (default: [`PeerBounds::fitted`] to
+    /// this process's descriptor limit and `vm.max_map_count`).
+    pub fn shm_bounds(mut self, bounds: PeerBounds) -> Self {
+        self.shm_bounds = Some(bounds);
+        self
+    }
+
     /// The backend of [`Node::shm`](crate::Node::shm)'s manager (default memfd).
     pub fn shm_backend(mut self, backend: ShmBackend) -> Self {
         self.shm_backend = backend;
@@ -382,6 +419,38 @@ impl NodeBuilder {
         self
     }
 
+    /// Stripes per large request (default 1: none; the environment variable
+    /// `TENSORWIRE_STRIPES` sets it when this is not called). A request of at least
+    /// [`NodeBuilder::stripe_threshold`] payload bytes to a peer that takes stripes is cut
+    /// into this many stripes (at most what the peer takes), each sent on a connection of its
+    /// own and received straight into its place; the request follows once every stripe is in.
+    /// One request per peer is striped at a time: large requests sent meanwhile go whole.
+    /// A peer that does not take stripes (any other PTR1 peer) keeps getting whole frames:
+    /// it is asked once ([`tensorwire_proto::stripe`], `docs/protocol.md`).
+    ///
+    /// Where one flow is capped (per-flow hashing or shaping, one core per flow) striping over
+    /// N connections can move N times as much; on loopback it cannot help
+    /// (`docs/benchmarks.md`, "Striping").
+    pub fn stripes(mut self, stripes: u16) -> Self {
+        self.stripes = Some(stripes.clamp(1, tensorwire_proto::stripe::MAX_STRIPES));
+        self
+    }
+
+    /// Payload bytes from which a request is striped (default 4 MiB; the environment
+    /// variable `TENSORWIRE_STRIPE_THRESHOLD` sets it when this is not called). Only buffers
+    /// of at least 64 KiB per stripe are cut; the rest travel in the request frame.
+    pub fn stripe_threshold(mut self, bytes: u64) -> Self {
+        self.stripe_threshold = Some(bytes);
+        self
+    }
+
+    /// Most stripes this node takes per request from its peers (default 16; below 2 it takes
+    /// none and answers like a node that never heard of striping).
+    pub fn stripes_taken(mut self, stripes: u16) -> Self {
+        self.stripes_taken = stripes.min(tensorwire_proto::stripe::MAX_STRIPES);
+        self
+    }
+
     /// How long shutdown waits for operations still in flight (default 5 s).
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.shutdown_timeout = timeout;
@@ -408,6 +477,11 @@ pub enum ShmAccess {
 /// 20 µs where there is more than one CPU to poll on, else nothing.
 fn default_busy_poll() -> Duration {
     if_several_cpus(Duration::from_micros(20))
+}
+
+/// 100 µs where there is more than one CPU to spin on, else nothing.
+fn default_shm_spin() -> Duration {
+    if_several_cpus(Duration::from_micros(100))
 }
 
 /// 250 µs where there is more than one CPU to poll on, else nothing.

@@ -3,24 +3,26 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use tensorwire_proto::TensorMessage;
 use tensorwire_proto::route::Route;
 use tensorwire_proto::transport::{
-    ActorPath, Deadline, Delivery, Error, Inbound, InboundRequest, Reply, RequestKind,
+    ActorPath, Deadline, Delivery, Error, InboundRequest, Reply, RequestKind,
 };
 
 use crate::endpoint::{LocalResponder, SharedCompleter};
+use crate::fork::PerProcess;
 use crate::node::NodeInner;
 use crate::pending::{Completer, Pending, pair, schedule_timer};
 use crate::sync::{lock, read, write};
 
-/// Read on every send (to route it), written only when a node starts or stops.
+/// Read on every send (to route it), written only when a node starts or stops. A child made
+/// by `fork()` starts with none: its parent's nodes are not in this process.
 struct LocalNodes(RwLock<HashMap<SocketAddr, Weak<NodeInner>>>);
 
 fn local_nodes() -> &'static LocalNodes {
-    static NODES: OnceLock<LocalNodes> = OnceLock::new();
+    static NODES: PerProcess<LocalNodes> = PerProcess::new();
     NODES.get_or_init(|| LocalNodes(RwLock::new(HashMap::new())))
 }
 
@@ -122,10 +124,8 @@ fn deliver<T: Send + 'static>(
             completer.complete(Err(error));
         }
     };
-    if target.registry.admit(kind, path.as_str()).is_err() {
-        fail(Error::UnknownEndpoint {
-            path: path.to_string(),
-        });
+    if let Some(refusal) = target.registry.admit_error(path.as_str()) {
+        fail(refusal);
         return false;
     }
     let request = InboundRequest::new(kind, path.to_string(), message);

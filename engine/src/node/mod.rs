@@ -3,9 +3,11 @@
 //! the `Driver` seam; the node never names it beyond that.
 
 mod builder;
+mod close;
 mod local;
 mod routing;
 mod send;
+mod stripes;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,6 +25,8 @@ use send::{Ask, Tell};
 
 use crate::blocking::BlockingPool;
 use crate::endpoint::{Endpoint, Registry, Request, Served, spawn_handler_threads};
+use crate::fork::Birth;
+use crate::inflight::InFlightCount;
 use crate::pending::Pending;
 use crate::pool::{PoolStats, ReceivePool};
 use crate::shm::ShmManager;
@@ -32,16 +36,33 @@ use crate::sync::lock;
 
 /// A running tensorwire node: it serves its endpoints on one port and sends to other nodes.
 ///
-/// Cheap to clone; the node shuts down when [`Node::shutdown`] is called or the last clone is
-/// dropped.
+/// Cheap to clone; the node shuts down when [`Node::shutdown`] (or [`Node::close`]) is called
+/// or the last clone is dropped.
+///
+/// A child made by `fork()` inherits a copy of the node without its threads: there every call
+/// fails at once with [`Error::Forked`], and dropping it leaks it (nothing of the parent's is
+/// touched). The child makes a node of its own.
 #[derive(Clone, Debug)]
 pub struct Node {
     inner: Arc<NodeInner>,
 }
 
+impl Drop for Node {
+    fn drop(&mut self) {
+        if self.inner.birth.is_inherited() {
+            // Never drop an inherited node: it would join threads that do not exist here.
+            std::mem::forget(Arc::clone(&self.inner));
+        }
+    }
+}
+
 pub(crate) struct NodeInner {
     local_addr: SocketAddr,
-    driver: Box<dyn Driver>,
+    driver: Arc<dyn Driver>,
+    /// Cuts large requests to peers that take stripes.
+    stripes: Arc<stripes::StripeSender>,
+    /// Where peers' stripes go (`None`: this node takes none).
+    stripe_store: Option<Arc<tensorwire_proto::session::StripeStore>>,
     pub(crate) registry: Arc<Registry>,
     pool: ReceivePool,
     blocking: BlockingPool,
@@ -63,6 +84,10 @@ pub(crate) struct NodeInner {
     /// How long a blocking call polls for its reply before it sleeps.
     busy_poll: Duration,
     handler_threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Sends started and not completed yet (for a graceful close).
+    outbound: InFlightCount,
+    /// The process that made the node.
+    birth: Birth,
     shut_down: AtomicBool,
 }
 
@@ -154,12 +179,14 @@ impl Node {
     ///
     /// [`Error::EndpointExists`], [`Error::InvalidPath`].
     pub fn endpoint(&self, name: &str) -> Result<Endpoint, Error> {
+        self.inner.usable()?;
         let path = ActorPath::parse(name)?;
         let mailbox = self.inner.registry.insert(&path, Served::Mailbox)?;
         Ok(Endpoint {
             path: path.to_string(),
             mailbox,
             registry: Arc::downgrade(&self.inner.registry),
+            birth: self.inner.birth,
         })
     }
 
@@ -171,6 +198,7 @@ impl Node {
     ///
     /// As [`Node::endpoint`].
     pub fn endpoint_with_capacity(&self, name: &str, capacity: usize) -> Result<Endpoint, Error> {
+        self.inner.usable()?;
         let path = ActorPath::parse(name)?;
         let mailbox = self
             .inner
@@ -180,6 +208,7 @@ impl Node {
             path: path.to_string(),
             mailbox,
             registry: Arc::downgrade(&self.inner.registry),
+            birth: self.inner.birth,
         })
     }
 
@@ -194,6 +223,7 @@ impl Node {
     where
         F: Fn(Request) -> Result<Reply, String> + Send + Sync + 'static,
     {
+        self.inner.usable()?;
         let path = ActorPath::parse(name)?;
         let mailbox = self.inner.registry.insert(&path, Served::Mailbox)?;
         let handler: Arc<crate::endpoint::Handler> = Arc::new(handler);
@@ -216,6 +246,7 @@ impl Node {
     where
         F: Fn(Request) -> Result<Reply, String> + Send + Sync + 'static,
     {
+        self.inner.usable()?;
         let path = ActorPath::parse(name)?;
         self.inner
             .registry
@@ -228,13 +259,15 @@ impl Node {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidPath`].
+    /// [`Error::InvalidPath`]; [`Error::Shutdown`] once the node is shut down (or closing),
+    /// [`Error::Forked`] in a child made by `fork()`.
     pub fn destination(
         &self,
         peer: SocketAddr,
         path: &str,
         via: Via,
     ) -> Result<Destination, Error> {
+        self.inner.usable()?;
         Ok(Destination {
             peer,
             path: ActorPath::parse(path)?,
@@ -392,9 +425,23 @@ impl Node {
     }
 
     /// Stops accepting, fails every request in flight, closes every connection and endpoint,
-    /// and joins the threads. Idempotent.
+    /// and joins the threads. Idempotent. [`Node::close`] finishes what is in flight first.
     pub fn shutdown(&self) {
         self.inner.shutdown();
+    }
+
+    /// Whether the node is shut down.
+    pub fn is_shut_down(&self) -> bool {
+        self.inner.is_shut_down()
+    }
+
+    /// `Ok` in the process that made the node.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Forked`] in a child made by `fork()` since: the node cannot be used there.
+    pub fn check_process(&self) -> Result<(), Error> {
+        self.inner.birth.check()
     }
 }
 
@@ -429,12 +476,27 @@ impl NodeInner {
         self.shut_down.load(Ordering::Acquire)
     }
 
+    /// `Ok` if the node takes calls: made by this process, and not shut down.
+    fn usable(&self) -> Result<(), Error> {
+        self.birth.check()?;
+        if self.is_shut_down() {
+            return Err(Error::Shutdown);
+        }
+        Ok(())
+    }
+
     fn pool(&self) -> &ReceivePool {
         &self.pool
     }
 
     fn shutdown(&self) {
-        if self.shut_down.swap(true, Ordering::AcqRel) {
+        self.shutdown_joining_until(None);
+    }
+
+    /// Shuts down; handler threads still running are joined until `join_until` (`None`: until
+    /// they end), and left to end by themselves after it.
+    fn shutdown_joining_until(&self, join_until: Option<std::time::Instant>) {
+        if self.birth.is_inherited() || self.shut_down.swap(true, Ordering::AcqRel) {
             return;
         }
         local::unregister(self.local_addr);
@@ -453,10 +515,11 @@ impl NodeInner {
         // Shutdown may run on a handler thread (a handler that held the last Node handle):
         // that thread ends by itself once it returns.
         let current = std::thread::current().id();
-        handlers
-            .into_iter()
-            .filter(|t| t.thread().id() != current)
-            .for_each(|t| drop(t.join()));
+        let handlers = handlers.into_iter().filter(|t| t.thread().id() != current);
+        match join_until {
+            None => handlers.for_each(|t| drop(t.join())),
+            Some(until) => close::join_until(handlers, until),
+        }
     }
 }
 

@@ -58,6 +58,18 @@ impl Node {
         self.route_for(peer, Via::from_force(force))
     }
 
+    /// Whether a send to `to` goes to a node of this process now (its mailbox gets the
+    /// message's buffers as they are, without a copy).
+    pub fn delivers_in_process(&self, to: &super::Destination) -> bool {
+        if !self.inner.in_process_delivery || local::lookup(to.peer()).is_none() {
+            return false;
+        }
+        matches!(
+            self.inner.choose_to_send(to.peer(), to.via()),
+            Ok(Target::Local(_))
+        )
+    }
+
     /// [`Node::route_to`] for a send made with `via`.
     ///
     /// # Errors

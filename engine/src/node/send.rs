@@ -26,14 +26,16 @@ impl Node {
         here: bool,
     ) -> Pending<C::Output> {
         let deadline = Deadline::after(Instant::now(), timeout);
-        if self.inner.is_shut_down() {
-            return Pending::ready(Err(Error::Shutdown));
+        if let Err(e) = self.inner.usable() {
+            return Pending::ready(Err(e));
         }
-        match self.inner.choose_to_send(to.peer, to.via) {
+        let pending = match self.inner.choose_to_send(to.peer, to.via) {
             Ok(Target::Local(target)) => C::local(&target, &to.path, message, deadline),
             Ok(target) => self.dispatch::<C>(target, to, message, deadline, here),
-            Err(e) => Pending::ready(Err(e)),
-        }
+            Err(e) => return Pending::ready(Err(e)),
+        };
+        pending.track(self.inner.outbound.enter());
+        pending
     }
 
     pub(super) fn blocking<C: Call>(
@@ -44,12 +46,15 @@ impl Node {
         interrupt: Option<&dyn Fn() -> bool>,
     ) -> Result<(C::Output, Route), Error> {
         let deadline = Deadline::after(Instant::now(), timeout);
-        if self.inner.is_shut_down() {
-            return Err(Error::Shutdown);
-        }
+        self.inner.usable()?;
+        let _in_flight = self.inner.outbound.enter();
         let target = self.inner.choose_to_send(to.peer, to.via)?;
         let shm_peer = matches!(target, Target::Shm { .. }).then_some(to.peer);
         let mut pending = match target {
+            // A request to stripe goes through the driver (the stripes are carried by it).
+            Target::Driver if self.inner.stripes.wants(&message) => {
+                self.dispatch::<C>(Target::Driver, to, message, deadline, true)
+            }
             Target::Driver => {
                 let answer = self.inner.blocking.exchange(
                     to.peer,
@@ -182,7 +187,7 @@ impl NodeInner {
         match (target, &self.transport, &self.shm) {
             (Target::Transport, Some(transport), _) => transport.send(request),
             (Target::Shm { insist }, _, Some(shm)) => shm.send(request, insist, here),
-            _ => self.driver.send(request),
+            _ => self.stripes.send(request),
         }
     }
 

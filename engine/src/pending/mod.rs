@@ -11,6 +11,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use crate::inflight::InFlight;
 use crate::sync::{lock, wait};
 use tensorwire_proto::route::Route;
 use tensorwire_proto::transport::{Answer, Completion, Deadline, Error, Reply};
@@ -66,6 +67,8 @@ struct State<T> {
     on_done: Option<OnDone<T>>,
     /// Nobody waits: dropping the `Pending` does not cancel it.
     detached: bool,
+    /// Counts the request as in flight on its node until it completes.
+    in_flight: Option<InFlight>,
 }
 
 impl<T> std::fmt::Debug for State<T> {
@@ -93,6 +96,7 @@ pub(crate) fn pair<T>() -> (Completer<T>, Pending<T>) {
             route: None,
             on_done: None,
             detached: false,
+            in_flight: None,
         }),
         ready: Condvar::new(),
         done: AtomicBool::new(false),
@@ -205,6 +209,14 @@ impl<T> Pending<T> {
         }
     }
 
+    /// Counts the request as in flight with `token` until it completes.
+    pub(crate) fn track(&self, token: InFlight) {
+        let mut state = lock(&self.slot.state);
+        if !state.done {
+            state.in_flight = Some(token);
+        }
+    }
+
     /// The path the request was handed to: the local mailbox, shared memory, PTR1 or HTTP/2
     /// (`None` before it was routed, or for a result known at once). Its reply's memory follows
     /// from it: receive memory of this process (PTR1, HTTP/2) or a read-only view (the others).
@@ -312,7 +324,7 @@ impl<T> Completer<T> {
 
     /// Delivers `result` (`None`: abandoned) unless a result is there already; whether it did.
     fn finish(&self, result: Option<Result<T, Error>>) -> bool {
-        let (waker, timer, waiting, hook, detached) = {
+        let (waker, timer, waiting, hook, detached, in_flight) = {
             let mut state = lock(&self.slot.state);
             if state.done {
                 return false;
@@ -330,6 +342,7 @@ impl<T> Completer<T> {
                 state.waiting > 0,
                 state.on_cancel.take(),
                 detached,
+                state.in_flight.take(),
             )
         };
         drop(hook); // outside the lock
@@ -345,6 +358,7 @@ impl<T> Completer<T> {
         if let Some(waker) = waker {
             waker.wake();
         }
+        drop(in_flight); // last: a close waiting for it finds the caller told
         true
     }
 }

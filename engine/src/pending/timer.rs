@@ -1,11 +1,12 @@
 //! The process-wide deadline thread for requests that no core thread watches (in-process
 //! asks, waits for mailbox space, idle-slot release). Started on first use; sleeps until the
-//! earliest deadline.
+//! earliest deadline. A child made by `fork()` starts its own (see [`crate::fork`]).
 
+use crate::fork::PerProcess;
 use crate::sync::{lock, wait};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::sync::{Condvar, Mutex, OnceLock};
+use std::sync::{Condvar, Mutex, Once};
 use std::time::Instant;
 
 pub(crate) type Action = Box<dyn FnOnce() + Send>;
@@ -26,22 +27,26 @@ struct Queue {
 struct Timer {
     queue: Mutex<Queue>,
     changed: Condvar,
+    /// Its thread, started by the first use in this process.
+    started: Once,
 }
 
 fn timer() -> &'static Timer {
-    static TIMER: OnceLock<Timer> = OnceLock::new();
-    TIMER.get_or_init(|| {
+    static TIMER: PerProcess<Timer> = PerProcess::new();
+    let timer = TIMER.get_or_init(|| Timer {
+        queue: Mutex::new(Default::default()),
+        changed: Condvar::new(),
+        started: Once::new(),
+    });
+    timer.started.call_once(|| {
         let spawned = std::thread::Builder::new()
             .name("tensorwire-deadlines".into())
-            .spawn(run);
+            .spawn(move || run(timer));
         if let Err(e) = spawned {
             tracing::error!(error = %e, "cannot start the deadline thread: in-process deadlines will not fire");
         }
-        Timer {
-            queue: Mutex::new(Default::default()),
-            changed: Condvar::new(),
-        }
-    })
+    });
+    timer
 }
 
 /// Runs `action` at `at` unless cancelled first; returns the id for [`cancel`].
@@ -91,8 +96,7 @@ pub(crate) fn cancel(id: u64) {
     drop(action); // outside the lock: it may drop a request's last references
 }
 
-fn run() {
-    let timer = timer();
+fn run(timer: &'static Timer) {
     let mut queue = lock(&timer.queue);
     loop {
         let now = Instant::now();

@@ -2,10 +2,10 @@
 
 use std::ptr::NonNull;
 
+use crate::sys::MADV_POPULATE_WRITE;
+
 const HUGE_PAGE: usize = 2 << 20;
 pub(super) const PAGE: usize = 4096;
-/// `MADV_POPULATE_WRITE` (Linux 5.14); older kernels answer `EINVAL` and pages are touched.
-const MADV_POPULATE_WRITE: i32 = 23;
 
 /// A private anonymous read-write mapping, owned exclusively. Nothing is committed when it is
 /// made: pages are faulted in by [`Mapping::populate`] (a bounded window ahead of arriving
@@ -131,6 +131,36 @@ impl Mapping {
     pub(super) fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as `as_slice`, and `&mut self` guarantees exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+/// Faults in the pages of `base + from .. base + to` (rounded out to pages), as
+/// [`Mapping::populate`] does for a slot's prefix, for a part of a slot cut into stripes.
+///
+/// # Safety
+///
+/// The range must lie inside a live mapping, be written by nobody else, and hold no data yet
+/// (on kernels without `MADV_POPULATE_WRITE` one byte per page is overwritten with zero); page
+/// rounding stays within the caller's part when parts start on page boundaries, and the
+/// first page of `from` holds no data when `from` is where the part's data ends.
+pub(super) unsafe fn populate_range(base: *mut u8, from: usize, to: usize) {
+    if to <= from {
+        return;
+    }
+    let from_page = from.div_ceil(PAGE) * PAGE;
+    let to_page = to.div_ceil(PAGE) * PAGE;
+    if to_page <= from_page {
+        return; // inside a page populated already
+    }
+    // SAFETY: the caller guarantees the range; advice changes no contents (fresh pages are
+    // zero), and the fallback writes zeros into bytes that hold no data yet.
+    unsafe {
+        let start = base.add(from_page);
+        if libc::madvise(start.cast(), to_page - from_page, MADV_POPULATE_WRITE) != 0 {
+            for offset in (0..to_page - from_page).step_by(PAGE) {
+                start.add(offset).write_volatile(0);
+            }
+        }
     }
 }
 

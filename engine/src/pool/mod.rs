@@ -19,6 +19,7 @@
 //! Slots are sized in classes of four steps per power of two (at most 25 % slack).
 
 mod mapping;
+mod split;
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -27,7 +28,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tensorwire_proto::transport::{Error, ReceiveMemory, RecvBuffer, RecvStorage};
+use tensorwire_proto::transport::{
+    Error, ReceiveMemory, RecvBuffer, RecvStorage, SplitBuffer, heap_split,
+};
 use tensorwire_proto::{ReceiveBuffer, len_u64};
 
 use crate::sync::lock;
@@ -260,6 +263,15 @@ impl ReceivePool {
 impl ReceiveMemory for ReceivePool {
     fn allocate(&self, len: usize) -> Result<RecvBuffer, Error> {
         Ok(RecvBuffer::new(self.take(len)?))
+    }
+
+    /// A slot cut into parts (a small section: heap memory cut the same way).
+    fn allocate_split(&self, len: usize, ranges: &[Range<usize>]) -> Result<SplitBuffer, Error> {
+        let buffer = self.take(len)?;
+        if !buffer.is_pooled() {
+            return heap_split(len, ranges);
+        }
+        split::split(buffer, ranges)
     }
 
     fn charge(&self, bytes: u64) -> bool {

@@ -174,3 +174,53 @@ fn the_budget_refuses_what_does_not_fit_and_takes_back_what_is_released() {
     assert!(sut.charge(100));
     assert_eq!(sut.stats().receiving_bytes, 100);
 }
+
+#[test]
+fn a_slot_cut_into_parts_filled_on_other_threads_freezes_whole_and_returns_to_the_pool() {
+    let sut = pool(4096, 64 << 20);
+    let len = (3 << 20) + 123;
+    let ranges = [0..(1 << 20), (1 << 20)..(2 << 20), (2 << 20)..len];
+    let split = sut.allocate_split(len, &ranges).unwrap();
+    std::thread::scope(|scope| {
+        for (i, mut part) in split.parts.into_iter().enumerate() {
+            scope.spawn(move || {
+                ReceiveBuffer::prepare(&mut part, 0..4096);
+                let len = part.as_mut().len();
+                ReceiveBuffer::prepare(&mut part, 4096..len);
+                part.as_mut().fill(u8::try_from(i + 1).unwrap());
+            });
+        }
+    });
+    let Ok(whole) = split.joiner.join() else {
+        panic!("every part was dropped");
+    };
+    assert_eq!(whole.len(), len);
+    for (i, range) in ranges.iter().enumerate() {
+        assert!(
+            whole[range.clone()]
+                .iter()
+                .all(|&b| usize::from(b) == i + 1)
+        );
+    }
+    drop(whole);
+    assert_eq!(
+        sut.stats().idle_bytes,
+        len_u64(class_size(len)),
+        "back in the pool, warm"
+    );
+}
+
+#[test]
+fn a_cut_slot_does_not_join_while_a_part_lives() {
+    let sut = pool(4096, 64 << 20);
+    let split = sut.allocate_split(1 << 20, &[0..(512 << 10), (512 << 10)..(1 << 20)]);
+    let split = split.unwrap();
+    let mut parts = split.parts;
+    let kept = parts.pop();
+    drop(parts);
+    let Err(joiner) = split.joiner.join() else {
+        panic!("joined while a part lives");
+    };
+    drop(kept);
+    assert!(joiner.join().is_ok());
+}

@@ -9,6 +9,7 @@
 
 mod manager;
 mod os;
+mod queue;
 mod quota;
 mod segments;
 mod socket;
@@ -17,6 +18,6 @@ mod window;
 
 pub use manager::{Loan, ShmBackend, ShmManager, ShmManagerStats};
 pub(crate) use segments::{Segments, SegmentsConfig};
-pub use tensorwire_proto::shm::{Descriptor, ShmError};
+pub use tensorwire_proto::shm::{Descriptor, PeerBounds, ShmError};
 pub use transport::WhenFull;
 pub use window::Window;

@@ -15,6 +15,56 @@ const MFD_NOEXEC_SEAL: libc::c_uint = 0x0008;
 
 /// The seals every region carries: its size can never change under a reader.
 pub(crate) const SEALS_SIZE: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+/// The seals a peer's file must carry before it is mapped: its size cannot change, and only
+/// mappings its owner made before sealing can write it (no hole can be punched into it later).
+pub(crate) const SEALS_LENT: libc::c_int = SEALS_SIZE | SEAL_FUTURE_WRITE;
+
+/// `F_SEAL_FUTURE_WRITE` (Linux 5.1): no new writable mapping and no `write(2)`, while mappings
+/// made before stay writable (the owner's).
+pub(crate) const SEAL_FUTURE_WRITE: libc::c_int = 0x0010;
+
+/// What a peer's memfd was found to be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CheckedFile {
+    /// Its size.
+    pub(crate) size: u64,
+}
+
+/// Checks a memfd a peer sent before it is mapped: sealed against shrinking and growing (a
+/// truncation would fault a reader), at least `len` bytes, and allocated through `len` (a
+/// sparse file would make the reader commit memory the sender never paid for).
+///
+/// # Errors
+///
+/// Why the file is refused.
+pub(crate) fn check_segment(fd: RawFd, len: u64) -> Result<CheckedFile, String> {
+    let seals = seals(fd).unwrap_or(0);
+    if seals & SEALS_LENT != SEALS_LENT {
+        return Err("it lacks the SHRINK | GROW | FUTURE_WRITE seals".into());
+    }
+    let stat = fstat(fd).map_err(|e| format!("fstat: {e}"))?;
+    let size = u64::try_from(stat.st_size).map_err(|_| "a negative size".to_owned())?;
+    if size < len || len == 0 {
+        return Err(format!("it has {size} bytes but {len} were announced"));
+    }
+    let allocated = u64::try_from(stat.st_blocks)
+        .unwrap_or(0)
+        .saturating_mul(512);
+    if allocated < len {
+        return Err(format!(
+            "only {allocated} of its {len} announced bytes are allocated (a sparse segment)"
+        ));
+    }
+    Ok(CheckedFile { size })
+}
+
+fn fstat(fd: RawFd) -> io::Result<libc::stat> {
+    // SAFETY: stat is plain old data; all-zero is valid.
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes into `stat`, a live local of the right type.
+    check(unsafe { libc::fstat(fd, &raw mut stat) })?;
+    Ok(stat)
+}
 
 /// A shared-memory error for a failed system call.
 pub(crate) fn os_error(op: &'static str, e: &io::Error) -> tensorwire_proto::shm::ShmError {
@@ -69,15 +119,6 @@ pub(crate) fn add_seals(fd: RawFd, seals: libc::c_int) -> io::Result<()> {
 pub(crate) fn seals(fd: RawFd) -> io::Result<libc::c_int> {
     // SAFETY: fcntl(F_GET_SEALS) takes no argument.
     check(unsafe { libc::fcntl(fd, libc::F_GET_SEALS) })
-}
-
-/// The file's size.
-pub(crate) fn size(fd: RawFd) -> io::Result<u64> {
-    // SAFETY: fstat writes into `stat`, a live local of the right type.
-    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    check(unsafe { libc::fstat(fd, &raw mut stat) })?;
-    u64::try_from(stat.st_size).map_err(|_| io::Error::other("negative file size"))
 }
 
 /// A read-only descriptor of the same file (reopened through `/proc/self/fd`): what is sent
@@ -154,6 +195,57 @@ impl FileMap {
             len,
             private: false,
         })
+    }
+
+    /// A second mapping of `len` bytes of the same pages from `offset` (page-aligned), with
+    /// the same protection: a writable view of a range of a file that no longer accepts new
+    /// writable mappings (`F_SEAL_FUTURE_WRITE`), for its owner.
+    pub(crate) fn alias(&self, offset: usize, len: usize) -> io::Result<Self> {
+        let end = offset.checked_add(len).filter(|&end| end <= self.len);
+        if end.is_none() || offset % 4096 != 0 || len == 0 || self.private {
+            return Err(io::Error::other("an alias outside a shared mapping"));
+        }
+        // SAFETY: with `old_size` 0, mremap creates a new mapping of the same pages of a shared
+        // mapping and leaves the old one in place; the source range lies inside this mapping,
+        // which is live.
+        let ptr = unsafe {
+            libc::mremap(
+                self.ptr.as_ptr().add(offset).cast(),
+                0,
+                len,
+                libc::MREMAP_MAYMOVE,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(ptr.cast::<u8>())
+            .ok_or_else(|| io::Error::other("mremap returned null"))?;
+        // SAFETY: advice on the range just mapped; it changes no contents.
+        unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_DONTFORK) };
+        Ok(Self {
+            ptr,
+            len,
+            private: false,
+        })
+    }
+
+    /// Maps every page of a writable mapping in one call (`MADV_POPULATE_WRITE`, Linux 5.14),
+    /// rather than one fault per 4 KiB page as it is filled: a loan of a reused slot is then
+    /// written at memory speed. Older kernels refuse the advice and pages fault in as before.
+    pub(crate) fn populate(&self) {
+        if self.len == 0 || self.private {
+            return;
+        }
+        // SAFETY: advice on exactly the range this value maps; populating for writing changes
+        // no contents (the pages are the file's, or zero-filled if it never had them).
+        unsafe {
+            libc::madvise(
+                self.ptr.as_ptr().cast(),
+                self.len,
+                crate::sys::MADV_POPULATE_WRITE,
+            )
+        };
     }
 
     /// Replaces the mapping, in place, with a private copy-on-write mapping of the same file

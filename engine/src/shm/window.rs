@@ -52,8 +52,15 @@ impl Window {
                 .map_err(|e| os_error("dup", &e))?,
         );
         let mapped = len.div_ceil(4096) * 4096;
-        let map = FileMap::new(fd.as_raw_fd(), slot.offset(), mapped, true, true)
-            .map_err(|e| os_error("mmap", &e))?;
+        // The segment takes no new writable mapping (F_SEAL_FUTURE_WRITE): the window is a
+        // second mapping of the owner's own pages.
+        let map = slot
+            .segment()
+            .alias(slot.offset(), mapped)
+            .map_err(|e| os_error("mremap", &e))?;
+        // The loan is there to be filled: its pages are mapped now, in one call, not faulted
+        // in one by one (4 KiB each: shared memory gets no huge pages here).
+        map.populate();
         Ok(Self {
             map,
             source: Some((fd, slot.offset())),

@@ -40,6 +40,9 @@ pub(crate) enum Event {
     CancelWaiting { id: WaiterId },
     /// A connection another core accepted, for this one to serve.
     Adopt(OwnedFd),
+    /// Close gracefully: accept nothing more, close each served connection once its request
+    /// is answered (`CoreShared::draining` says so too, for a core restarted meanwhile).
+    Drain,
     /// Fail everything, close every connection, stop.
     Shutdown,
     /// A fault for the driver's tests to inject.
@@ -89,6 +92,12 @@ pub(crate) struct CoreShared {
     failure: Mutex<Option<String>>,
     /// How often the core was restarted after a failure.
     pub(crate) restarts: AtomicUsize,
+    /// The driver closes gracefully ([`Event::Drain`]).
+    pub(crate) draining: AtomicBool,
+    /// Served connections the core holds (updated with the gauges).
+    pub(crate) serving: AtomicUsize,
+    /// The core has seen the drain and published `serving` since (set with the gauges).
+    pub(crate) drain_seen: AtomicBool,
 }
 
 impl CoreShared {
@@ -117,6 +126,14 @@ impl CoreShared {
     pub(crate) fn set_failed(&self, reason: String) {
         *lock(&self.failure) = Some(reason);
         self.failed.store(true, Ordering::Release);
+    }
+
+    /// Whether the core closed every served connection after a drain (or is out of the
+    /// driver: a failed core serves nothing).
+    pub(crate) fn is_drained(&self) -> bool {
+        self.is_failed()
+            || (self.drain_seen.load(Ordering::Acquire)
+                && self.serving.load(Ordering::Acquire) == 0)
     }
 
     /// Puts a restarted core back into the driver.
@@ -160,6 +177,9 @@ impl CoreHandle {
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
             restarts: AtomicUsize::new(0),
+            draining: AtomicBool::new(false),
+            serving: AtomicUsize::new(0),
+            drain_seen: AtomicBool::new(false),
         });
         let inbox = Inbox {
             requests: requests_rx,

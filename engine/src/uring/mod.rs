@@ -98,6 +98,8 @@ pub(crate) struct Context {
     pub(crate) cores: OnceLock<Vec<CoreHandle>>,
     /// The round-robin of accepted connections.
     pub(crate) next_accepted: AtomicUsize,
+    /// Where striped requests' stripes go (`None`: the node takes none).
+    pub(crate) stripes: Option<Arc<tensorwire_proto::session::StripeStore>>,
 }
 
 /// The io_uring PTR1 driver of one node.
@@ -132,6 +134,7 @@ impl UringDriver {
             busy_poll: config.busy_poll,
             cores: OnceLock::new(),
             next_accepted: AtomicUsize::new(0),
+            stripes: setup.stripes,
         });
         let listener_fd = setup.listener.as_raw_fd();
         let mut driver = Self {
@@ -195,13 +198,16 @@ impl Outbound for UringDriver {
             message,
             deadline,
             completion,
+            framing,
             ..
         } = request;
         if self.shut_down.load(Ordering::Acquire) {
             return completion.complete(Err(Error::Shutdown));
         }
         // Encoded on the caller's thread: the core only moves the bytes.
-        let request = match ClientRequest::encode(kind, &path, message, &self.limits, deadline) {
+        let encoded =
+            ClientRequest::encode_framed(kind, &path, message, &framing, &self.limits, deadline);
+        let request = match encoded {
             Ok(request) => request,
             Err(e) => return completion.complete(Err(e)),
         };
@@ -236,6 +242,17 @@ impl Driver for UringDriver {
             gauges.core_restarts += shared.restarts.load(Ordering::Relaxed);
         }
         gauges
+    }
+
+    fn drain(&self) {
+        for core in &self.cores {
+            core.shared.draining.store(true, Ordering::Release);
+            core.post(Event::Drain);
+        }
+    }
+
+    fn drained(&self) -> bool {
+        self.cores.iter().all(|core| core.shared.is_drained())
     }
 
     fn shutdown(&self) {

@@ -80,6 +80,11 @@ impl<K: SlabKey, T> Slab<K, T> {
             .collect()
     }
 
+    /// Every value.
+    pub(crate) fn values(&self) -> impl Iterator<Item = &T> {
+        self.slots.iter().filter_map(|slot| slot.value.as_ref())
+    }
+
     /// Values in the slab.
     pub(crate) fn len(&self) -> usize {
         self.live

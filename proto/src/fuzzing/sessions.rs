@@ -217,22 +217,23 @@ fn answer(choice: u8) -> Result<Reply, String> {
 
 /// Deadlines short enough that the script's time steps reach every one of them.
 fn config() -> Arc<SessionConfig> {
-    let mut config = SessionConfig::default();
-    config.limits = Limits::builder()
-        .max_wire_bytes(1 << 20)
-        .max_metadata_bytes(1 << 12)
-        .max_buffers(64)
-        .build();
-    config.preface_timeout = Duration::from_secs(1);
-    config.head_timeout = Duration::from_secs(1);
-    config.idle_timeout = Duration::from_secs(3);
-    config.enqueue_timeout = Duration::from_secs(2);
-    config.drain_timeout = Duration::from_secs(1);
-    config.min_rate = 1024;
-    config.rate_window = Duration::from_secs(1);
-    config.scratch_len = 256;
-    config.max_window = 4096;
-    Arc::new(config)
+    Arc::new(SessionConfig {
+        limits: Limits::builder()
+            .max_wire_bytes(1 << 20)
+            .max_metadata_bytes(1 << 12)
+            .max_buffers(64)
+            .build(),
+        preface_timeout: Duration::from_secs(1),
+        head_timeout: Duration::from_secs(1),
+        idle_timeout: Duration::from_secs(3),
+        enqueue_timeout: Duration::from_secs(2),
+        drain_timeout: Duration::from_secs(1),
+        min_rate: 1024,
+        rate_window: Duration::from_secs(1),
+        scratch_len: 256,
+        max_window: 4096,
+        ..SessionConfig::default()
+    })
 }
 
 /// Starts an ask or a tell (by `kind`'s low bit) on `session`; 1 if it started.

@@ -12,11 +12,12 @@ use crate::kind::FrameKind;
 use crate::limits::Limits;
 use crate::message::TensorMessage;
 use crate::ptr1::{self, Frame};
-use crate::session::CloseReason;
 use crate::session::read_buf::ReadBuf;
 use crate::session::receiver::{Received, Receiver, RecvError};
 use crate::session::transmit::{RateMeter, Transmit};
+use crate::session::{CloseReason, server_closes_after};
 use crate::stats;
+use crate::stripe::{CAPABILITIES_PATH, EXTENSION_STRIPE, EXTENSION_STRIPED, Framing};
 use crate::transport::{ActorPath, Answer, Deadline, Error, ReceiveMemory, Reply, RequestKind};
 
 /// One request for a client session: an encoded Ask or Tell frame and its deadline.
@@ -25,6 +26,8 @@ pub struct ClientRequest {
     kind: RequestKind,
     encoded: Encoded,
     deadline: Deadline,
+    /// A stripe of a striped request (not counted against a peer's busy bytes).
+    stripe: bool,
 }
 
 impl ClientRequest {
@@ -50,7 +53,66 @@ impl ClientRequest {
             kind,
             encoded,
             deadline,
+            stripe: false,
         })
+    }
+
+    /// Encodes the request as `framing` says ([`crate::stripe`]): whole, as
+    /// [`ClientRequest::encode`]; a stripe, as a Tell whose path slot is its descriptor (`kind`
+    /// and `path` are not sent); a striped request, as an Ask or Tell marked striped.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Encode`] if the frame is over `limits`.
+    pub fn encode_framed(
+        kind: RequestKind,
+        path: &ActorPath,
+        message: TensorMessage,
+        framing: &Framing,
+        limits: &Limits,
+        deadline: Deadline,
+    ) -> Result<Self, Error> {
+        let (kind, frame, extension) = match framing {
+            Framing::Whole => return Self::encode(kind, path, message, limits, deadline),
+            Framing::Stripe(descriptor) => (
+                RequestKind::Tell,
+                Frame::Tell {
+                    path: descriptor.to_path(),
+                    message,
+                },
+                EXTENSION_STRIPE,
+            ),
+            Framing::Capabilities => (
+                RequestKind::Ask,
+                Frame::Ask {
+                    path: CAPABILITIES_PATH.to_owned(),
+                    message,
+                },
+                0,
+            ),
+            Framing::Striped => {
+                let path = path.as_str().to_owned();
+                let frame = match kind {
+                    RequestKind::Ask => Frame::Ask { path, message },
+                    RequestKind::Tell => Frame::Tell { path, message },
+                };
+                (kind, frame, EXTENSION_STRIPED)
+            }
+        };
+        let encoded = ptr1::encode_extended(&frame, extension, limits).map_err(Error::Encode)?;
+        Ok(Self {
+            kind,
+            encoded,
+            deadline,
+            stripe: matches!(framing, Framing::Stripe(_)),
+        })
+    }
+
+    /// The bytes a client pool counts for this request against a peer's busy bytes: its
+    /// frame's length, or 0 for a stripe (the stripes of one request go out at once, each on a
+    /// connection of its own, however large).
+    pub fn pool_bytes(&self) -> u64 {
+        if self.stripe { 0 } else { self.wire_len() }
     }
 
     /// The request frame's length on the wire.
@@ -471,11 +533,18 @@ impl ClientSession {
                 reply: "request",
             }),
         };
+        let closing =
+            matches!(&outcome, Err(Error::Remote { text, .. }) if server_closes_after(text));
         self.events.push_back(ClientEvent::Done(outcome));
         if !request.sent {
             // The peer answered before taking the whole request: the stream is out of step.
             self.transmit = None;
             self.close(CloseReason::OutOfStep);
+        } else if closing {
+            // The server refused the request at its head (over a limit, malformed, TLS
+            // required): it drains and closes the connection after this reply, so a reused
+            // connection would fail the next request.
+            self.close(CloseReason::ErrorReply);
         }
     }
 

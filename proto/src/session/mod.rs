@@ -31,6 +31,7 @@ use std::io;
 use std::time::Duration;
 
 pub use crate::config::{ConnectionPoolConfig, Keepalive, SessionConfig};
+pub use crate::transport::{ASSEMBLY_TTL, DEFAULT_MAX_STRIPES, MAX_ASSEMBLIES, StripeStore};
 pub use client::{ClientEvent, ClientRequest, ClientSession};
 pub use driven::DrivenSession;
 pub use pool::{Checkin, Checkout, ConnectionPool, Expired, WaiterId};
@@ -42,7 +43,7 @@ use crate::encode::Encoded;
 use crate::error::WireError;
 use crate::limits::Limits;
 use crate::ptr1::{self, Frame};
-use crate::transport::format_duration;
+use crate::transport::{self, format_duration};
 use receiver::RecvError;
 
 /// Why a session closed its connection (for logs and statistics).
@@ -83,6 +84,9 @@ pub enum CloseReason {
     /// A request on the connection failed or was cancelled mid-exchange: the stream is out
     /// of step.
     OutOfStep,
+    /// The peer refused the request at its head and closes the connection after its Error
+    /// reply (see [`server_closes_after`]), so it is not reused.
+    ErrorReply,
     /// The node is shutting down.
     Shutdown,
 }
@@ -116,28 +120,38 @@ impl fmt::Display for CloseReason {
             Self::ReplyTooLarge => f.write_str("not even an error reply fits the limits"),
             Self::UnexpectedData => f.write_str("unexpected bytes on an idle connection"),
             Self::OutOfStep => f.write_str("the exchange was cut short"),
+            Self::ErrorReply => f.write_str("the peer refused the request and closes"),
             Self::Shutdown => f.write_str("the node is shutting down"),
         }
     }
 }
 
-/// Encodes a reply; one over the limits becomes an Error frame saying so. `None` if not even
-/// that fits the configured limits.
-pub(crate) fn encode_reply(frame: &Frame, limits: &Limits) -> Option<Encoded> {
-    let version = frame.version();
-    ptr1::encode(frame, limits)
-        .or_else(|e| {
-            let text = truncate(format!("reply could not be sent: {e}"), limits);
-            ptr1::encode(&Frame::Error { version, text }, limits)
-        })
-        .ok()
+/// Whether a server that sent this Error text closes the connection after it.
+pub(crate) fn server_closes_after(text: &str) -> bool {
+    text.starts_with(transport::REJECTED) || text.starts_with(transport::REQUIRES_TLS)
 }
 
-/// Shortens an error text so it fits the metadata limit (at a character boundary).
-fn truncate(mut text: String, limits: &Limits) -> String {
-    let max = usize::try_from(limits.max_metadata_bytes())
-        .unwrap_or(usize::MAX)
-        .min(4096);
+/// Encodes a reply; one over the limits becomes an Error frame saying so, and an error text
+/// longer than [`Limits::MAX_ERROR_TEXT_BYTES`] is cut. `None` if not even that fits (it
+/// always does: Error replies are encoded with [`Limits::for_error_replies`]).
+pub(crate) fn encode_reply(frame: &Frame, limits: &Limits) -> Option<Encoded> {
+    let version = frame.version();
+    let error = |text: String| {
+        let text = truncate(text);
+        ptr1::encode(&Frame::Error { version, text }, limits)
+    };
+    match frame {
+        Frame::Error { text, .. } => error(text.clone()),
+        _ => {
+            ptr1::encode(frame, limits).or_else(|e| error(format!("reply could not be sent: {e}")))
+        }
+    }
+    .ok()
+}
+
+/// Shortens an error text to what an Error reply carries (at a character boundary).
+fn truncate(mut text: String) -> String {
+    let max = usize::try_from(Limits::MAX_ERROR_TEXT_BYTES).unwrap_or(usize::MAX);
     if text.len() > max {
         let mut end = max;
         while !text.is_char_boundary(end) {

@@ -1,6 +1,7 @@
 //! Receiving PTR1 frames: heads through per-connection scratch, payload straight into final
 //! memory, committed a bounded window ahead of the bytes that arrived.
 
+use std::collections::VecDeque;
 use std::io;
 use std::sync::Arc;
 
@@ -8,63 +9,16 @@ use crate::body::Body;
 use crate::config::SessionConfig;
 use crate::error::{Format, WireError};
 use crate::head::{FixedHeader, fixed_len};
-use crate::kind::FrameKind;
 use crate::len::{le_u32, len_u64};
 use crate::ptr1::Frame;
 use crate::session::read_buf::Lent;
 use crate::session::read_buf::ReadBuf;
 use crate::transport::{ReceiveMemory, RecvBuffer};
 
+mod received;
 mod window;
 
-/// What the bytes received so far mean.
-#[derive(Debug)]
-pub(crate) enum Received {
-    /// The first four bytes of the connection are not `PTR1`; every byte read so far.
-    ForeignPreface(Vec<u8>),
-    /// The first bytes of a frame arrived.
-    Started,
-    /// The frame's head and path are in; call [`Receiver::admit`] or [`Receiver::refuse`]
-    /// before anything else is received.
-    Routed { kind: FrameKind, version: u32 },
-    /// A whole frame arrived.
-    Frame { frame: Frame, wire_len: u64 },
-    /// A refused frame's body has been skipped.
-    Skipped,
-    /// The peer closed cleanly between frames.
-    Closed,
-    /// The stream is unusable. `version` is set once the frame's header was readable, so the
-    /// peer can still be told what went wrong.
-    Failed {
-        error: RecvError,
-        version: Option<u32>,
-    },
-}
-
-/// Why a receive failed.
-#[derive(Debug)]
-pub(crate) enum RecvError {
-    /// The bytes are not a valid frame, or are over a limit.
-    Wire(WireError),
-    /// The peer closed in the middle of a frame.
-    Truncated { received: u64 },
-    /// The socket failed.
-    Io(io::Error),
-    /// No receive memory: the budget is used up, or an allocation failed.
-    Memory(String),
-}
-
-impl From<WireError> for RecvError {
-    fn from(error: WireError) -> Self {
-        Self::Wire(error)
-    }
-}
-
-impl From<crate::transport::Error> for RecvError {
-    fn from(error: crate::transport::Error) -> Self {
-        Self::Memory(error.to_string())
-    }
-}
+pub(crate) use received::{Received, RecvError};
 
 enum Stage {
     /// A server connection's first four bytes are not checked yet.
@@ -111,6 +65,9 @@ pub(crate) struct Receiver {
     version: Option<u32>,
     /// Budget charged for the current frame's memory (filled and exposed).
     charged: u64,
+    /// Memory lent for the current frame's sections, used in order before `memory` is asked
+    /// (a stripe's parts of its request's buffers).
+    lent: VecDeque<RecvBuffer>,
 }
 
 impl Receiver {
@@ -135,6 +92,7 @@ impl Receiver {
             started: false,
             version: None,
             charged: 0,
+            lent: VecDeque::new(),
         }
     }
 
@@ -277,8 +235,13 @@ impl Receiver {
                     };
                     let kind = body.layout().kind()?;
                     let version = body.layout().version();
+                    let extension = body.layout().extension();
                     self.stage = Stage::Admission(body);
-                    return Some(Received::Routed { kind, version });
+                    return Some(Received::Routed {
+                        kind,
+                        version,
+                        extension,
+                    });
                 }
                 Stage::Body(Some(_)) => {
                     if let Some(event) = self.fill_body() {
@@ -310,6 +273,22 @@ impl Receiver {
     pub(crate) fn admit(&mut self) {
         if let Stage::Admission(body) = std::mem::replace(&mut self.stage, Stage::Done) {
             self.stage = Stage::Body(Some(body));
+        }
+    }
+
+    /// Continue receiving the frame whose `Routed` was reported into `sections`: its
+    /// non-empty sections (metadata, then each buffer) take them in order, and only the ones
+    /// beyond come from the receive memory. Each must be exactly its section's length.
+    pub(crate) fn admit_into(&mut self, sections: Vec<RecvBuffer>) {
+        self.lent = sections.into();
+        self.admit();
+    }
+
+    /// The layout of the frame waiting for admission.
+    pub(crate) fn layout(&self) -> Option<&crate::head::Layout> {
+        match &self.stage {
+            Stage::Admission(body) => Some(body.layout()),
+            _ => None,
         }
     }
 
@@ -356,6 +335,11 @@ impl Receiver {
     /// Whether nothing of a next frame has arrived (no buffered bytes, no frame started).
     pub(crate) fn is_between_frames(&self) -> bool {
         self.start == self.end && self.frame_bytes == 0 && matches!(self.stage, Stage::Head { .. })
+    }
+
+    /// Whether no byte of a frame (or of the preface) has arrived since the last frame.
+    pub(crate) fn has_nothing_started(&self) -> bool {
+        self.is_between_frames() || (self.start == self.end && matches!(self.stage, Stage::Preface))
     }
 
     fn parse_head(&mut self) -> Option<Received> {
@@ -434,14 +418,13 @@ impl Receiver {
             }
             self.charged += grow;
             let memory = Arc::clone(&self.memory);
+            let lent = &mut self.lent;
             let scratch = self.scratch.as_deref()?;
             let input = &scratch[self.start..self.start + take];
             let Stage::Body(Some(body)) = &mut self.stage else {
                 return None;
             };
-            match body.fill(input, &mut |len| {
-                memory.allocate(len).map_err(RecvError::from)
-            }) {
+            match body.fill(input, &mut |len| allocate(&*memory, lent, len)) {
                 Ok(n) => {
                     self.start += n;
                     self.frame_bytes += len_u64(n);
@@ -500,6 +483,7 @@ impl Receiver {
     fn fail_now(&mut self, error: RecvError) -> Received {
         self.stage = Stage::Done;
         self.release();
+        self.lent.clear();
         Received::Failed {
             error,
             version: self.version,
@@ -508,6 +492,7 @@ impl Receiver {
 
     fn end_frame(&mut self) {
         self.release();
+        self.lent.clear();
         self.frame_bytes = 0;
         self.started = false;
         self.version = None;
@@ -546,6 +531,26 @@ impl std::fmt::Debug for Receiver {
             .field("held", &self.held)
             .field("eof", &self.eof)
             .finish_non_exhaustive()
+    }
+}
+
+/// Memory for a section of `len` bytes: the next lent one, else from `memory`.
+pub(super) fn allocate(
+    memory: &dyn ReceiveMemory,
+    lent: &mut VecDeque<RecvBuffer>,
+    len: usize,
+) -> Result<RecvBuffer, RecvError> {
+    match lent.pop_front() {
+        Some(mut section) => {
+            if section.as_mut().len() == len {
+                Ok(section)
+            } else {
+                Err(RecvError::Memory(
+                    "lent receive memory does not fit its section".to_owned(),
+                ))
+            }
+        }
+        None => memory.allocate(len).map_err(RecvError::from),
     }
 }
 

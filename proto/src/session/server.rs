@@ -13,48 +13,15 @@ use crate::session::receiver::{Received, Receiver, RecvError};
 use crate::session::transmit::{RateMeter, Transmit};
 use crate::session::{CloseReason, encode_reply};
 use crate::stats;
-use crate::transport::{InboundRequest, ReceiveMemory, Reply, RequestKind, format_duration};
+use crate::transport::StripeStore;
+mod event;
+mod striped;
 
-/// What a server session asks of its driver and node.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum ServerEvent {
-    /// The connection's first bytes are not `PTR1`: give the socket and these bytes to the
-    /// hand-off (TLS, HTTP/2). The session is finished.
-    HandOff {
-        /// Every byte read so far.
-        preface: Vec<u8>,
-    },
-    /// A request's head and path arrived: ask the node whether it takes `kind` requests for
-    /// `path` and answer with [`ServerSession::admit`]. Nothing more is received until then.
-    Admit {
-        /// Ask or tell.
-        kind: RequestKind,
-        /// The actor path.
-        path: String,
-    },
-    /// A whole request arrived: deliver it; answer with [`ServerSession::handle_enqueued`]
-    /// and (asks) [`ServerSession::handle_answer`], both carrying `seq`.
-    Request {
-        /// This request's number on the connection.
-        seq: u64,
-        /// The request (the driver may fill in the peer).
-        request: InboundRequest,
-    },
-    /// Request `seq` still waits for mailbox space and is given up (its deadline passed, or
-    /// the peer left): withdraw it from the mailbox and, unless the session is closing, say
-    /// whether that worked with [`ServerSession::handle_withdrawn`] (a request that got in
-    /// meanwhile is delivered after all).
-    Withdraw {
-        /// The request's number.
-        seq: u64,
-    },
-    /// An error reply is written: shut down the write side; reading goes on (discarded) until
-    /// the peer closes or the drain deadline passes.
-    ShutdownWrite,
-    /// Close the connection (cancel what is in flight). The session is finished.
-    Close(CloseReason),
-}
+pub use event::ServerEvent;
+
+use crate::transport::{
+    InboundRequest, REJECTED, REQUIRES_TLS, ReceiveMemory, Reply, RequestKind, format_duration,
+};
 
 /// One accepted PTR1 connection: requests in, replies out, one at a time.
 ///
@@ -79,6 +46,8 @@ pub struct ServerSession {
     reply: Option<Outgoing>,
     /// After the reply: shut down the write side and drain.
     drain_after_reply: bool,
+    /// The node closes gracefully: close once nothing is outstanding ([`ServerSession::finish`]).
+    finishing: bool,
     draining_since: Option<Instant>,
     /// A request waiting for `admit`: its version.
     admitting: Option<u32>,
@@ -93,6 +62,22 @@ pub struct ServerSession {
     receive_rate: RateMeter,
     send_rate: RateMeter,
     closed: bool,
+    /// Where stripes go; `None`: this node does not take them (it answers their frames, and
+    /// the capabilities path, as a node that never heard of them).
+    stripes: Option<Arc<StripeStore>>,
+    /// What the frame being received is.
+    incoming: Incoming,
+}
+
+/// What the frame being received is, as far as striping goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Incoming {
+    /// A plain request.
+    Plain,
+    /// A stripe: its parts go into the stripe store; it is acknowledged, never delivered.
+    Stripe,
+    /// A striped request: put together from its stripes before it is delivered.
+    Striped,
 }
 
 #[derive(Debug)]
@@ -128,6 +113,7 @@ impl ServerSession {
             request: None,
             reply: None,
             drain_after_reply: false,
+            finishing: false,
             draining_since: None,
             admitting: None,
             next_seq: 0,
@@ -139,6 +125,8 @@ impl ServerSession {
             receive_rate: RateMeter::new(config.min_rate, config.rate_window),
             send_rate: RateMeter::new(config.min_rate, config.rate_window),
             closed: false,
+            stripes: None,
+            incoming: Incoming::Plain,
             config,
         }
     }
@@ -388,6 +376,20 @@ impl ServerSession {
         self.close(CloseReason::Shutdown);
     }
 
+    /// The node closes gracefully: the request in progress (one being received, one with the
+    /// handler, or one whose reply is being written) is finished, then the session closes
+    /// ([`ServerEvent::Close`] with [`CloseReason::Shutdown`]); an idle session closes now.
+    /// Requests that start afterwards are for the node to refuse at [`ServerEvent::Admit`].
+    pub fn finish(&mut self, now: Instant) {
+        self.finishing = true;
+        self.drive(now);
+    }
+
+    /// Whether [`ServerSession::finish`] was called.
+    pub fn is_finishing(&self) -> bool {
+        self.finishing
+    }
+
     /// Whether the session is finished (closed or handed off).
     pub fn is_closed(&self) -> bool {
         self.closed
@@ -414,7 +416,11 @@ impl ServerSession {
                     self.head_until = now.checked_add(self.config.head_timeout);
                     self.receive_rate.start(now);
                 }
-                Received::Routed { kind, version } => self.routed(kind, version),
+                Received::Routed {
+                    kind,
+                    version,
+                    extension,
+                } => self.routed(kind, version, extension, now),
                 Received::Frame { frame, wire_len } => {
                     stats::global().record_raw_frame_received(wire_len);
                     self.receive_rate.stop();
@@ -437,16 +443,25 @@ impl ServerSession {
         } else if self.idle_since.is_none() {
             self.idle_since = Some(now);
         }
+        let nothing_outstanding = self.request.is_none()
+            && self.reply.is_none()
+            && self.admitting.is_none()
+            && self.draining_since.is_none()
+            && self.receiver.has_nothing_started();
+        if self.finishing && nothing_outstanding {
+            // Every reply is with the kernel: closing now sends them, then FIN.
+            self.close(CloseReason::Shutdown);
+        }
     }
 
-    fn routed(&mut self, kind: FrameKind, version: u32) {
+    fn routed(&mut self, kind: FrameKind, version: u32, extension: u8, now: Instant) {
         self.head_until = None;
+        self.incoming = Incoming::Plain;
         let kind = match kind {
             _ if self.require_tls => {
                 self.receiver.refuse();
                 self.drain_after_reply = true;
-                let text = "this node requires TLS: plaintext PTR1 is refused; connect with TLS"
-                    .to_owned();
+                let text = format!("{REQUIRES_TLS}plaintext PTR1 is refused; connect with TLS");
                 return self.queue_reply(Frame::Error { version, text });
             }
             FrameKind::Ask => RequestKind::Ask,
@@ -458,17 +473,37 @@ impl ServerSession {
             }
         };
         let path = self.receiver.path().unwrap_or_default().to_owned();
+        if self.answered_striping(kind, extension, &path, version, now) {
+            return;
+        }
         self.admitting = Some(version);
         self.events.push_back(ServerEvent::Admit { kind, path });
     }
 
     fn dispatch(&mut self, frame: Frame, now: Instant) {
-        let (kind, path, message) = match frame {
+        let (kind, path, mut message) = match frame {
             Frame::Ask { path, message } => (RequestKind::Ask, path, message),
             Frame::Tell { path, message } => (RequestKind::Tell, path, message),
             // Other kinds were refused when their head arrived.
             _ => return,
         };
+        let version = message.version;
+        match std::mem::replace(&mut self.incoming, Incoming::Plain) {
+            Incoming::Plain => {}
+            Incoming::Stripe => {
+                // Its parts are in place (done as the frame completed): acknowledged here,
+                // never delivered.
+                stats::global().record_stripe_received();
+                return self.queue_reply(Frame::Ack { version });
+            }
+            Incoming::Striped => match self.put_together(message, now) {
+                Ok(whole) => {
+                    stats::global().record_striped_request_received();
+                    message = whole;
+                }
+                Err(text) => return self.queue_reply(Frame::Error { version, text }),
+            },
+        }
         let seq = self.next_seq;
         self.next_seq += 1;
         self.request = Some(Outstanding {
@@ -488,8 +523,8 @@ impl ServerSession {
         self.receive_rate.stop();
         self.head_until = None;
         let text = match &error {
-            RecvError::Wire(e) => format!("rejected request: {e}"),
-            RecvError::Memory(text) => format!("rejected request: {text}"),
+            RecvError::Wire(e) => format!("{REJECTED}{e}"),
+            RecvError::Memory(text) => format!("{REJECTED}{text}"),
             RecvError::Truncated { .. } | RecvError::Io(_) => {
                 return self.close(CloseReason::from_recv(error));
             }

@@ -1,16 +1,22 @@
-//! The same-host control protocol: one `SOCK_SEQPACKET` datagram per message. Payload lives in
-//! the sender's shared-memory segments, which the receiver maps once per connection (`Map`,
-//! the segment's descriptor beside it); a message only names where its bytes are —
-//! `(segment, offset, length, lease)` — except small parts, which travel in the datagram.
+//! The same-host control protocol: one control message per request, reply, release or segment
+//! change. Messages travel as records in the sender's queue in shared memory (`queue.rs` in the
+//! engine), except the two that carry descriptors — `Hello` (the sender's queue and doorbell)
+//! and `Map` (a segment) — which go over the `SOCK_SEQPACKET` socket. Payload lives in the
+//! sender's shared-memory segments, which the receiver maps once per connection; a message only
+//! names where its bytes are — `(segment, offset, length, lease)` — except small parts, which
+//! travel in the message.
 //!
 //! ```text
-//! datagram := "TWS2" tag:u8 fields…          little-endian; strings and byte strings are
+//! message := "TWS3" tag:u8 fields…           little-endian; strings and byte strings are
 //!                                            u32 length + bytes; lists are u32 count + items
 //! Hello   (1) boot_id:str user_ns:u64 uid:u32 pid:u32 node:str ticket:u64 via:str proof:[u8;16]
+//!             queue:u32                      socket only; the sender's queue (a memfd) and
+//!                                            doorbell (an eventfd) beside it
 //! Request (2) id:u64 kind:u8(0 ask,1 tell) path:str body:Body
 //! Reply   (3) id:u64 reply:WireReply
 //! Release (4) leases:[u64]                   the holder dropped its last view of each
-//! Map     (5) segment:u64 len:u64            one descriptor beside it: map it once, read-only
+//! Map     (5) segment:u64 len:u64            socket only; one descriptor beside it: map it
+//!                                            once, read-only
 //! Retire  (6) segment:u64                    no message will name it again: unmap it
 //! Unmapped(7) segment:u64                    (holder to owner) its descriptor was lost (the
 //!                                            holder is at its descriptor limit): announce it again
@@ -40,6 +46,10 @@ use bytes::Bytes;
 
 use crate::transport::RequestKind;
 
+mod reader;
+
+use reader::Reader;
+
 /// The largest datagram either side sends or accepts.
 pub const MAX_DATAGRAM: usize = 64 << 10;
 /// Error texts are cut to this many bytes (a handler's 70 KiB message must not break the
@@ -47,7 +57,7 @@ pub const MAX_DATAGRAM: usize = 64 << 10;
 pub const MAX_ERROR_TEXT: usize = 4 << 10;
 /// Bytes a [`Shared`] part takes on the wire (tag included).
 pub const SHARED_PART_BYTES: usize = 33;
-const MAGIC: &[u8; 4] = b"TWS2";
+const MAGIC: &[u8; 4] = b"TWS3";
 
 /// One control message.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -119,6 +129,9 @@ pub struct Hello {
     /// The ticket's secret, from the server: proof that it is the node the client knocked on
     /// over TCP (zeros from the client, which never reveals it).
     pub proof: [u8; 16],
+    /// The bytes of the sender's queue ring (its memfd, beside the hello, holds a header page
+    /// and then the ring).
+    pub queue: u32,
 }
 
 /// Where a message's bytes are.
@@ -227,6 +240,7 @@ pub fn encode(control: &Control) -> Result<Vec<u8>, EncodeError> {
             w.u64(h.ticket);
             w.str(&h.via);
             w.0.extend_from_slice(&h.proof);
+            w.u32(h.queue);
         }
         Control::Request {
             id,
@@ -298,10 +312,28 @@ pub fn encode(control: &Control) -> Result<Vec<u8>, EncodeError> {
 /// [`DecodeError`] naming what is wrong: bad magic, unknown tag, a length past the end, bad
 /// UTF-8, bytes left over.
 pub fn decode(datagram: &[u8]) -> Result<Control, DecodeError> {
+    decode_in(datagram, None)
+}
+
+/// Decodes one message that is already in memory of its own: bytes it carries (inline bodies
+/// and parts, a single reply's data) are slices of `message`, not copies.
+///
+/// # Errors
+///
+/// As [`decode`].
+pub fn decode_shared(message: &Bytes) -> Result<Control, DecodeError> {
+    decode_in(message, Some(message))
+}
+
+fn decode_in(datagram: &[u8], owner: Option<&Bytes>) -> Result<Control, DecodeError> {
     if datagram.len() > MAX_DATAGRAM {
         return Err(DecodeError("longer than the largest datagram"));
     }
-    let mut r = Reader(datagram);
+    let mut r = Reader {
+        rest: datagram,
+        whole: datagram,
+        owner,
+    };
     if r.take(4)? != MAGIC {
         return Err(DecodeError("bad magic"));
     }
@@ -315,6 +347,7 @@ pub fn decode(datagram: &[u8]) -> Result<Control, DecodeError> {
             ticket: r.u64()?,
             via: r.str()?,
             proof: r.array()?,
+            queue: r.u32()?,
         }),
         2 => Control::Request {
             id: r.u64()?,
@@ -332,7 +365,7 @@ pub fn decode(datagram: &[u8]) -> Result<Control, DecodeError> {
                 0 => WireReply::Tensor(r.body()?),
                 1 => WireReply::Single {
                     msg_type: r.str()?,
-                    data: Bytes::copy_from_slice(r.bytes()?),
+                    data: r.owned_bytes()?,
                 },
                 2 => WireReply::Ack,
                 3 => WireReply::Error(r.str()?),
@@ -353,7 +386,7 @@ pub fn decode(datagram: &[u8]) -> Result<Control, DecodeError> {
         7 => Control::Unmapped { segment: r.u64()? },
         _ => return Err(DecodeError("unknown message tag")),
     };
-    if !r.0.is_empty() {
+    if !r.rest.is_empty() {
         return Err(DecodeError("bytes after the message"));
     }
     Ok(control)
@@ -477,90 +510,6 @@ impl Writer {
                     }
                 }
             }
-        }
-    }
-}
-
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
-        if n > self.0.len() {
-            return Err(DecodeError("a field runs past the end"));
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
-    }
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
-        let mut out = [0u8; N];
-        out.copy_from_slice(self.take(N)?);
-        Ok(out)
-    }
-    fn u8(&mut self) -> Result<u8, DecodeError> {
-        Ok(self.take(1)?[0])
-    }
-    fn u32(&mut self) -> Result<u32, DecodeError> {
-        Ok(u32::from_le_bytes(self.array()?))
-    }
-    fn u64(&mut self) -> Result<u64, DecodeError> {
-        Ok(u64::from_le_bytes(self.array()?))
-    }
-    /// A list count whose items take at least `item` bytes each: checked against what is left
-    /// before anything is allocated.
-    fn count(&mut self, item: usize) -> Result<usize, DecodeError> {
-        let count = usize::try_from(self.u32()?).map_err(|_| DecodeError("count too large"))?;
-        if count.saturating_mul(item) > self.0.len() {
-            return Err(DecodeError("a list runs past the end"));
-        }
-        Ok(count)
-    }
-    fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
-        let len = usize::try_from(self.u32()?).map_err(|_| DecodeError("length too large"))?;
-        self.take(len)
-    }
-    fn str(&mut self) -> Result<String, DecodeError> {
-        std::str::from_utf8(self.bytes()?)
-            .map(str::to_owned)
-            .map_err(|_| DecodeError("a string is not UTF-8"))
-    }
-    fn shared(&mut self) -> Result<Shared, DecodeError> {
-        Ok(Shared {
-            segment: self.u64()?,
-            offset: self.u64()?,
-            len: self.u64()?,
-            lease: self.u64()?,
-        })
-    }
-    fn part(&mut self) -> Result<Part, DecodeError> {
-        match self.u8()? {
-            0 => Ok(Part::Inline(Bytes::copy_from_slice(self.bytes()?))),
-            1 => Ok(Part::Shared(self.shared()?)),
-            2 => Ok(Part::Returned(Returned {
-                segment: self.u64()?,
-                offset: self.u64()?,
-                len: self.u64()?,
-            })),
-            _ => Err(DecodeError("unknown part kind")),
-        }
-    }
-    fn body(&mut self) -> Result<Body, DecodeError> {
-        match self.u8()? {
-            0 => Ok(Body::Inline(Bytes::copy_from_slice(self.bytes()?))),
-            1 => Ok(Body::Packed(self.shared()?)),
-            2 => {
-                let version = self.u32()?;
-                let metadata = self.part()?;
-                // Every part takes at least 5 bytes (tag + an empty inline length).
-                let count = self.count(5)?;
-                let buffers = (0..count).map(|_| self.part()).collect::<Result<_, _>>()?;
-                Ok(Body::Parts {
-                    version,
-                    metadata,
-                    buffers,
-                })
-            }
-            _ => Err(DecodeError("unknown body kind")),
         }
     }
 }

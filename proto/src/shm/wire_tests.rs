@@ -22,6 +22,7 @@ fn samples() -> Vec<Control> {
             ticket: 31,
             via: "127.0.0.1:51000".into(),
             proof: [7; 16],
+            queue: 1 << 20,
         }),
         Control::Request {
             id: 7,
@@ -100,7 +101,7 @@ fn every_message_round_trips() {
 #[test]
 fn a_release_datagram_matches_its_golden_bytes() {
     let golden = [
-        b"TWS2".as_slice(),
+        b"TWS3".as_slice(),
         &[4],          // tag: Release
         &[2, 0, 0, 0], // two leases
         &[5, 0, 0, 0, 0, 0, 0, 0],
@@ -116,7 +117,7 @@ fn a_release_datagram_matches_its_golden_bytes() {
 #[test]
 fn a_map_datagram_matches_its_golden_bytes() {
     let golden = [
-        b"TWS2".as_slice(),
+        b"TWS3".as_slice(),
         &[5],                      // tag: Map
         &[9, 0, 0, 0, 0, 0, 0, 0], // segment 9
         &[0, 0, 0, 4, 0, 0, 0, 0], // 64 MiB
@@ -133,10 +134,10 @@ fn a_map_datagram_matches_its_golden_bytes() {
 fn malformed_datagrams_are_refused_with_a_reason() {
     assert_eq!(decode(b"XXXX\x04"), Err(DecodeError("bad magic")));
     assert_eq!(decode(b"TWS1\x04\0\0\0\0"), Err(DecodeError("bad magic")));
-    assert_eq!(decode(b"TWS2\x09"), Err(DecodeError("unknown message tag")));
+    assert_eq!(decode(b"TWS3\x09"), Err(DecodeError("unknown message tag")));
     // A count that claims more items than bytes left: refused before allocating.
     assert_eq!(
-        decode(b"TWS2\x04\xff\xff\xff\xff"),
+        decode(b"TWS3\x04\xff\xff\xff\xff"),
         Err(DecodeError("a list runs past the end"))
     );
     let mut extra = encode(&Control::Release { leases: vec![1] }).unwrap();
@@ -208,7 +209,7 @@ fn a_body_lists_each_lease_once() {
 proptest! {
     #[test]
     fn any_bytes_decode_without_panicking(data in prop::collection::vec(any::<u8>(), 0..256)) {
-        let mut datagram = b"TWS2".to_vec();
+        let mut datagram = b"TWS3".to_vec();
         datagram.extend_from_slice(&data);
         let _ = decode(&datagram);
     }

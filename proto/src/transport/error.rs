@@ -4,6 +4,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use super::remote::{LimitSide, OverLimit, RemoteKind};
 use crate::error::{ConfigError, LimitExceeded, WireError};
 
 /// Everything that can go wrong sending, receiving or serving a request, on any transport.
@@ -178,6 +179,20 @@ pub enum Error {
     /// The node is shutting down or has shut down.
     #[error("the node is shut down")]
     Shutdown,
+    /// The node was made by another process: this process is a child made by `fork()`, which
+    /// inherited a copy of the node but none of its threads. Every call on it fails at once;
+    /// the child makes a node of its own.
+    #[error(
+        "this node belongs to process {owner} and this is process {current}, a child made by \
+         fork(): a child inherits a copy of the node without its threads, so the node cannot \
+         be used here; make a new node in the child"
+    )]
+    Forked {
+        /// The process that made the node.
+        owner: u32,
+        /// This process.
+        current: u32,
+    },
     /// The endpoint's mailbox is closed (the endpoint was dropped or the node shut down).
     #[error("the endpoint's mailbox is closed")]
     MailboxClosed,
@@ -216,20 +231,23 @@ impl Error {
         matches!(self, Self::Protocol { .. } | Self::UnexpectedReply { .. })
     }
 
-    /// Whether a size limit or a memory budget refused the message.
+    /// Whether a size limit (this node's or the peer's) or a memory budget refused the
+    /// message.
     pub fn is_limit(&self) -> bool {
-        matches!(
-            self,
-            Self::Encode(WireError::LimitExceeded(_))
-                | Self::Memory(_)
-                | Self::Overloaded { .. }
-                | Self::SharedMemoryFull { .. }
-        )
+        self.over_limit().is_some()
+            || matches!(
+                self,
+                Self::Memory(_) | Self::Overloaded { .. } | Self::SharedMemoryFull { .. }
+            )
     }
 
-    /// Whether the node (or the endpoint's mailbox) is shut down.
+    /// Whether the node (or the endpoint's mailbox) is shut down, or belongs to the parent of
+    /// this forked process.
     pub fn is_shutdown(&self) -> bool {
-        matches!(self, Self::Shutdown | Self::MailboxClosed)
+        matches!(
+            self,
+            Self::Shutdown | Self::MailboxClosed | Self::Forked { .. }
+        )
     }
 
     /// The text the remote side sent, for [`Error::Remote`].
@@ -244,6 +262,34 @@ impl Error {
     pub fn limit(&self) -> Option<&LimitExceeded> {
         match self {
             Self::Encode(WireError::LimitExceeded(limit)) => Some(limit),
+            _ => None,
+        }
+    }
+
+    /// What kind of failure the remote side reported, for [`Error::Remote`] (read from its
+    /// text: see [`RemoteKind::of_text`]).
+    pub fn remote_kind(&self) -> Option<RemoteKind> {
+        self.remote_text().map(RemoteKind::of_text)
+    }
+
+    /// The size limit a message was over, and whose, on any path: this node's when it sends
+    /// ([`Error::Encode`]) or receives a reply ([`Error::Protocol`] over a limit), the
+    /// peer's when it refused the request or could not send its reply ([`Error::Remote`]).
+    pub fn over_limit(&self) -> Option<OverLimit> {
+        let local = |exceeded: &LimitExceeded| OverLimit {
+            side: LimitSide::Local,
+            exceeded: exceeded.clone(),
+        };
+        match self {
+            Self::Encode(WireError::LimitExceeded(exceeded))
+            | Self::Protocol {
+                source: WireError::LimitExceeded(exceeded),
+                ..
+            } => Some(local(exceeded)),
+            Self::Remote { .. } => match self.remote_kind() {
+                Some(RemoteKind::OverLimit(over)) => Some(over),
+                _ => None,
+            },
             _ => None,
         }
     }

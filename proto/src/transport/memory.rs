@@ -8,6 +8,7 @@ use bytes::Bytes;
 
 use crate::body::ReceiveBuffer;
 use crate::transport::Error;
+use crate::transport::split::{SplitBuffer, heap_split};
 
 /// The final memory received metadata and buffers are written into, and the budget that bounds
 /// how much of it frames still arriving may hold.
@@ -33,6 +34,19 @@ pub trait ReceiveMemory: Send + Sync + 'static {
 
     /// The budget in bytes, for error texts.
     fn budget(&self) -> u64;
+
+    /// Memory for one section of `len` bytes cut at `ranges` (consecutive, covering `0..len`),
+    /// whose parts are filled independently and joined without a copy: the stripes of a
+    /// striped request ([`crate::stripe`]). The default cuts one heap allocation; a receive
+    /// pool cuts one of its slots.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Memory`] if it cannot be had; [`Error::Misuse`] if `ranges` do not cut
+    /// `0..len`.
+    fn allocate_split(&self, len: usize, ranges: &[Range<usize>]) -> Result<SplitBuffer, Error> {
+        heap_split(len, ranges)
+    }
 }
 
 /// One section of receive memory: a pool slot, a heap vector, or anything else that can become

@@ -18,15 +18,22 @@
 mod error;
 mod memory;
 mod plugin;
+mod remote;
 mod request;
 mod seam;
+mod split;
+mod stripes;
 
 pub use error::Error;
 pub(crate) use error::format_duration;
 pub use memory::{HeapMemory, ReceiveMemory, RecvBuffer, RecvStorage};
 pub use plugin::{Transport, TransportFactory, TransportSetup};
+pub use remote::{LimitSide, NO_ENDPOINT, OverLimit, RemoteKind};
+pub(crate) use remote::{REJECTED, REQUIRES_TLS};
 pub use request::{ActorPath, Answer, Deadline, InboundRequest, LocalPeer, Reply, RequestKind};
 pub use seam::{
     Completion, Delivery, Driver, DriverFactory, DriverGauges, DriverSetup, HandOff, Inbound,
     Outbound, OutboundRequest, Responder, Withdraw,
 };
+pub use split::{JoinStorage, SplitBuffer, check_ranges, heap_split};
+pub use stripes::{ASSEMBLY_TTL, DEFAULT_MAX_STRIPES, MAX_ASSEMBLIES, StripeStore};

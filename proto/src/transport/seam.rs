@@ -92,6 +92,9 @@ pub struct OutboundRequest {
     pub deadline: Deadline,
     /// Where the outcome goes.
     pub completion: Box<dyn Completion>,
+    /// How it travels: whole (the default), or as a stripe or striped request of a striped
+    /// send ([`crate::stripe`]). Only PTR1 drivers carry the striped forms.
+    pub framing: crate::stripe::Framing,
 }
 
 impl OutboundRequest {
@@ -111,7 +114,15 @@ impl OutboundRequest {
             message,
             deadline,
             completion,
+            framing: crate::stripe::Framing::Whole,
         }
+    }
+
+    /// The same request, travelling as `framing`.
+    #[must_use]
+    pub fn with_framing(mut self, framing: crate::stripe::Framing) -> Self {
+        self.framing = framing;
+        self
     }
 }
 
@@ -165,6 +176,19 @@ pub trait Driver: Outbound {
     /// What the driver holds now (for statistics).
     fn gauges(&self) -> DriverGauges {
         DriverGauges::default()
+    }
+
+    /// Begins a graceful close (idempotent, returns at once): stops accepting connections;
+    /// each served connection finishes the request it has (its reply or acknowledgement is
+    /// written in full), then closes. Requests that start meanwhile are the node's to refuse
+    /// (its [`Inbound::admit`]). Outbound requests go on. [`Driver::drained`] says when no
+    /// served connection is left; [`Driver::shutdown`] ends the rest. A driver without a
+    /// graceful close keeps the default: nothing, and drained at once.
+    fn drain(&self) {}
+
+    /// Whether a close begun with [`Driver::drain`] has closed every served connection.
+    fn drained(&self) -> bool {
+        true
     }
 
     /// Stops accepting, fails every request in flight, closes every connection and waits
@@ -229,6 +253,9 @@ pub struct DriverSetup {
     pub threads: usize,
     /// Refuse plaintext PTR1 connections (only handed-off connections are served).
     pub require_tls: bool,
+    /// Where striped requests' stripes go (every server session gets it with
+    /// `ServerSession::with_stripes`); `None`: the node takes no stripes.
+    pub stripes: Option<Arc<super::stripes::StripeStore>>,
 }
 
 impl DriverSetup {
@@ -249,6 +276,7 @@ impl DriverSetup {
             pool: ConnectionPoolConfig::default(),
             threads: 1,
             require_tls: false,
+            stripes: None,
         }
     }
 }

@@ -39,9 +39,10 @@ from ._native import (
     io_uring_unavailable,
     tensor_transport_stats,
 )
-from ._node import Endpoint, Node, Ref, Route
+from ._node import Answer, Endpoint, Node, Ref, Route
 
 __all__ = [
+    "Answer",
     "Buffer",
     "Cancelled",
     "Descriptor",

@@ -67,7 +67,16 @@ class UnknownEndpoint(Error, LookupError):
 
 
 class LimitExceeded(Error, MemoryError):
-    """A message is over a configured limit (``PULSING_MAX_TENSOR_*``)."""
+    """A message is over a size limit (``PULSING_MAX_TENSOR_*``): this node's, when it sends
+    or receives a reply (:attr:`side` ``"local"``), or the peer's, when it refused the request
+    or could not send its reply (``"peer"``). :attr:`variable` names the setting."""
+
+    def __init__(self, message: str, side: str = "local", variable: str | None = None) -> None:
+        super().__init__(message)
+        #: Whose limit: ``"local"`` (this node's) or ``"peer"``.
+        self.side = side
+        #: The environment variable that sets the limit, if one does.
+        self.variable = variable
 
 
 class OutOfMemory(Error, MemoryError):

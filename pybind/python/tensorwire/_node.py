@@ -4,23 +4,35 @@ Blocking calls release the GIL and wake every 100 ms so Ctrl+C interrupts them. 
 forms (``ask_async``, ``tell_async``, ``recv_async``, ``async for``) are woken through one
 eventfd per event loop, registered with ``loop.add_reader``; each wake-up drains every
 completion that is ready. Cancelling the awaiting task cancels the operation in the engine.
+
+Lifecycle: ``close(timeout)`` (and leaving the ``with`` block, and the interpreter's exit)
+finishes what is in flight, then stops. A child made by ``fork()`` cannot use the nodes it
+inherited (every call raises :class:`ShutDown` at once); it makes its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import inspect
 import logging
 import weakref
-from collections.abc import AsyncIterator, Callable
-from typing import Any, NamedTuple
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, Generic, Literal, NamedTuple, TypeAlias, overload
 
-from . import _native
+from typing_extensions import TypeVar
+
+from . import _into, _native
+from ._errors import InvalidArgument, ShutDown
 from ._native import Request, TensorMessage
 
-Reply = Any
-"""What an ask returns: a TensorMessage, ``None`` (an ack), ``bytes``, an unpickled object
-(with ``pickle=True``) or a ``(msg_type, bytes)`` pair for other single replies."""
+Answer: TypeAlias = TensorMessage | bytes | tuple[str, bytes] | None
+"""What an ask returns on a reference made without ``pickle``: a TensorMessage, ``bytes``,
+``None`` (an ack) or a ``(msg_type, bytes)`` pair for other single replies."""
+
+Reply = TypeVar("Reply", default=Answer)
+"""What an ask on a ``Ref[Reply]`` returns: :data:`Answer`, or any unpickled object (``Any``)
+on a reference made with ``pickle=True``."""
 
 
 class Route(NamedTuple):
@@ -93,6 +105,23 @@ def _pump() -> _LoopPump:
     return pump
 
 
+CLOSE_TIMEOUT = 5.0
+"""Seconds ``close()`` (and leaving a ``with`` block) lets replies, acknowledgements and sends
+in flight finish, by default; also what each node gets at the interpreter's exit."""
+
+#: Nodes not closed yet, closed (gracefully, bounded) when the interpreter exits.
+_open_nodes: weakref.WeakSet[Node] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    for node in list(_open_nodes):
+        try:
+            node.close(CLOSE_TIMEOUT)
+        except Exception:  # exiting anyway: say so, close the others
+            _log.warning("closing a node at exit failed", exc_info=True)
+
+
 class Node:
     """A tensorwire node: serves endpoints on one port and sends to other nodes.
 
@@ -134,6 +163,7 @@ class Node:
         )
         #: The tasks serving coroutine handlers.
         self._serving: set[asyncio.Task[None]] = set()
+        _open_nodes.add(self)
 
     @property
     def address(self) -> str:
@@ -155,6 +185,7 @@ class Node:
         pickle: bool = False,
         concurrency: int = 64,
         capacity: int | None = None,
+        log_errors: bool = True,
     ) -> None:
         """Serves ``name`` with ``handler(message) -> reply``.
 
@@ -164,15 +195,26 @@ class Node:
         requests at once (a slow one does not hold the others up; beyond that, requests wait
         in the endpoint's mailbox of ``capacity``). Its return value answers asks (see
         :data:`Reply`); an exception it raises reaches the asker as a :class:`RemoteError`
-        with the exception's type and text, and is logged.
+        with the exception's type and text, and is logged (unless ``log_errors=False``: for
+        refusals any peer can provoke, which the asker is told).
         """
         target = handler.receive_tensor if hasattr(handler, "receive_tensor") else handler
         if inspect.iscoroutinefunction(target):
             if concurrency < 1:
                 raise ValueError("serve needs concurrency >= 1")
-            loop = asyncio.get_running_loop()
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                raise InvalidArgument(
+                    f"serve({name!r}, ...) got a coroutine function, which runs on the event "
+                    "loop running when serve is called, and no event loop is running here: "
+                    "call serve from async code (inside asyncio.run), or pass a plain function "
+                    "(it runs on threads of its own)"
+                ) from None
             endpoint = self._native.endpoint(name, capacity)
-            task = loop.create_task(_serve_coroutines(endpoint, target, name, concurrency, pickle))
+            task = loop.create_task(
+                _serve_coroutines(endpoint, target, name, concurrency, pickle, log_errors)
+            )
             self._serving.add(task)
             task.add_done_callback(self._serving.discard)
             return
@@ -181,6 +223,9 @@ class Node:
                 f"handler must be callable or have receive_tensor(), not {type(handler).__name__}"
             )
         call: Callable[[TensorMessage], Any] = target
+        if not log_errors:
+            self._native.serve(name, call, threads=threads, pickle=pickle)
+            return
 
         def logged(message: TensorMessage) -> Any:
             try:
@@ -192,7 +237,17 @@ class Node:
 
         self._native.serve(name, logged, threads=threads, pickle=pickle)
 
-    def ref(self, address: str, name: str, transport: str = "auto", *, pickle: bool = False) -> Ref:
+    @overload
+    def ref(
+        self, address: str, name: str, transport: str = "auto", *, pickle: Literal[False] = False
+    ) -> Ref[Answer]: ...
+    @overload
+    def ref(
+        self, address: str, name: str, transport: str = "auto", *, pickle: bool
+    ) -> Ref[Any]: ...
+    def ref(
+        self, address: str, name: str, transport: str = "auto", *, pickle: bool = False
+    ) -> Ref[Any]:
         """A reference to endpoint ``name`` at ``address``, resolved once (reuse it: it is
         cheap to call and safe to share between threads).
 
@@ -218,17 +273,31 @@ class Node:
         memory (``shm``), as numbers and dicts."""
         return self._native.stats()
 
-    def close(self) -> None:
-        """Stops the node (idempotent): in-flight calls fail, endpoints close, it waits for
-        handler threads that are running. Coroutine handlers still running finish on their
-        loop; their replies go nowhere."""
-        self._native.close()
+    @property
+    def closed(self) -> bool:
+        """Whether the node is closed."""
+        return self._native.closed
+
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """Closes the node gracefully (idempotent): from now on it takes no new request
+        (senders are told the node is closing) and no new connection; the requests it has are
+        answered — each reply and acknowledgement is written in full — and its own sends
+        complete; then it stops. What is still in flight after ``timeout`` seconds fails.
+
+        Handler threads keep serving meanwhile. Coroutine handlers need their event loop to
+        run: from async code use ``await node.aclose()`` (``close()`` there blocks the loop,
+        so their requests wait out the timeout). A node inherited through ``fork()`` is left
+        alone (it belongs to the parent)."""
+        _open_nodes.discard(self)
+        self._native.close(timeout)
         for task in list(self._serving):
             task.cancel()
 
-    async def aclose(self) -> None:
-        """:meth:`close` without blocking the event loop."""
-        await asyncio.get_running_loop().run_in_executor(None, self._native.close)
+    async def aclose(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """:meth:`close` without blocking the event loop (coroutine handlers finish their
+        requests meanwhile)."""
+        _open_nodes.discard(self)
+        await asyncio.get_running_loop().run_in_executor(None, self._native.close, timeout)
         for task in list(self._serving):
             task.cancel()
 
@@ -248,9 +317,10 @@ class Node:
         return f"<tensorwire.Node {self.address}>"
 
 
-class Ref:
+class Ref(Generic[Reply]):
     """A reference to an endpoint on some node: resolved once, cheap to call, safe to share
-    between threads and to reuse for any number of sends."""
+    between threads and to reuse for any number of sends. ``Reply`` is what its asks return
+    (:data:`Answer`; ``Any`` with ``pickle=True``)."""
 
     __slots__ = ("node", "address", "name", "transport", "pickle", "_native")
 
@@ -262,12 +332,25 @@ class Ref:
         self.pickle = pickle
         self._native = node._native.ref(address, name, transport, pickle)
 
-    def ask(self, message: TensorMessage, timeout: float = 30.0) -> Reply:
+    def ask(
+        self, message: TensorMessage, timeout: float = 30.0, *, into: Sequence[Any] | None = None
+    ) -> Reply:
         """Sends ``message`` and waits for the reply (GIL released, Ctrl+C interrupts).
 
         The message's buffers are no longer used by the transport once this returns or raises.
+        With ``into`` (writable buffers you own: numpy arrays, CPU torch tensors, bytearrays),
+        the reply's buffers are copied into them — one per buffer, of the same sizes and (for
+        :func:`tensors.pack` messages) dtypes, else :class:`InvalidArgument` and nothing is
+        written (``error.received`` is the reply) — and the reply returned carries them.
         """
-        return self._native.ask(message, timeout)
+        if into is None:
+            reply: Reply = self._native.ask(message, timeout)
+            return reply
+        targets = _into.views(into)
+        filled: Reply = self._native.ask(
+            message, timeout, into=targets, check=_into.checker(targets)
+        )
+        return filled
 
     def tell(self, message: TensorMessage, timeout: float = 30.0) -> None:
         """Sends ``message``; returns once it is in the receiver's mailbox."""
@@ -279,10 +362,20 @@ class Ref:
         ``tensorwire`` logger; do not change the message's buffers until it has been sent."""
         self._native.tell_nowait(message, timeout)
 
-    async def ask_async(self, message: TensorMessage, timeout: float = 30.0) -> Reply:
+    async def ask_async(
+        self, message: TensorMessage, timeout: float = 30.0, *, into: Sequence[Any] | None = None
+    ) -> Reply:
         """The asyncio form of :meth:`ask`; cancelling the task cancels the ask."""
         pump = _pump()
-        return await pump.wait(self._native.ask_start(pump.pump, message, timeout))
+        if into is None:
+            reply: Reply = await pump.wait(self._native.ask_start(pump.pump, message, timeout))
+            return reply
+        targets = _into.views(into)
+        token = self._native.ask_start(
+            pump.pump, message, timeout, into=targets, check=_into.checker(targets)
+        )
+        filled: Reply = await pump.wait(token)
+        return filled
 
     async def tell_async(self, message: TensorMessage, timeout: float = 30.0) -> None:
         """The asyncio form of :meth:`tell`."""
@@ -305,11 +398,10 @@ async def _serve_coroutines(
     name: str,
     concurrency: int,
     pickle: bool,
+    log_errors: bool,
 ) -> None:
     """Takes requests off ``endpoint`` in batches and runs ``handler`` on each, at most
     ``concurrency`` at once; ends when the node closes."""
-    from ._errors import ShutDown
-
     pump = _pump()
     slots = asyncio.Semaphore(concurrency)
     running: set[asyncio.Task[None]] = set()
@@ -322,19 +414,24 @@ async def _serve_coroutines(
             return
         for request in batch:
             await slots.acquire()
-            task = asyncio.create_task(_answer(request, handler, name, slots))
+            task = asyncio.create_task(_answer(request, handler, name, slots, log_errors))
             running.add(task)
             task.add_done_callback(running.discard)
 
 
 async def _answer(
-    request: Request, handler: Callable[[TensorMessage], Any], name: str, slots: asyncio.Semaphore
+    request: Request,
+    handler: Callable[[TensorMessage], Any],
+    name: str,
+    slots: asyncio.Semaphore,
+    log_errors: bool,
 ) -> None:
     try:
         try:
             value = await handler(request.message)
         except Exception as exc:
-            _log.exception("the handler serving %r raised", name)
+            if log_errors:
+                _log.exception("the handler serving %r raised", name)
             _deliver(request.fail, f"{type(exc).__name__}: {exc}", name)
         else:
             _deliver(request.reply, value, name)
@@ -366,29 +463,71 @@ class Endpoint:
     def __len__(self) -> int:
         return len(self._native) + len(self._stash)
 
-    def recv(self, timeout: float | None = None) -> Request | None:
+    def recv(
+        self, timeout: float | None = None, *, into: Sequence[Any] | None = None
+    ) -> Request | None:
         """The next request, waiting up to ``timeout`` seconds (forever when ``None``);
-        ``None`` when the time passed. The GIL is released; Ctrl+C interrupts."""
-        if self._stash:
-            return self._stash.pop(0)
-        return self._native.recv(timeout, pickle=self._pickle)
+        ``None`` when the time passed. The GIL is released; Ctrl+C interrupts.
 
-    async def recv_async(self) -> Request:
-        """The next request (asyncio). Cancelling it never loses a request: one that arrived
-        meanwhile is kept for the next receive."""
+        With ``into``, the request's buffers are copied into those buffers of yours (as for
+        :meth:`Ref.ask`); on a mismatch :class:`InvalidArgument` is raised, nothing is written
+        and the request is kept for the next receive (``error.received`` is it too)."""
+        if into is None:
+            if self._stash:
+                return self._stash.pop(0)
+            return self._native.recv(timeout, pickle=self._pickle)
+        targets = _into.views(into)
+        check = _into.checker(targets)
         if self._stash:
-            return self._stash.pop(0)
+            return self._take_stashed(targets, check)
+        try:
+            return self._native.recv(timeout, pickle=self._pickle, into=targets, check=check)
+        except InvalidArgument as e:
+            self._keep(e)
+            raise
+
+    async def recv_async(self, *, into: Sequence[Any] | None = None) -> Request:
+        """The next request (asyncio); ``into`` as for :meth:`recv`. Cancelling it never loses
+        a request: one that arrived meanwhile is kept for the next receive."""
+        targets = None if into is None else _into.views(into)
+        check = None if targets is None else _into.checker(targets)
+        if self._stash:
+            return self._take_stashed(targets, check)
         pump = _pump()
-        token = self._native.recv_start(pump.pump, pickle=self._pickle)
-        request: Request = await pump.wait(token, self._stash.append)
+        if targets is None:
+            token = self._native.recv_start(pump.pump, pickle=self._pickle)
+        else:
+            token = self._native.recv_start(
+                pump.pump, pickle=self._pickle, into=targets, check=check
+            )
+        try:
+            request: Request = await pump.wait(token, self._stash.append)
+        except InvalidArgument as e:
+            self._keep(e)
+            raise
         return request
+
+    def _take_stashed(
+        self, targets: list[Any] | None, check: Callable[[bytes], None] | None
+    ) -> Request:
+        """The oldest stashed request, received into ``targets`` if given (it stays stashed if
+        it does not fit)."""
+        if targets is None:
+            return self._stash.pop(0)
+        request = self._stash[0].copy_into(targets, check)
+        self._stash.pop(0)
+        return request
+
+    def _keep(self, error: InvalidArgument) -> None:
+        """A request that did not fit the buffers given goes back for the next receive."""
+        received = getattr(error, "received", None)
+        if isinstance(received, Request):
+            self._stash.insert(0, received)
 
     def __aiter__(self) -> AsyncIterator[Request]:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[Request]:
-        from ._errors import ShutDown
-
         while True:
             try:
                 yield await self.recv_async()

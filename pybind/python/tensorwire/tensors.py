@@ -1,35 +1,50 @@
-"""Pack a dict of numpy arrays (or CPU torch tensors) into a TensorMessage, and back.
+"""Pack a dict of numpy arrays, CPU torch tensors and scalars into a TensorMessage, and back.
 
-The metadata is JSON recording each tensor's name, dtype (with byte order), shape and kind, and
-a schema version, so a receiver never needs to know shapes in advance. Buffers go out without
-a copy; :func:`unpack` returns zero-copy views over the received memory. numpy is required,
-torch optional (imported only when a torch tensor is packed or ``as_torch=True``).
+The metadata is JSON recording each tensor's name, dtype (with byte order), shape and kind, a
+schema version and the caller's own JSON (``extra=``: a step, layer ids), so a receiver never
+needs to know shapes in advance. Buffers go out without a copy; :func:`unpack` returns
+zero-copy views over the received memory. numpy is required, torch optional (imported only
+when a torch tensor is packed or ``as_torch=True``).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from ._arrays import TORCH_ONLY, as_array, has_torch, to_torch
 from ._native import TensorMessage
 
 SCHEMA = "tensorwire.tensors/1"
 """The metadata schema this module writes and reads."""
 
-_TORCH_ONLY = {"bfloat16": "int16"}
+
+class Unpacked(dict[str, Any]):
+    """What :func:`unpack` returns: the tensors by name, and the sender's ``extra``."""
+
+    extra: Any
+    """The JSON value the sender passed as ``pack(..., extra=)`` (``None`` if it passed none)."""
+
+    def __init__(self, tensors: dict[str, Any], extra: Any) -> None:
+        super().__init__(tensors)
+        self.extra = extra
 
 
 def pack(
     tensors: Mapping[str, Any],
     *,
+    extra: Any = None,
     contiguous: bool = False,
     version: int = 1,
 ) -> TensorMessage:
-    """A TensorMessage carrying ``tensors`` (name → numpy array or CPU torch tensor).
+    """A TensorMessage carrying ``tensors`` (name → numpy array, CPU torch tensor, numpy scalar
+    or Python ``bool``/``int``/``float``/``complex``) and ``extra``, any JSON value (numpy
+    scalars in it become Python numbers), which :func:`unpack` returns as ``.extra``.
 
     A non-contiguous input raises ``ValueError`` naming it, unless ``contiguous=True`` asks for
     a contiguous copy of it. The arrays must not change until the send completes.
@@ -39,7 +54,7 @@ def pack(
     for name, tensor in tensors.items():
         if not isinstance(name, str):
             raise TypeError(f"tensor names must be str, not {type(name).__name__}")
-        array, kind, dtype = _as_array(name, tensor)
+        array, kind, dtype = as_array(name, tensor)
         if not array.flags.c_contiguous:
             if not contiguous:
                 raise ValueError(
@@ -48,13 +63,24 @@ def pack(
                 )
             array = np.ascontiguousarray(array)
         entries.append({"name": name, "dtype": dtype, "shape": list(array.shape), "kind": kind})
-        buffers.append(array.reshape(-1).view(np.uint8) if array.ndim else array.reshape(1).view(np.uint8))
-    metadata = json.dumps({"schema": SCHEMA, "tensors": entries}, separators=(",", ":"))
+        buffers.append(
+            array.reshape(-1).view(np.uint8) if array.ndim else array.reshape(1).view(np.uint8)
+        )
+    header: dict[str, Any] = {"schema": SCHEMA, "tensors": entries}
+    if extra is not None:
+        header["extra"] = extra
+    try:
+        metadata = json.dumps(header, separators=(",", ":"), allow_nan=False, default=_json_scalar)
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"extra must be JSON (dicts, lists, str, finite numbers, None): {e}"
+        ) from None
     return TensorMessage(metadata.encode(), buffers, version=version)
 
 
-def unpack(message: TensorMessage, *, as_torch: bool | None = None) -> dict[str, Any]:
-    """The tensors of a message made by :func:`pack`, as zero-copy views.
+def unpack(message: TensorMessage, *, as_torch: bool | None = None) -> Unpacked:
+    """The tensors of a message made by :func:`pack`, as zero-copy views (scalars as the
+    scalars that were packed), and the sender's ``extra`` as ``.extra``.
 
     ``as_torch`` returns torch tensors (``None``: torch where the sender packed torch and torch
     is installed). torch tensors are zero-copy over writable receive memory (PTR1, HTTP/2);
@@ -78,7 +104,7 @@ def unpack(message: TensorMessage, *, as_torch: bool | None = None) -> dict[str,
     out: dict[str, Any] = {}
     for entry, buffer in zip(entries, buffers, strict=True):
         name, dtype, shape, kind = _entry(entry)
-        storage = _TORCH_ONLY.get(dtype, dtype)
+        storage = TORCH_ONLY.get(dtype, dtype)
         try:
             np_dtype = np.dtype(storage)
         except TypeError as e:
@@ -92,38 +118,29 @@ def unpack(message: TensorMessage, *, as_torch: bool | None = None) -> dict[str,
                 f"{raw.nbytes}"
             )
         array = np.frombuffer(buffer, dtype=np_dtype, count=count).reshape(shape)
-        torch_wanted = as_torch if as_torch is not None else (kind == "torch" and _has_torch())
-        if dtype in _TORCH_ONLY and not torch_wanted:
-            import warnings
-
+        torch_wanted = as_torch if as_torch is not None else (kind == "torch" and has_torch())
+        if dtype in TORCH_ONLY and not torch_wanted:
             warnings.warn(
                 f"tensor {name!r} is {dtype}, which numpy lacks: returned as its raw "
-                f"{_TORCH_ONLY[dtype]} bits (install torch, or view it with ml_dtypes)",
+                f"{TORCH_ONLY[dtype]} bits (install torch, or view it with ml_dtypes)",
                 stacklevel=2,
             )
-        out[name] = _to_torch(array, dtype) if torch_wanted else array
-    return out
+        if kind in ("python", "numpy-scalar") and shape:
+            raise ValueError(f"tensor {name!r}: a scalar cannot have the shape {list(shape)}")
+        if kind == "python":
+            out[name] = array.item()
+        elif kind == "numpy-scalar":
+            out[name] = array[()]
+        else:
+            out[name] = to_torch(array, dtype) if torch_wanted else array
+    return Unpacked(out, meta.get("extra"))
 
 
-def _as_array(name: str, tensor: Any) -> tuple[np.ndarray, str, str]:
-    module = type(tensor).__module__
-    if module.startswith("torch"):
-        import torch
-
-        if tensor.device.type != "cpu":
-            raise ValueError(f"tensor {name!r} is on {tensor.device}; move it to the CPU first")
-        tensor = tensor.detach()
-        dtype = str(tensor.dtype).removeprefix("torch.")
-        if dtype in _TORCH_ONLY:
-            tensor = tensor.view(getattr(torch, _TORCH_ONLY[dtype]))
-            return tensor.numpy(), "torch", dtype
-        array = tensor.numpy()
-        return array, "torch", array.dtype.str
-    if isinstance(tensor, np.ndarray):
-        if tensor.dtype.hasobject:
-            raise ValueError(f"tensor {name!r} has dtype object; only plain numeric data travels")
-        return tensor, "numpy", tensor.dtype.str
-    raise TypeError(f"tensor {name!r} is a {type(tensor).__name__}, not a numpy array or torch tensor")
+def _json_scalar(value: Any) -> Any:
+    """numpy scalars in ``extra`` as Python numbers (``json.dumps``'s ``default``)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON")
 
 
 def _entry(entry: Any) -> tuple[str, str, tuple[int, ...], str]:
@@ -135,26 +152,3 @@ def _entry(entry: Any) -> tuple[str, str, tuple[int, ...], str]:
     if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
         raise ValueError(f"tensor {name!r}: the shape {shape!r} is not a list of sizes")
     return name, dtype, tuple(shape), kind if isinstance(kind, str) else "numpy"
-
-
-def _has_torch() -> bool:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _to_torch(array: np.ndarray, dtype: str) -> Any:
-    import torch
-
-    if not array.flags.writeable:
-        # torch has no read-only tensors: a tensor over read-only memory (a sealed
-        # shared-memory mapping, or the sender's memory in this process) would let an in-place
-        # op crash the process or change the sender's data. Copy instead; `as_torch=False`
-        # gives zero-copy read-only numpy views.
-        array = array.copy()
-    tensor = torch.from_numpy(array)
-    if dtype in _TORCH_ONLY:
-        tensor = tensor.view(getattr(torch, dtype))
-    return tensor

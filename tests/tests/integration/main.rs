@@ -2,10 +2,12 @@
 //! process.
 
 mod across;
+mod close;
 mod conformance;
 mod defects;
 mod engine;
 mod fallback;
+mod fork;
 mod http2;
 mod review;
 mod routing;

@@ -70,6 +70,11 @@ pub(crate) struct ServeArgs {
     /// (`NodeBuilder::core_busy_poll`).
     #[arg(long = "core-poll-us")]
     core_poll_us: Option<u64>,
+    /// Most stripes the fixture takes per striped request (`NodeBuilder::stripes_taken`,
+    /// 16 by default; 0 or 1: none, it answers like a PTR1 peer that never heard of
+    /// striping and is sent whole frames).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(0..=64))]
+    stripes: Option<u16>,
     #[command(flatten)]
     tls: ServerTls,
 }
@@ -138,6 +143,15 @@ pub(crate) struct RunArgs {
     /// a given size spread over (engine and tokio transports).
     #[arg(long = "busy-bytes", value_parser = parse_size)]
     busy_bytes: Option<usize>,
+    /// Cut each request of at least --stripe-threshold payload bytes into N stripes, each on
+    /// a connection of its own (`NodeBuilder::stripes`; engine and tokio transports; the
+    /// fixture must take stripes, else it is sent whole frames).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    stripes: Option<u16>,
+    /// With --stripes: payload bytes from which a request is striped (default 1MiB here; the
+    /// node's own default is `NodeBuilder::stripe_threshold`'s).
+    #[arg(long = "stripe-threshold", requires = "stripes", value_parser = parse_size)]
+    stripe_threshold: Option<usize>,
     /// Shared memory: send buffers in loaned slots (filled once, frozen, sent without a copy)
     /// instead of copying them in (`--transport shm` only).
     #[arg(long)]
@@ -183,6 +197,12 @@ pub(crate) struct CompareArgs {
     /// check of every transport (CI runs it).
     #[arg(long)]
     smoke: bool,
+    /// Only the fresh pass: every cell in new processes (fixtures, clients, the peers' servers),
+    /// 0.5 s cells, as a user's first seconds look; best on an otherwise idle machine. The
+    /// full suite runs it after the warm pass and flags cells whose figures differ by more
+    /// than 1.5×.
+    #[arg(long)]
+    fresh: bool,
     /// Write the tables (table.md), every sample (results.json) and the plots
     /// (throughput.svg, latency.svg) into DIR.
     #[arg(long, value_name = "DIR")]
@@ -214,6 +234,16 @@ pub(crate) struct CompareArgs {
     /// With --netns: limit the client host's link to RATE both ways (tc syntax: 1gbit, 500mbit).
     #[arg(long, requires = "netns", value_name = "RATE")]
     rate: Option<String>,
+    /// With --netns: limit each TCP connection the client host opens to RATE both ways (an
+    /// htb class per connection, as per-flow hashing or shaping caps one flow in a
+    /// datacenter): where striping over N connections moves N times as much.
+    #[arg(
+        long = "flow-rate",
+        requires = "netns",
+        conflicts_with = "rate",
+        value_name = "RATE"
+    )]
+    flow_rate: Option<String>,
     /// With --netns: drop this share of TCP packets at the client host, at random, both ways
     /// (e.g. 0.1%).
     #[arg(long, requires = "netns", value_parser = parse_percent, value_name = "PERCENT")]
@@ -241,6 +271,7 @@ impl From<&ServeArgs> for Options {
             client_ca: a.tls.client_ca.clone(),
             tls_self_signed: a.tls.tls_self_signed.clone(),
             require_tls: a.tls.require_tls,
+            stripes: a.stripes,
             ..Self::defaults()
         }
     }
@@ -265,16 +296,26 @@ impl From<&RunArgs> for Options {
             ca: a.ca.clone(),
             cert: a.cert.clone(),
             key: a.key.clone(),
+            stripes: a.stripes,
+            stripe_threshold: a.stripes.map(|_| {
+                a.stripe_threshold
+                    .map_or(RUN_STRIPE_THRESHOLD, |b| b as u64)
+            }),
             ..Self::defaults()
         }
     }
 }
+
+/// `run --stripes N`: requests of at least this many payload bytes are striped unless
+/// `--stripe-threshold` says otherwise.
+const RUN_STRIPE_THRESHOLD: u64 = 1 << 20;
 
 impl From<&CompareArgs> for Options {
     fn from(a: &CompareArgs) -> Self {
         Self {
             quick: a.quick || a.smoke,
             smoke: a.smoke,
+            fresh: a.fresh,
             verify: a.smoke,
             out: a.out.clone(),
             reps: a.reps as usize,
@@ -285,6 +326,7 @@ impl From<&CompareArgs> for Options {
             inflight: a.inflight as usize,
             netns: a.netns,
             rate: a.rate.clone(),
+            flow_rate: a.flow_rate.clone(),
             loss_percent: a.loss,
             ..Self::defaults()
         }

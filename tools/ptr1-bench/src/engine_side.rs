@@ -39,6 +39,14 @@ fn builder(
     if let Some(budget) = options.core_poll {
         builder = builder.core_busy_poll(budget);
     }
+    match (serving, options.stripes) {
+        (true, Some(taken)) => builder = builder.stripes_taken(taken),
+        (false, Some(stripes)) => builder = builder.stripes(stripes),
+        (_, None) => {}
+    }
+    if let Some(bytes) = options.stripe_threshold {
+        builder = builder.stripe_threshold(bytes);
+    }
 
     match transport {
         Transport::Tokio => {

@@ -1,9 +1,11 @@
 //! `ptr1-bench`: the PTR1 test fixture and transport microbenchmark.
 //!
 //! ```text
-//! ptr1-bench serve   [--listen ADDR] [--transport T] [--handlers core|threads] [TLS options]
+//! ptr1-bench serve   [--listen ADDR] [--transport T] [--handlers core|threads] [--stripes N]
+//!                    [TLS options]
 //! ptr1-bench run     --to ADDR [--transport T] [--mode oneway|rtt|inflight] [--size 4KiB]
-//!                    [--buffers N] [--duration 5s | --messages N] [--inflight K] [--verify] [--json]
+//!                    [--buffers N] [--duration 5s | --messages N] [--inflight K] [--verify]
+//!                    [--stripes N [--stripe-threshold 1MiB]] [--json]
 //! ptr1-bench suite   [--quick | --smoke] [--reps N] [--seconds S] [--out DIR] [--json FILE]
 //!                    [--only local,shm,ptr1,http2,peers]                          (alias: compare)
 //! ptr1-bench plot    --from DIR/results.json [--out DIR]
@@ -100,6 +102,12 @@ fn print_run(report: &serde_json::Value) {
             ""
         }
     );
+    if let Some(stripes) = report["stripes"].as_u64() {
+        println!(
+            "  {stripes} stripes from {} B: {} requests striped",
+            report["stripe_threshold"], report["striped_requests"]
+        );
+    }
     if report["latency_p50_us"].is_number() {
         println!(
             "  latency µs: p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
@@ -215,6 +223,8 @@ pub(crate) struct Options {
     pub(crate) loaned: bool,
     /// suite: tiny sizes, one short repetition, payloads verified (a correctness check).
     pub(crate) smoke: bool,
+    /// suite: only the fresh pass (new processes for every cell).
+    pub(crate) fresh: bool,
     /// suite: write the table, JSON and plots into this directory.
     pub(crate) out: Option<String>,
     /// TLS: this end's certificate chain and key (PEM files).
@@ -232,8 +242,15 @@ pub(crate) struct Options {
     pub(crate) netns: bool,
     /// suite --netns: the client link's rate limit (tc syntax).
     pub(crate) rate: Option<String>,
+    /// suite --netns: each client connection's rate limit (tc syntax).
+    pub(crate) flow_rate: Option<String>,
     /// suite --netns: random loss at the client host, in percent.
     pub(crate) loss_percent: Option<f64>,
+    /// run: stripes per large request (`NodeBuilder::stripes`); serve: most stripes taken
+    /// per request (`NodeBuilder::stripes_taken`; below 2: none, as a peer without striping).
+    pub(crate) stripes: Option<u16>,
+    /// run: payload bytes from which a request is striped (`NodeBuilder::stripe_threshold`).
+    pub(crate) stripe_threshold: Option<u64>,
 }
 
 fn serve(options: &Options) -> Result<()> {
@@ -296,6 +313,7 @@ impl Options {
             verify: false,
             loaned: false,
             smoke: false,
+            fresh: false,
             out: None,
             cert: None,
             key: None,
@@ -305,7 +323,10 @@ impl Options {
             require_tls: false,
             netns: false,
             rate: None,
+            flow_rate: None,
             loss_percent: None,
+            stripes: None,
+            stripe_threshold: None,
         }
     }
 }
@@ -330,10 +351,16 @@ pub(crate) fn run(options: &Options) -> Result<serde_json::Value> {
             "--messages with --mode inflight needs a tensorwire client; seed and std run for --duration"
         );
     }
+    if options.stripes.is_some()
+        && !matches!(options.transport, Transport::Engine | Transport::Tokio)
+    {
+        bail!("--stripes cuts PTR1 requests: it needs --transport engine or tokio");
+    }
     if options.loaned && options.transport != Transport::Shm {
         bail!("--loaned sends buffers in shared-memory loans: it needs --transport shm");
     }
     let message = measure::message(options.size, options.buffers);
+    let striped_before = tensorwire_proto::stats::global().snapshot();
     let result = match options.transport {
         Transport::Engine | Transport::Tokio | Transport::H2c | Transport::Tls | Transport::Shm => {
             engine_side::run(peer, options, &message)?
@@ -341,5 +368,14 @@ pub(crate) fn run(options: &Options) -> Result<serde_json::Value> {
         Transport::Seed => seed::run(peer, options, &message)?,
         Transport::Std => blocking::run(peer, options, &message)?,
     };
-    Ok(result.to_json(options))
+    let mut report = result.to_json(options);
+    if let Some(stripes) = options.stripes {
+        let after = tensorwire_proto::stats::global().snapshot();
+        report["stripes"] = stripes.into();
+        report["stripe_threshold"] = options.stripe_threshold.into();
+        // Warm-up included: a peer that takes no stripes shows 0 here.
+        report["striped_requests"] =
+            (after.striped_requests_sent - striped_before.striped_requests_sent).into();
+    }
+    Ok(report)
 }

@@ -17,13 +17,19 @@ static BED: OnceLock<Bed> = OnceLock::new();
 struct Bed {
     testbed: Testbed,
     rate: Option<String>,
+    flow_rate: Option<String>,
     loss_percent: Option<f64>,
 }
 
-/// Makes the test bed, applies `rate` and `loss_percent` to the client host's link, and moves
-/// the calling thread (the suite's main thread, before it starts anything) into the client
-/// host.
-pub(crate) fn across_hosts(rate: Option<&str>, loss_percent: Option<f64>) -> Result<()> {
+/// Makes the test bed, applies `rate` (the whole link), `flow_rate` (each connection the
+/// client host opens, `Testbed::limit_rate_per_flow`) and `loss_percent` to the client host's
+/// link, and moves the calling thread (the suite's main thread, before it starts anything)
+/// into the client host.
+pub(crate) fn across_hosts(
+    rate: Option<&str>,
+    flow_rate: Option<&str>,
+    loss_percent: Option<f64>,
+) -> Result<()> {
     if BED.get().is_some() {
         bail!("the test bed is already set up");
     }
@@ -38,6 +44,9 @@ pub(crate) fn across_hosts(rate: Option<&str>, loss_percent: Option<f64>) -> Res
         let testbed = Testbed::new(2);
         if let Some(rate) = rate {
             testbed.limit_rate(testbed.host(1), rate);
+        }
+        if let Some(rate) = flow_rate {
+            testbed.limit_rate_per_flow(testbed.host(1), rate);
         }
         if let Some(per_100k) = per_100k {
             testbed.drop_per_100k(testbed.host(1), per_100k);
@@ -55,6 +64,7 @@ pub(crate) fn across_hosts(rate: Option<&str>, loss_percent: Option<f64>) -> Res
     let bed = Bed {
         testbed,
         rate: rate.map(str::to_owned),
+        flow_rate: flow_rate.map(str::to_owned),
         loss_percent,
     };
     if BED.set(bed).is_err() {
@@ -92,6 +102,7 @@ pub(crate) fn describe() -> serde_json::Value {
             "server": bed.testbed.host(0).ip().to_string(),
             "client": bed.testbed.host(1).ip().to_string(),
             "rate": bed.rate,
+            "flow_rate": bed.flow_rate,
             "loss_percent": bed.loss_percent,
         }),
         None => serde_json::Value::Null,

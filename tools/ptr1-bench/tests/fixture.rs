@@ -372,7 +372,10 @@ fn the_suite_keeps_every_sample_verified_with_the_environment_in_its_json() {
         .iter()
         .map(|c| c["key"].as_str().unwrap())
         .collect();
-    assert_eq!(columns, ["engine", "tokio", "seed", "std"]);
+    assert_eq!(
+        columns,
+        ["engine", "engine_striped", "tokio", "seed", "std"]
+    );
     let cases = json["cases"].as_array().unwrap();
     assert_eq!(
         cases.len(),

@@ -8,11 +8,13 @@ use std::time::Duration;
 
 use tensorwire_proto::Limits;
 use tensorwire_proto::route::Preference;
-use tensorwire_proto::session::SessionConfig;
+use tensorwire_proto::session::{SessionConfig, StripeStore};
+use tensorwire_proto::shm::PeerBounds;
 use tensorwire_proto::transport::{Driver, DriverSetup, Error, HandOff, Transport, TransportSetup};
 
 use crate::blocking::BlockingPool;
 use crate::endpoint::Registry;
+use crate::node::stripes::{StripeConfig, StripeSender};
 use crate::node::{Node, NodeInner, local};
 use crate::pool::ReceivePool;
 use crate::shm::transport::{KnockDesk, KnockHandOff, ShmConfig, ShmTransport};
@@ -91,6 +93,14 @@ impl NodeBuilder {
             desk,
             next: next_handoff,
         }));
+        let stripe_store = (self.stripes_taken >= 2).then(|| {
+            Arc::new(StripeStore::new(
+                Arc::new(pool.clone()),
+                limits,
+                self.stripes_taken,
+            ))
+        });
+        let stripe_config = self.stripe_config()?;
         let setup = |listener| {
             let mut setup = DriverSetup::new(
                 listener,
@@ -103,6 +113,7 @@ impl NodeBuilder {
             setup.limits = limits;
             setup.threads = self.cores;
             setup.require_tls = require_tls;
+            setup.stripes = stripe_store.clone();
             setup
         };
         let reason = if self.force_fallback {
@@ -110,7 +121,7 @@ impl NodeBuilder {
         } else {
             uring::availability().err()
         };
-        let driver: Box<dyn Driver> = match reason {
+        let driver: Arc<dyn Driver> = match reason {
             None => {
                 let config = UringConfig {
                     ring_entries: self.ring_entries,
@@ -121,7 +132,7 @@ impl NodeBuilder {
                     busy_poll: self.core_busy_poll,
                     core_restarts: CORE_RESTARTS_PER_MINUTE,
                 };
-                Box::new(UringDriver::start(setup(listener), config)?)
+                Arc::new(UringDriver::start(setup(listener), config)?)
             }
             Some(reason) => {
                 let Some(factory) = &self.fallback else {
@@ -133,7 +144,7 @@ impl NodeBuilder {
                     });
                 };
                 stats::record_fallback(&reason, Some(factory.name()));
-                factory.start(setup(listener))?
+                Arc::from(factory.start(setup(listener))?)
             }
         };
         let blocking = BlockingPool::new(
@@ -143,9 +154,12 @@ impl NodeBuilder {
             self.pool.idle_per_peer,
             self.busy_poll,
         );
+        let stripes = StripeSender::new(stripe_config, Arc::downgrade(&driver));
         let inner = Arc::new(NodeInner {
             local_addr,
             driver,
+            stripes,
+            stripe_store,
             registry,
             pool,
             blocking,
@@ -161,6 +175,8 @@ impl NodeBuilder {
             shm_manager,
             busy_poll: self.busy_poll,
             handler_threads: Mutex::new(Vec::new()),
+            outbound: crate::inflight::InFlightCount::default(),
+            birth: crate::fork::Birth::here(),
             shut_down: AtomicBool::new(false),
         });
         if let Some(shm) = &inner.shm {
@@ -199,7 +215,9 @@ impl NodeBuilder {
                     credit_wait: self.shm_credit_wait,
                     when_full: self.shm_when_full,
                     hello_timeout: self.shm_hello_timeout,
-                    busy_poll: self.busy_poll,
+                    spin: self.shm_spin,
+                    queue_bytes: self.shm_queue_bytes,
+                    bounds: self.shm_bounds.unwrap_or_else(fitted_bounds),
                 };
                 let inbound: Arc<dyn tensorwire_proto::transport::Inbound> = registry.clone();
                 match ShmTransport::start(node, inbound, Arc::clone(session), config, segments) {
@@ -213,6 +231,56 @@ impl NodeBuilder {
         };
         (None, off)
     }
+}
+
+impl NodeBuilder {
+    /// The striping settings: explicit values, else `TENSORWIRE_STRIPES` and
+    /// `TENSORWIRE_STRIPE_THRESHOLD`, else none (one stripe) and 4 MiB.
+    fn stripe_config(&self) -> Result<StripeConfig, Error> {
+        let var = |name: &'static str| -> Result<Option<u64>, Error> {
+            match std::env::var(name) {
+                Ok(text) => text.trim().parse::<u64>().map(Some).map_err(|_| {
+                    Error::Config(tensorwire_proto::ConfigError {
+                        variable: name,
+                        value: text.clone(),
+                        expected: "a base-10 unsigned integer",
+                    })
+                }),
+                Err(_) => Ok(None),
+            }
+        };
+        let count = match self.stripes {
+            Some(count) => count,
+            None => var(STRIPES_VAR)?.map_or(1, |n| {
+                u16::try_from(n)
+                    .unwrap_or(u16::MAX)
+                    .clamp(1, tensorwire_proto::stripe::MAX_STRIPES)
+            }),
+        };
+        let threshold = match self.stripe_threshold {
+            Some(bytes) => bytes,
+            None => var(STRIPE_THRESHOLD_VAR)?.unwrap_or(DEFAULT_STRIPE_THRESHOLD),
+        };
+        Ok(StripeConfig { count, threshold })
+    }
+}
+
+/// Stripes per large request, when `NodeBuilder::stripes` is not called.
+const STRIPES_VAR: &str = "TENSORWIRE_STRIPES";
+/// Payload bytes from which a request is striped, when `NodeBuilder::stripe_threshold` is not
+/// called.
+const STRIPE_THRESHOLD_VAR: &str = "TENSORWIRE_STRIPE_THRESHOLD";
+/// The default stripe threshold.
+const DEFAULT_STRIPE_THRESHOLD: u64 = 4 << 20;
+
+/// The per-peer bounds fitted to this process's descriptor limit and `vm.max_map_count`.
+fn fitted_bounds() -> PeerBounds {
+    let open_files = crate::sys::open_files_limit().unwrap_or(1024);
+    let max_map_count = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(65_530);
+    PeerBounds::fitted(open_files, max_map_count)
 }
 
 /// Gives idle receive-pool slots back to the system every half `ttl` while the node lives.
@@ -230,7 +298,11 @@ fn maintain(node: std::sync::Weak<NodeInner>, ttl: Duration) {
             if inner.is_shut_down() {
                 return;
             }
-            inner.pool().release_unused(std::time::Instant::now());
+            let now = std::time::Instant::now();
+            inner.pool().release_unused(now);
+            if let Some(store) = &inner.stripe_store {
+                store.sweep(now);
+            }
             drop(inner);
             maintain(node, ttl);
         }),

@@ -5,11 +5,20 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, Weak};
 
 use super::{Segment, Slot};
+use crate::fork::PerProcess;
 use crate::sync::lock;
 
 /// Segments by the start address of their owner's mapping; entries whose segment is gone are
-/// skipped and pruned.
-static SEGMENTS: Mutex<BTreeMap<usize, (usize, Weak<Segment>)>> = Mutex::new(BTreeMap::new());
+/// skipped and pruned. Per process: a child made by `fork()` starts empty (the parent's
+/// mappings are not inherited, and its lock may have been held at the fork).
+static SEGMENTS: PerProcess<Mutex<ByAddress>> = PerProcess::new();
+
+/// Segment start address → (end address, the segment).
+type ByAddress = BTreeMap<usize, (usize, Weak<Segment>)>;
+
+fn segments() -> &'static Mutex<ByAddress> {
+    SEGMENTS.get_or_init(|| Mutex::new(BTreeMap::new()))
+}
 
 /// Records `segment` so buffers inside its slots are recognised.
 pub(crate) fn register(segment: &Arc<Segment>) {
@@ -18,7 +27,7 @@ pub(crate) fn register(segment: &Arc<Segment>) {
         return;
     }
     let start = bytes.as_ptr() as usize;
-    let mut segments = lock(&SEGMENTS);
+    let mut segments = lock(segments());
     segments.retain(|_, (_, weak)| weak.strong_count() > 0);
     segments.insert(start, (start + bytes.len(), Arc::downgrade(segment)));
 }
@@ -34,7 +43,7 @@ pub(crate) fn lookup(buffer: &[u8]) -> Option<(Arc<Slot>, u64)> {
     let start = buffer.as_ptr() as usize;
     let end = start.checked_add(buffer.len())?;
     let segment = {
-        let segments = lock(&SEGMENTS);
+        let segments = lock(segments());
         let (&segment_start, (segment_end, weak)) = segments.range(..=start).next_back()?;
         if end > *segment_end {
             return None;

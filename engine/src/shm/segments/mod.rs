@@ -363,11 +363,15 @@ impl Segment {
         let len = class * slots as usize;
         let fd = os::memfd(&format!("tensorwire-segment-{id}"), len as u64)
             .map_err(|e| os_error("memfd_create/fallocate", &e))?;
-        let read_only =
-            os::read_only(fd.as_raw_fd()).map_err(|e| os_error("reopen read-only", &e))?;
-        os::add_seals(fd.as_raw_fd(), libc::F_SEAL_SEAL).map_err(|e| os_error("seal", &e))?;
         let map =
             FileMap::new(fd.as_raw_fd(), 0, len, true, true).map_err(|e| os_error("mmap", &e))?;
+        let read_only =
+            os::read_only(fd.as_raw_fd()).map_err(|e| os_error("reopen read-only", &e))?;
+        // From here on only the mapping above writes the segment: a peer that re-opens its
+        // read-only descriptor writable through /proc can neither map it writable nor write
+        // or punch it.
+        os::add_seals(fd.as_raw_fd(), os::SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL)
+            .map_err(|e| os_error("seal", &e))?;
         Ok(Self {
             id,
             fd,
@@ -392,6 +396,11 @@ impl Segment {
     /// The owner's (writable) descriptor.
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+
+    /// A second writable mapping of `len` bytes of the owner's pages from `offset`.
+    pub(crate) fn alias(&self, offset: usize, len: usize) -> std::io::Result<FileMap> {
+        self.map.alias(offset, len)
     }
 
     /// The owner's mapping.

@@ -6,14 +6,15 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
 
-use crate::shm::transport::{Shared, lock};
+use super::Transport;
+use crate::sync::lock;
 
 /// One copy to make.
-pub(crate) type Job = Box<dyn FnOnce(&Arc<Shared>) + Send>;
+pub(super) type Job = Box<dyn FnOnce(&Arc<Transport>) + Send>;
 
 /// The queue of copies.
 #[derive(Default)]
-pub(crate) struct Copier {
+pub(super) struct Copier {
     queue: Mutex<Queue>,
     ready: Condvar,
 }
@@ -26,7 +27,7 @@ struct Queue {
 
 impl Copier {
     /// Queues `job`; `Err(job)` once the transport shut down.
-    pub(crate) fn push(&self, job: Job) -> Result<(), Job> {
+    pub(super) fn push(&self, job: Job) -> Result<(), Job> {
         let mut queue = lock(&self.queue);
         if queue.closed {
             return Err(job);
@@ -38,17 +39,17 @@ impl Copier {
     }
 
     /// No more jobs; the thread ends once the queue is empty.
-    pub(crate) fn close(&self) {
+    pub(super) fn close(&self) {
         lock(&self.queue).closed = true;
         self.ready.notify_all();
     }
 }
 
 /// The copy thread's loop.
-pub(crate) fn run(shared: &Arc<Shared>) {
+pub(super) fn run(t: &Arc<Transport>) {
     loop {
         let job = {
-            let mut queue = lock(&shared.copier.queue);
+            let mut queue = lock(&t.copier.queue);
             loop {
                 if let Some(job) = queue.jobs.pop_front() {
                     break Some(job);
@@ -56,11 +57,11 @@ pub(crate) fn run(shared: &Arc<Shared>) {
                 if queue.closed {
                     break None;
                 }
-                queue = crate::sync::wait(&shared.copier.ready, queue, None);
+                queue = crate::sync::wait(&t.copier.ready, queue, None);
             }
         };
         match job {
-            Some(job) => job(shared),
+            Some(job) => job(t),
             None => return,
         }
     }

@@ -5,28 +5,21 @@
 //! The knock arrives through the listener's hand-off (the first bytes are not `PTR1`), so it
 //! works beside TLS: it carries no payload, only the proof of which process owns the port.
 
-use std::collections::VecDeque;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use tensorwire_proto::shm::{KNOCK, KnockReply, Offer};
+use tensorwire_proto::shm::{KNOCK, KnockReply, Offer, Tickets};
 use tensorwire_proto::transport::HandOff;
 
 use crate::shm::os;
-use crate::shm::transport::lock;
-
-/// Tickets outstanding at most (a flood of knocks evicts the oldest: shared memory is then
-/// set up again, never trusted without one).
-const MAX_TICKETS: usize = 1024;
-/// How long a ticket may wait to be redeemed.
-const TICKET_TTL: Duration = Duration::from_secs(10);
+use crate::sync::lock;
 
 /// What a node answers to knocks.
 pub(crate) struct KnockDesk {
     offer: Result<Where, String>,
-    tickets: Mutex<VecDeque<Ticket>>,
+    tickets: Mutex<Tickets>,
 }
 
 /// Where this node's shared-memory socket is.
@@ -37,20 +30,12 @@ pub(crate) struct Where {
     pub(crate) boot_id: String,
 }
 
-struct Ticket {
-    id: u64,
-    secret: [u8; 16],
-    /// The TCP address the knock came from: a ticket is redeemed only by that knocker.
-    knocker: SocketAddr,
-    issued: Instant,
-}
-
 impl KnockDesk {
     /// A desk that offers the socket `where_`.
     pub(crate) fn offering(where_: Where) -> Self {
         Self {
             offer: Ok(where_),
-            tickets: Mutex::new(VecDeque::new()),
+            tickets: Mutex::new(Tickets::default()),
         }
     }
 
@@ -58,7 +43,7 @@ impl KnockDesk {
     pub(crate) fn refusing(why: String) -> Self {
         Self {
             offer: Err(why),
-            tickets: Mutex::new(VecDeque::new()),
+            tickets: Mutex::new(Tickets::default()),
         }
     }
 
@@ -72,18 +57,7 @@ impl KnockDesk {
             return KnockReply::Refused("no randomness for a ticket".into());
         };
         let id = u64::from_le_bytes(id);
-        let mut tickets = lock(&self.tickets);
-        let now = Instant::now();
-        tickets.retain(|t| now.saturating_duration_since(t.issued) < TICKET_TTL);
-        if tickets.len() >= MAX_TICKETS {
-            tickets.pop_front();
-        }
-        tickets.push_back(Ticket {
-            id,
-            secret,
-            knocker,
-            issued: now,
-        });
+        lock(&self.tickets).issue(Instant::now(), knocker, id, secret);
         KnockReply::Offered(Offer {
             pid: place.pid,
             uid: place.uid,
@@ -97,11 +71,7 @@ impl KnockDesk {
     /// Redeems ticket `id` for the client that says it knocked from `knocker`: its secret,
     /// once.
     pub(crate) fn redeem(&self, id: u64, knocker: &str) -> Option<[u8; 16]> {
-        let mut tickets = lock(&self.tickets);
-        let at = tickets.iter().position(|t| t.id == id)?;
-        let ticket = tickets.remove(at)?;
-        let fresh = ticket.issued.elapsed() < TICKET_TTL;
-        (fresh && ticket.knocker.to_string() == knocker).then_some(ticket.secret)
+        lock(&self.tickets).redeem(Instant::now(), id, knocker)
     }
 }
 

@@ -1,58 +1,65 @@
-//! The same-host data path. A TensorMessage travels as one control datagram over an
-//! abstract-namespace Unix socket; its bytes stay in the sender's segments (see
-//! `shm::segments`), which the receiver maps once per connection, read-only. Buffers already
-//! in this node's frozen slots (loans) go where they are; the rest are copied once into one
-//! fresh slot; a small message rides in the datagram. The receiver's buffers are views of the
-//! sender's memory, and the sender never writes a slot again until every view of it is gone.
+//! The same-host data path: the driver of `tensorwire_proto::shm`'s sessions. A
+//! [`ShmConnection`](tensorwire_proto::shm::ShmConnection) decides what a connection means;
+//! this module moves its records through the two queues in shared memory, its `Map`
+//! datagrams and descriptors through the Unix socket, and maps what the peer lends.
 //!
-//! Locality is proven, never guessed or claimed (`probe.rs`): the peer answers a knock on the
-//! TCP port the caller addressed, and proves on the socket that it is that process, under
-//! this user, on this boot. Both ends check `SO_PEERCRED`.
+//! A TensorMessage travels as one control record in the sender's queue; its bytes stay in the
+//! sender's segments (see `shm::segments`), which the receiver maps once per connection,
+//! read-only. Buffers already in this node's frozen slots (loans) go where they are; the rest
+//! are copied once into one fresh slot; a small message rides in the record. The receiver's
+//! buffers are views of the sender's memory, and the sender never writes a slot again until
+//! every view of it is gone.
 //!
-//! Threads: one poll thread per node (accepts, receives, sends what waits for room, releases,
-//! retires idle segments, watches holders that left), one copy thread (payload copies of
-//! sends, so no caller copies a payload or waits for socket room), and short-lived probe
-//! threads. A small message is written into its datagram on the calling thread.
+//! Locality is proven, never guessed or claimed (`probe.rs`, checks in
+//! `tensorwire_proto::shm::Identity`). Every peer is bounded per process
+//! (`tensorwire_proto::shm::PeerBook`): connections, hello slots, mapped segments and bytes,
+//! queued bytes.
+//!
+//! Threads: one driver thread per node (`driver.rs`: accepts, greets, reads the queues,
+//! sends what waits for room, releases, retires idle segments, watches holders that left),
+//! one copy thread (payload copies of sends), short-lived probe threads, and callers that
+//! wait for their own reply read their connection's queue themselves for a while.
 //!
 //! What it does not do: revoke memory from a live holder, or send to a peer it has not proven
 //! to be on this host.
 
+mod caller;
 mod conn;
 mod copier;
-mod holding;
+mod driver;
+mod greeting;
+mod inbound;
 mod knock;
 mod lending;
+mod outbound;
 mod packing;
-mod poller;
+mod peers;
 mod probe;
-mod responder;
-mod service;
+mod releases;
+mod spin;
+mod views;
+mod wake;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tensorwire_proto::Limits;
 use tensorwire_proto::session::SessionConfig;
+use tensorwire_proto::shm::{Identity, PeerBook, PeerBounds, QueueShape};
 use tensorwire_proto::transport::{Error, Inbound, OutboundRequest};
 
 use crate::shm::segments::Segments;
-pub(crate) use crate::sync::lock;
+use crate::sync::lock;
 use conn::Conn;
 use copier::Copier;
-use holding::Releases;
 pub(crate) use knock::{KnockDesk, KnockHandOff, Where};
 use lending::Lending;
-use probe::Identity;
-
-/// How long a peer found not to be on this host is not asked again.
-const NOT_LOCAL_FOR: Duration = Duration::from_secs(5);
-/// Probes running at once at most (beyond, peers count as not local until one finishes).
-const MAX_PROBES: usize = 16;
+use peers::Peers;
+pub(crate) use peers::Reach;
+use wake::Wake;
 
 /// What a node does when its shared memory is all held by receivers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,67 +80,49 @@ pub(crate) struct ShmConfig {
     pub(crate) when_full: WhenFull,
     /// The knock and hello must finish within this.
     pub(crate) hello_timeout: Duration,
-    /// How long the poll thread, and a caller waiting for its reply, poll for the next
-    /// datagram before sleeping.
-    pub(crate) busy_poll: Duration,
-}
-
-/// Whether a peer is reached over shared memory.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Reach {
-    /// Yes: it proved it is on this host.
-    Local,
-    /// Not known yet: a probe runs (sends wait for it, on the transport).
-    Probing,
-    /// No, and why.
-    NotLocal(String),
+    /// How long the driver thread, and a caller waiting for its reply, keep reading the
+    /// queues after the last message before they sleep.
+    pub(crate) spin: Duration,
+    /// The bytes of each queue ring this node creates.
+    pub(crate) queue_bytes: u32,
+    /// What each peer process may hold.
+    pub(crate) bounds: PeerBounds,
 }
 
 /// A node's same-host transport.
 pub(crate) struct ShmTransport {
-    shared: Arc<Shared>,
+    transport: Arc<Transport>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
-pub(crate) struct Shared {
-    pub(crate) identity: Identity,
-    pub(crate) inbound: Arc<dyn Inbound>,
-    pub(crate) limits: Limits,
-    pub(crate) session: Arc<SessionConfig>,
-    pub(crate) config: ShmConfig,
-    pub(crate) segments: Segments,
-    pub(crate) lending: Lending,
-    pub(crate) releases: Arc<Releases>,
-    pub(crate) desk: Arc<KnockDesk>,
-    pub(crate) copier: Copier,
-    pub(crate) wake: Arc<OwnedFd>,
-    /// The poll thread's epoll (connections change what it watches from any thread).
-    pub(crate) epoll: Arc<OwnedFd>,
-    /// Connections the probes made, for the poll thread to add.
-    pub(crate) joining: Mutex<Vec<Arc<Conn>>>,
-    /// What is known of each peer this node sends to.
-    peers: Mutex<HashMap<SocketAddr, Peer>>,
-    probes: AtomicUsize,
-    /// Asks and tells waiting for their answer, by request id.
-    pub(crate) pending: Mutex<HashMap<u64, service::Waiting>>,
+/// What the transport's threads share. Its parts keep their own state behind their own locks;
+/// what a connection means is in each connection's session.
+pub(crate) struct Transport {
+    identity: Identity,
+    inbound: Arc<dyn Inbound>,
+    limits: Limits,
+    session: Arc<SessionConfig>,
+    config: ShmConfig,
+    segments: Segments,
+    lending: Lending,
+    book: Mutex<PeerBook>,
+    desk: Arc<KnockDesk>,
+    copier: Copier,
+    peers: Peers,
+    wake: Arc<Wake>,
+    /// Connections the probes made, for the driver to add.
+    joining: Mutex<Vec<Arc<Conn>>>,
+    /// Every connection the driver took over (to tell whether all are idle).
+    conns: Mutex<Vec<Weak<Conn>>>,
+    /// The node is closing: no new connections.
+    draining: AtomicBool,
     /// Where a send goes that shared memory cannot take (the node's remote path).
     elsewhere: OnceLock<Box<dyn Fn(OutboundRequest) + Send + Sync>>,
-    pub(crate) stop: AtomicBool,
-}
-
-enum Peer {
-    Local(Arc<Conn>),
-    /// A probe runs; these sends wait for its outcome (`true`: the caller insisted on shared
-    /// memory and fails without it).
-    Probing(Vec<(OutboundRequest, bool)>),
-    NotLocal {
-        why: String,
-        until: Instant,
-    },
+    stop: AtomicBool,
 }
 
 impl ShmTransport {
-    /// Listens on a fresh abstract socket and starts the poll and copy threads. The desk it
+    /// Listens on a fresh abstract socket and starts the driver and copy threads. The desk it
     /// returns answers knocks for it.
     pub(crate) fn start(
         node: SocketAddr,
@@ -142,19 +131,27 @@ impl ShmTransport {
         config: ShmConfig,
         segments: Segments,
     ) -> Result<Self, Error> {
-        let identity = Identity::of_this_process(node);
+        QueueShape::DEFAULT
+            .check(config.queue_bytes)
+            .map_err(|e| Error::Misuse(format!("shared-memory queue size: {e}")))?;
+        let identity = Identity {
+            boot_id: crate::shm::os::boot_id(),
+            user_ns: crate::shm::os::user_namespace(),
+            uid: crate::shm::os::uid(),
+            pid: std::process::id(),
+            node: node.to_string(),
+        };
         let name = socket_name(identity.uid).map_err(|e| Error::io("getrandom", e))?;
         let listener = crate::shm::socket::listen(&name)
             .map_err(|e| Error::io("listen on the shared-memory socket", e))?;
-        let wake = Arc::new(crate::sys::eventfd_blocking().map_err(|e| Error::io("eventfd", e))?);
-        let epoll = Arc::new(crate::sys::epoll().map_err(|e| Error::io("epoll_create1", e))?);
+        let wake = Arc::new(Wake::new().map_err(|e| Error::io("eventfd", e))?);
         let desk = Arc::new(KnockDesk::offering(Where {
             socket: name,
             pid: identity.pid,
             uid: identity.uid,
             boot_id: identity.boot_id.clone(),
         }));
-        let shared = Arc::new(Shared {
+        let transport = Arc::new(Transport {
             identity,
             inbound,
             limits: session.limits,
@@ -162,23 +159,22 @@ impl ShmTransport {
             config,
             segments,
             lending: Lending::default(),
-            releases: Arc::new(Releases::new(Arc::clone(&wake))),
+            book: Mutex::new(PeerBook::new(config.bounds)),
             desk,
             copier: Copier::default(),
+            peers: Peers::default(),
             wake,
-            epoll,
             joining: Mutex::new(Vec::new()),
-            peers: Mutex::new(HashMap::new()),
-            probes: AtomicUsize::new(0),
-            pending: Mutex::new(HashMap::new()),
+            conns: Mutex::new(Vec::new()),
+            draining: AtomicBool::new(false),
             elsewhere: OnceLock::new(),
             stop: AtomicBool::new(false),
         });
         {
-            let wake = Arc::downgrade(&shared.wake);
-            shared.segments.set_listener(Arc::new(move || {
+            let wake = Arc::downgrade(&transport.wake);
+            transport.segments.set_listener(Arc::new(move || {
                 if let Some(wake) = wake.upgrade() {
-                    crate::sys::eventfd_signal(wake.as_raw_fd());
+                    wake.signal();
                 }
             }));
         }
@@ -188,76 +184,40 @@ impl ShmTransport {
                 .spawn(run)
                 .map_err(|e| Error::io("spawn a shared-memory thread", e))
         };
-        let poll = {
-            let shared = Arc::clone(&shared);
+        let driver = {
+            let transport = Arc::clone(&transport);
             spawn(
                 "tensorwire-shm",
-                Box::new(move || poller::run(&shared, &listener)),
+                Box::new(move || driver::run(&transport, &listener)),
             )?
         };
         let copy = {
-            let shared = Arc::clone(&shared);
+            let transport = Arc::clone(&transport);
             spawn(
                 "tensorwire-shm-copy",
-                Box::new(move || copier::run(&shared)),
+                Box::new(move || copier::run(&transport)),
             )?
         };
         Ok(Self {
-            shared,
-            threads: Mutex::new(vec![poll, copy]),
+            transport,
+            threads: Mutex::new(vec![driver, copy]),
         })
     }
 
     /// The desk that answers knocks on the node's port.
     pub(crate) fn desk(&self) -> Arc<KnockDesk> {
-        Arc::clone(&self.shared.desk)
+        Arc::clone(&self.transport.desk)
     }
 
     /// Where sends go that shared memory cannot take: the node's remote path.
     pub(crate) fn set_elsewhere(&self, elsewhere: Box<dyn Fn(OutboundRequest) + Send + Sync>) {
-        let _ = self.shared.elsewhere.set(elsewhere);
+        let _ = self.transport.elsewhere.set(elsewhere);
     }
 
     /// Whether `peer` is reached over shared memory. Never waits: an unknown peer gets a probe
     /// (on a thread of its own) and counts as [`Reach::Probing`] until it ends.
     pub(crate) fn reach(&self, peer: SocketAddr) -> Reach {
-        let now = Instant::now();
-        let mut peers = lock(&self.shared.peers);
-        match peers.get(&peer) {
-            Some(Peer::Local(conn)) if !conn.is_closed() => return Reach::Local,
-            Some(Peer::Probing(_)) => return Reach::Probing,
-            Some(Peer::NotLocal { why, until }) if *until > now => {
-                return Reach::NotLocal(why.clone());
-            }
-            _ => {}
-        }
-        if self.shared.probes.fetch_add(1, Ordering::AcqRel) >= MAX_PROBES {
-            self.shared.probes.fetch_sub(1, Ordering::AcqRel);
-            return Reach::NotLocal("too many shared-memory probes at once".into());
-        }
-        peers.insert(peer, Peer::Probing(Vec::new()));
-        drop(peers);
-        let shared = Arc::downgrade(&self.shared);
-        let identity = self.shared.identity.clone();
-        let timeout = self.shared.config.hello_timeout;
-        let spawned = std::thread::Builder::new()
-            .name("tensorwire-shm-probe".into())
-            .spawn(move || {
-                let outcome = probe::probe(&identity, peer, timeout);
-                if let Some(shared) = shared.upgrade() {
-                    shared.probes.fetch_sub(1, Ordering::AcqRel);
-                    probed(&shared, peer, outcome);
-                }
-            });
-        if spawned.is_err() {
-            self.shared.probes.fetch_sub(1, Ordering::AcqRel);
-            probed(
-                &self.shared,
-                peer,
-                Err("cannot start a shared-memory probe thread".into()),
-            );
-        }
-        self.reach_now(peer)
+        peers::reach(&self.transport, peer)
     }
 
     /// [`ShmTransport::reach`], waiting up to `timeout` for a probe to end (for `route()`,
@@ -267,7 +227,7 @@ impl ShmTransport {
         let mut reach = self.reach(peer);
         while reach == Reach::Probing && Instant::now() < until {
             std::thread::sleep(Duration::from_micros(200));
-            reach = self.reach_now(peer);
+            reach = self.transport.peers.reach_now(peer);
         }
         reach
     }
@@ -276,92 +236,65 @@ impl ShmTransport {
     /// `insist` is false) where the node would send it otherwise. `here`: the caller waits
     /// anyway, so a copy may run on its thread.
     pub(crate) fn send(&self, request: OutboundRequest, insist: bool, here: bool) {
-        let conn = {
-            let mut peers = lock(&self.shared.peers);
-            match peers.get_mut(&request.peer) {
-                Some(Peer::Local(conn)) if !conn.is_closed() => Arc::clone(conn),
-                Some(Peer::Probing(queued)) => {
-                    queued.push((request, insist));
-                    return;
-                }
-                Some(Peer::NotLocal { why, .. }) => {
-                    let why = why.clone();
-                    drop(peers);
-                    return elsewhere(&self.shared, request, insist, &why);
-                }
-                _ => {
-                    drop(peers);
-                    let Reach::NotLocal(reason) = self.reach(request.peer) else {
-                        return self.send(request, insist, here);
-                    };
-                    return elsewhere(&self.shared, request, insist, &reason);
-                }
-            }
-        };
-        service::send(&self.shared, &conn, request, here);
+        peers::send(&self.transport, request, insist, here);
     }
 
-    /// A caller waiting for the answer to a send to `peer` (`done()` once it is there):
-    /// receives on that connection itself for up to the busy-poll budget.
+    /// A caller waiting for the answer to a send to `peer` (`done()` once it is there): reads
+    /// that connection's queue itself for up to the spin window.
     pub(crate) fn wait_here(&self, peer: SocketAddr, done: &dyn Fn() -> bool) {
-        let conn = match lock(&self.shared.peers).get(&peer) {
-            Some(Peer::Local(conn)) if !conn.is_closed() => Arc::clone(conn),
-            _ => return,
-        };
-        service::receive_while(&self.shared, &conn, self.shared.config.busy_poll, done);
+        if let Some(conn) = self.transport.peers.connection(peer) {
+            caller::wait_here(&self.transport, &conn, done);
+        }
     }
 
     /// Connections open, leases of this node's memory held by peers and their bytes, and the
     /// segments' bytes.
     pub(crate) fn gauges(&self) -> ShmGauges {
-        let connections = lock(&self.shared.peers)
-            .values()
-            .filter(|p| matches!(p, Peer::Local(c) if !c.is_closed()))
-            .count();
-        let (leases, lent_bytes) = self.shared.lending.active();
+        let (leases, lent_bytes) = self.transport.lending.active();
         ShmGauges {
-            connections,
+            connections: self.transport.peers.connected(),
             leases,
             lent_bytes,
-            segments: self.shared.segments.segment_count(),
-            segment_bytes: self.shared.segments.used_bytes(),
+            segments: self.transport.segments.segment_count(),
+            segment_bytes: self.transport.segments.used_bytes(),
         }
     }
 
+    /// Begins a graceful close: no new connections (requests on existing ones are refused
+    /// by the node while it closes); what is in flight goes on.
+    pub(crate) fn drain(&self) {
+        self.transport.draining.store(true, Ordering::Release);
+        self.transport.wake.signal();
+    }
+
+    /// Whether nothing is owed on any connection: no request outstanding or being served,
+    /// nothing queued for a peer.
+    pub(crate) fn drained(&self) -> bool {
+        let mut conns = lock(&self.transport.conns);
+        conns.retain(|c| c.strong_count() > 0);
+        conns
+            .iter()
+            .filter_map(Weak::upgrade)
+            .all(|c| c.is_closed() || c.is_idle())
+    }
+
+    /// Stops: what is queued goes out in one last turn, then every connection closes and
+    /// whatever still waits fails with [`Error::Shutdown`].
     pub(crate) fn shutdown(&self) {
-        if self.shared.stop.swap(true, Ordering::AcqRel) {
+        let t = &self.transport;
+        if t.stop.swap(true, Ordering::AcqRel) {
             return;
         }
-        crate::sys::eventfd_signal(self.shared.wake.as_raw_fd());
-        self.shared.copier.close();
+        t.wake.signal();
+        t.copier.close();
         let current = std::thread::current().id();
         for thread in std::mem::take(&mut *lock(&self.threads)) {
             if thread.thread().id() != current {
                 let _ = thread.join();
             }
         }
-        let waiting: Vec<_> = lock(&self.shared.pending).drain().collect();
-        for (_, waiting) in waiting {
-            waiting.fail(Error::Shutdown);
-        }
-        let queued: Vec<_> = lock(&self.shared.peers)
-            .drain()
-            .flat_map(|(_, peer)| match peer {
-                Peer::Probing(queued) => queued,
-                _ => Vec::new(),
-            })
-            .collect();
-        for (request, _) in queued {
+        for (request, _) in t.peers.shut_down() {
             request.completion.complete(Err(Error::Shutdown));
-        }
-    }
-
-    fn reach_now(&self, peer: SocketAddr) -> Reach {
-        match lock(&self.shared.peers).get(&peer) {
-            Some(Peer::Local(conn)) if !conn.is_closed() => Reach::Local,
-            Some(Peer::Probing(_)) => Reach::Probing,
-            Some(Peer::NotLocal { why, .. }) => Reach::NotLocal(why.clone()),
-            _ => Reach::NotLocal("the shared-memory connection closed".into()),
         }
     }
 }
@@ -382,51 +315,41 @@ pub(crate) struct ShmGauges {
     pub(crate) segment_bytes: u64,
 }
 
-/// A probe ended: the peer is local (its connection joins the poll thread) or not; the sends
-/// that waited for it go on.
-fn probed(shared: &Arc<Shared>, peer: SocketAddr, outcome: Result<Conn, String>) {
-    let (state, conn) = match outcome {
-        Ok(conn) => {
-            let conn = Arc::new(conn);
-            lock(&shared.joining).push(Arc::clone(&conn));
-            crate::sys::eventfd_signal(shared.wake.as_raw_fd());
-            (Peer::Local(Arc::clone(&conn)), Ok(conn))
-        }
-        Err(why) => {
-            tracing::debug!(%peer, %why, "shared memory not used");
-            (
-                Peer::NotLocal {
-                    why: why.clone(),
-                    until: Instant::now() + NOT_LOCAL_FOR,
-                },
-                Err(why),
-            )
-        }
-    };
-    let queued = match lock(&shared.peers).insert(peer, state) {
-        Some(Peer::Probing(queued)) => queued,
-        _ => Vec::new(),
-    };
-    for (request, insist) in queued {
-        match &conn {
-            Ok(conn) => service::send(shared, conn, request, false),
-            Err(why) => elsewhere(shared, request, insist, why),
+impl Transport {
+    /// A send shared memory cannot take: to the node's remote path, or (the caller insisted on
+    /// shared memory) failed with the reason.
+    fn elsewhere(&self, request: OutboundRequest, insist: bool, why: &str) {
+        match self.elsewhere.get() {
+            Some(remote) if !insist => remote(request),
+            _ => {
+                let error = Error::RouteUnavailable {
+                    route: "shm",
+                    reason: why.to_owned(),
+                };
+                request.completion.complete(Err(error));
+            }
         }
     }
-}
 
-/// A send shared memory cannot take: to the node's remote path, or (the caller insisted on
-/// shared memory) failed with the reason.
-pub(crate) fn elsewhere(shared: &Shared, request: OutboundRequest, insist: bool, why: &str) {
-    match shared.elsewhere.get() {
-        Some(remote) if !insist => remote(request),
-        _ => {
-            let error = Error::RouteUnavailable {
-                route: "shm",
-                reason: why.to_owned(),
-            };
-            request.completion.complete(Err(error));
-        }
+    fn is_stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// Lists a connection the driver took over.
+    fn track(&self, conn: &Arc<Conn>) {
+        let mut conns = lock(&self.conns);
+        conns.retain(|c| c.strong_count() > 0);
+        conns.push(Arc::downgrade(conn));
+    }
+
+    /// A connection for the driver to take over.
+    fn join(&self, conn: Arc<Conn>) {
+        lock(&self.joining).push(conn);
+        self.wake.signal();
     }
 }
 

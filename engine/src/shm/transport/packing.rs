@@ -14,14 +14,13 @@ use tensorwire_proto::shm::{Body, MAX_DATAGRAM, Part, Returned, SHARED_PART_BYTE
 use tensorwire_proto::transport::Error;
 use tensorwire_proto::{Limits, TensorMessage, len_u64};
 
+use super::lending::Lending;
 use crate::shm::segments::loaned;
 use crate::shm::segments::{Segment, Slot, SlotMut};
-use crate::shm::transport::conn::Conn;
-use crate::shm::transport::lending::Lending;
 
 /// A whole PTM1 body travels in the datagram up to this: below a few pages, copying through
 /// the socket costs less than a slot and its release.
-pub(crate) const INLINE_BODY: usize = 32 << 10;
+pub(super) const INLINE_BODY: usize = 32 << 10;
 /// Metadata travels in the datagram up to this; larger goes into the slot.
 const INLINE_METADATA: usize = 16 << 10;
 /// Copied buffers start at multiples of this in their slot (numpy and torch views align).
@@ -29,11 +28,14 @@ const ALIGN: usize = 64;
 /// Room a datagram keeps for its header (tag, id, kind, lengths) besides the path.
 const HEADER_ROOM: usize = 64;
 
+/// Finds bytes that lie in one of the peer's segments mapped here: `(segment, offset)`.
+pub(super) type Locate<'a> = dyn Fn(&[u8]) -> Option<(u64, u64)> + 'a;
+
 /// How a message will travel.
-pub(crate) struct Layout {
+pub(super) struct Layout {
     shape: Shape,
     /// Bytes to copy into a fresh slot (0: none needed).
-    pub(crate) copy: usize,
+    pub(super) copy: usize,
 }
 
 enum Shape {
@@ -68,28 +70,29 @@ enum Plan {
 }
 
 /// A message laid out in shared memory, ready to send.
-pub(crate) struct Packed {
-    pub(crate) body: Body,
+pub(super) struct Packed {
+    pub(super) body: Body,
     /// Segments the body refers to (the peer must have mapped them first).
-    pub(crate) segments: Vec<Arc<Segment>>,
+    pub(super) segments: Vec<Arc<Segment>>,
     /// The leases it went out under (released here if the send fails).
-    pub(crate) leases: Vec<u64>,
-    pub(crate) copied: u64,
-    pub(crate) zero_copy: u64,
+    pub(super) leases: Vec<u64>,
+    pub(super) copied: u64,
+    pub(super) zero_copy: u64,
 }
 
-/// Decides how `message` travels to the peer on `conn`, with a datagram whose path takes
-/// `path_len` bytes. Cheap: no copy, no slot.
+/// Decides how `message` travels to the peer, with a control message whose path takes
+/// `path_len` bytes; `locate` finds bytes that are a view of the peer's own memory (sent back
+/// by reference). Cheap: no copy, no slot.
 ///
 /// # Errors
 ///
 /// [`Error::Encode`] when the message breaks a limit; [`Error::Misuse`] for a path too long to
 /// fit in a control datagram.
-pub(crate) fn layout(
+pub(super) fn layout(
     message: &TensorMessage,
     limits: &Limits,
     path_len: usize,
-    conn: &Conn,
+    locate: &Locate<'_>,
 ) -> Result<Layout, Error> {
     let room = MAX_DATAGRAM
         .checked_sub(HEADER_ROOM + path_len)
@@ -124,7 +127,7 @@ pub(crate) fn layout(
                 len: len_u64(bytes.len()),
             };
         }
-        if let Some((segment, offset)) = conn.locate(bytes) {
+        if let Some((segment, offset)) = locate(bytes) {
             return Plan::Returned(Returned {
                 segment,
                 offset,
@@ -166,7 +169,7 @@ pub(crate) fn layout(
 impl Layout {
     /// Copies what needs copying into `slot` (given iff `self.copy > 0`) and lends every slot
     /// the body refers to to process `holder`.
-    pub(crate) fn fill(
+    pub(super) fn fill(
         self,
         message: &TensorMessage,
         limits: &Limits,

@@ -1,96 +1,36 @@
 //! The client side of setting up shared memory with a peer: knock on the peer's TCP port,
-//! connect to the socket it names, check who is there, exchange hellos. Runs on a probe
-//! thread, never on a caller's.
-//!
-//! The peer counts as the node that was addressed only if all of this holds: it answered the
-//! knock on the very port the caller addressed; the socket it named belongs (`SO_PEERCRED`)
-//! to the process and user it said; it is on this boot, in this user namespace, under this
-//! user; and on the socket it sent back the secret of the ticket it gave over TCP, which this
-//! side never sends. Anything less is refused, with the reason kept for `route()`.
+//! connect to the socket it names, check who is there, exchange hellos with the queues and
+//! doorbells beside them. Runs on a probe thread, never on a caller's. The checks themselves
+//! are `tensorwire_proto::shm::Identity`'s.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
-use std::time::{Duration, Instant};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+use std::time::Instant;
 
 use tensorwire_proto::shm::{
-    Control, Hello, KNOCK, KnockReply, MAX_DATAGRAM, MAX_KNOCK_REPLY, decode, encode,
+    Control, Credentials, Hello, KNOCK, KnockReply, MAX_DATAGRAM, MAX_KNOCK_REPLY, Offer,
+    QueueShape, Role, decode, encode,
 };
 
+use super::Transport;
+use super::conn::{Conn, Setup};
+use crate::shm::queue::{self, OwnQueue, PeerQueue};
 use crate::shm::socket;
-use crate::shm::transport::conn::Conn;
 use crate::sys;
 
-/// Who this node is, as it says in its hello.
-#[derive(Clone, Debug)]
-pub(crate) struct Identity {
-    pub(crate) boot_id: String,
-    pub(crate) user_ns: u64,
-    pub(crate) uid: u32,
-    pub(crate) pid: u32,
-    pub(crate) node: SocketAddr,
-}
-
-impl Identity {
-    pub(crate) fn of_this_process(node: SocketAddr) -> Self {
-        Self {
-            boot_id: crate::shm::os::boot_id(),
-            user_ns: crate::shm::os::user_namespace(),
-            uid: crate::shm::os::uid(),
-            pid: std::process::id(),
-            node,
-        }
-    }
-
-    /// The hello this side sends.
-    pub(crate) fn hello(&self, ticket: u64, via: String, proof: [u8; 16]) -> Hello {
-        Hello {
-            boot_id: self.boot_id.clone(),
-            user_ns: self.user_ns,
-            uid: self.uid,
-            pid: self.pid,
-            node: self.node.to_string(),
-            ticket,
-            via,
-            proof,
-        }
-    }
-
-    /// Why `theirs` is not a peer of this host, user namespace and user, if it is not.
-    pub(crate) fn mismatch(&self, theirs: &Hello) -> Option<String> {
-        if self.boot_id.is_empty() || self.boot_id != theirs.boot_id {
-            return Some("it runs on another host (boot ids differ)".into());
-        }
-        if self.user_ns != theirs.user_ns {
-            return Some("it runs in another user namespace".into());
-        }
-        if self.uid != theirs.uid {
-            return Some(format!(
-                "it runs as uid {}, this node as uid {}",
-                theirs.uid, self.uid
-            ));
-        }
-        None
-    }
-}
-
-/// Knocks on `peer` and sets up a verified connection to it, within `timeout`.
+/// Knocks on `peer` and sets up a verified connection to it, within the hello timeout.
 ///
 /// # Errors
 ///
 /// Why shared memory with `peer` is not possible, for `route()` and the logs.
-pub(crate) fn probe(ours: &Identity, peer: SocketAddr, timeout: Duration) -> Result<Conn, String> {
-    let deadline = Instant::now() + timeout;
+pub(super) fn probe(t: &Arc<Transport>, peer: SocketAddr) -> Result<Arc<Conn>, String> {
+    let deadline = Instant::now() + t.config.hello_timeout;
+    let ours = &t.identity;
     let (offer, via) = knock(peer, deadline)?;
-    if offer.boot_id != ours.boot_id || ours.boot_id.is_empty() {
-        return Err(format!("{peer} runs on another host (its boot id differs)"));
-    }
-    if offer.uid != ours.uid {
-        return Err(format!(
-            "{peer} runs as uid {}, this node as uid {}: shared memory is same-user only",
-            offer.uid, ours.uid
-        ));
-    }
+    ours.check_offer(&offer)
+        .map_err(|e| format!("{peer}: {e}"))?;
     let fd = socket::connect(&offer.socket).map_err(|e| {
         format!(
             "{peer} names a shared-memory socket this process cannot reach ({e}): another \
@@ -99,30 +39,99 @@ pub(crate) fn probe(ours: &Identity, peer: SocketAddr, timeout: Duration) -> Res
     })?;
     let cred = socket::peer_cred(fd.as_raw_fd())
         .map_err(|e| format!("SO_PEERCRED of {peer}'s shared-memory socket: {e}"))?;
-    if cred.uid != ours.uid {
+    let cred = Credentials {
+        pid: cred.pid,
+        uid: cred.uid,
+    };
+    ours.check_socket(&offer, cred)
+        .map_err(|e| format!("{peer}: {e}"))?;
+    let queue = OwnQueue::create(t.config.queue_bytes)
+        .map_err(|e| format!("cannot create a shared-memory queue: {e}"))?;
+    let bell = queue::doorbell().map_err(|e| format!("cannot create a doorbell: {e}"))?;
+    let hello = ours.hello(offer.ticket, via, [0; 16], queue.ring());
+    send_hello(&fd, &hello, &queue, &bell)?;
+    let (theirs, mut fds) = receive_hello(&fd, peer, deadline)?;
+    let shape = QueueShape::DEFAULT;
+    ours.check_server_hello(&offer, cred, &theirs, shape)
+        .map_err(|e| format!("{peer}: {e}"))?;
+    let (peer_queue, peer_bell) =
+        peer_channel(&mut fds, theirs.queue).map_err(|e| format!("{peer}: {e}"))?;
+    let setup = Setup {
+        socket: fd,
+        peer: cred,
+        node: theirs.node,
+        role: Role::Client,
+        queue,
+        peer_queue,
+        bell,
+        peer_bell,
+    };
+    Ok(Arc::new(Conn::new(setup, t)))
+}
+
+/// Sends a hello with this side's queue (read-only) and doorbell beside it.
+///
+/// # Errors
+///
+/// Why it could not be sent.
+pub(super) fn send_hello(
+    fd: &OwnedFd,
+    hello: &Hello,
+    queue: &OwnQueue,
+    bell: &OwnedFd,
+) -> Result<(), String> {
+    let datagram = encode(&Control::Hello(hello.clone())).map_err(|e| e.to_string())?;
+    let shared = queue
+        .share()
+        .map_err(|e| format!("cannot share the queue: {e}"))?;
+    socket::send(
+        fd.as_raw_fd(),
+        &datagram,
+        &[shared.as_raw_fd(), bell.as_raw_fd()],
+    )
+    .map_err(|e| format!("shm hello: {e}"))
+}
+
+/// Opens the peer's queue and doorbell from the two descriptors beside its hello.
+///
+/// # Errors
+///
+/// Why they are refused.
+pub(super) fn peer_channel(
+    fds: &mut Vec<OwnedFd>,
+    ring: u32,
+) -> Result<(PeerQueue, OwnedFd), String> {
+    if fds.len() != 2 {
         return Err(format!(
-            "the shared-memory socket {peer} named belongs to uid {}, not uid {} (refused: \
-             another user may be squatting it)",
-            cred.uid, ours.uid
+            "its hello came with {} descriptors, not its queue and doorbell",
+            fds.len()
         ));
     }
-    if cred.pid != offer.pid {
-        return Err(format!(
-            "the shared-memory socket {peer} named belongs to pid {}, but the node said it is \
-             pid {} (refused)",
-            cred.pid, offer.pid
-        ));
-    }
-    let hello = ours.hello(offer.ticket, via, [0; 16]);
-    let datagram = encode(&Control::Hello(hello)).map_err(|e| e.to_string())?;
-    socket::send(fd.as_raw_fd(), &datagram, &[]).map_err(|e| format!("shm hello: {e}"))?;
+    let bell = fds.pop().ok_or("no doorbell")?;
+    let queue_fd = fds.pop().ok_or("no queue")?;
+    queue::check_doorbell(&bell)?;
+    let queue = PeerQueue::open(&queue_fd, ring)?;
+    Ok((queue, bell))
+}
+
+/// Waits (until `deadline`) for the server's hello and its two descriptors.
+fn receive_hello(
+    fd: &OwnedFd,
+    peer: SocketAddr,
+    deadline: Instant,
+) -> Result<(Hello, Vec<OwnedFd>), String> {
     let mut buf = vec![0u8; MAX_DATAGRAM];
-    let theirs = loop {
-        match socket::receive(fd.as_raw_fd(), &mut buf, 0) {
-            Ok(Some(received)) if received.len > 0 => match decode(&buf[..received.len]) {
-                Ok(Control::Hello(theirs)) => break theirs,
-                _ => return Err(format!("{peer} answered the hello with something else")),
-            },
+    loop {
+        match socket::receive(fd.as_raw_fd(), &mut buf, 2) {
+            Ok(Some(received)) if received.len > 0 => {
+                if received.truncated {
+                    return Err("this process is at its descriptor limit".into());
+                }
+                return match decode(&buf[..received.len]) {
+                    Ok(Control::Hello(theirs)) => Ok((theirs, received.fds)),
+                    _ => Err(format!("{peer} answered the hello with something else")),
+                };
+            }
             Ok(Some(_)) => return Err(format!("{peer} refused the shared-memory hello")),
             Ok(None) => {
                 let left = deadline.saturating_duration_since(Instant::now());
@@ -135,31 +144,11 @@ pub(crate) fn probe(ours: &Identity, peer: SocketAddr, timeout: Duration) -> Res
             }
             Err(e) => return Err(format!("shm hello with {peer}: {e}")),
         }
-    };
-    if theirs.proof != offer.secret {
-        return Err(format!(
-            "the process on {peer}'s shared-memory socket could not prove it issued the ticket \
-             (refused)"
-        ));
     }
-    if let Some(why) = ours.mismatch(&theirs) {
-        return Err(format!("{peer}: {why}"));
-    }
-    if theirs.pid != cred.pid {
-        return Err(format!(
-            "{peer} says pid {} but is pid {}",
-            theirs.pid, cred.pid
-        ));
-    }
-    let pidfd = socket::peer_pidfd(fd.as_raw_fd(), cred.pid).ok();
-    Ok(Conn::new(fd, cred, pidfd, theirs.node))
 }
 
 /// The knock: the offer, and the local address it was made from.
-fn knock(
-    peer: SocketAddr,
-    deadline: Instant,
-) -> Result<(tensorwire_proto::shm::Offer, String), String> {
+fn knock(peer: SocketAddr, deadline: Instant) -> Result<(Offer, String), String> {
     let left = deadline.saturating_duration_since(Instant::now());
     let mut stream = TcpStream::connect_timeout(&peer, left)
         .map_err(|e| format!("knocking on {peer} failed: {e}"))?;

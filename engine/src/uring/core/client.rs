@@ -24,7 +24,7 @@ impl Core {
         }
         let (deadline, bytes) = (
             outgoing.request.deadline().at(),
-            outgoing.request.wire_len(),
+            outgoing.request.pool_bytes(),
         );
         match self.pool.checkout(outgoing.peer, outgoing, bytes, deadline) {
             Checkout::Reuse(key, outgoing) => self.begin(key, outgoing),

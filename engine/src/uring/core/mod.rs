@@ -15,7 +15,7 @@ use crate::uring::Context;
 #[cfg(test)]
 use crate::uring::commands::Fault;
 use crate::uring::commands::{CoreHandle, Event, Inbox, Outgoing};
-use crate::uring::conn::{ConnKey, ConnSlab};
+use crate::uring::conn::{ConnKey, ConnSlab, Role};
 use crate::uring::op::{Op, OpKey, OpSlab, Owner};
 use crate::uring::ring::Ring;
 use crate::uring::timers::Timers;
@@ -45,6 +45,8 @@ pub(super) struct Core {
     wake: Option<OpKey>,
     accept_multishot: bool,
     accept_retry_at: Option<Instant>,
+    /// Closing gracefully: nothing new is accepted, served connections close when done.
+    draining: bool,
     stopping: bool,
     next_request: u64,
     /// Completions taken from the ring and not handled yet (kept here, so a panic in one
@@ -105,6 +107,7 @@ impl Core {
             wake: None,
             accept_multishot: true,
             accept_retry_at: None,
+            draining: false,
             stopping: false,
             next_request,
             completions: std::collections::VecDeque::with_capacity(256),
@@ -127,6 +130,9 @@ impl Core {
     pub(super) fn run(mut self) -> Ended {
         self.handle.enter();
         self.arm_wake();
+        if self.handle.shared.draining.load(Ordering::Acquire) {
+            self.drain(); // restarted while the driver closes
+        }
         self.arm_accept();
         let mut stop_deadline = None;
         loop {
@@ -380,6 +386,7 @@ impl Core {
             Event::Cancel { conn, request } => self.on_cancel(conn, request),
             Event::CancelWaiting { id } => self.on_cancel_waiting(id),
             Event::Adopt(fd) => self.adopt(fd),
+            Event::Drain => self.drain(),
             Event::Shutdown => self.stop_all(),
             #[cfg(test)]
             Event::Fault(fault) => self.fault = Some(fault),
@@ -418,6 +425,26 @@ impl Core {
             self.arm_wake();
         }
         self.arm_accept();
+    }
+
+    /// Begins a graceful close: the accept ends, and each served connection finishes its
+    /// request (reply written in full) and then closes. Outbound requests go on.
+    fn drain(&mut self) {
+        if self.draining {
+            return;
+        }
+        self.draining = true;
+        if let Some(op) = self.accept {
+            self.submit(Owner::Core, Op::Cancel(crate::uring::op::Cancel::Op(op)));
+        }
+        self.accept_retry_at = None;
+        let now = self.now;
+        for key in self.conns.keys() {
+            if let Some(server) = self.conns.server_mut(key) {
+                server.session.finish(now);
+                self.pump(key);
+            }
+        }
     }
 
     /// Fails every request, closes every connection and stops accepting.
@@ -465,6 +492,15 @@ impl Core {
         shared.operations.store(self.ops.len(), Ordering::Relaxed);
         shared.peers.store(self.pool.peers(), Ordering::Relaxed);
         shared.waiting.store(self.pool.waiting(), Ordering::Relaxed);
+        if self.draining {
+            let serving = self
+                .conns
+                .values()
+                .filter(|conn| matches!(conn.role, Role::Server(_)))
+                .count();
+            shared.serving.store(serving, Ordering::Release);
+            shared.drain_seen.store(true, Ordering::Release);
+        }
     }
 }
 

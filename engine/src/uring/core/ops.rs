@@ -66,7 +66,7 @@ impl Core {
     }
 
     fn accept_ended(&mut self, res: i32, multishot: bool) {
-        if self.stopping {
+        if self.stopping || self.draining {
             return;
         }
         if res == -libc::EINVAL && multishot {
@@ -92,7 +92,7 @@ impl Core {
         let Some(listener) = self.listener else {
             return;
         };
-        if self.accept.is_some() || self.stopping {
+        if self.accept.is_some() || self.stopping || self.draining {
             return;
         }
         let op = Op::Accept(Accept::new(listener, self.accept_multishot));

@@ -25,7 +25,7 @@ impl Core {
         }
         // SAFETY: a successful accept returns a new descriptor that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(res) };
-        if self.stopping {
+        if self.stopping || self.draining {
             return;
         }
         let ctx = Arc::clone(&self.ctx);
@@ -47,7 +47,7 @@ impl Core {
 
     /// Starts serving an accepted connection on this core.
     pub(super) fn adopt(&mut self, fd: OwnedFd) {
-        if self.stopping {
+        if self.stopping || self.draining {
             return;
         }
         let _ = sys::set_nodelay(fd.as_raw_fd());
@@ -61,7 +61,8 @@ impl Core {
             Arc::clone(&self.ctx.memory),
             self.ctx.require_tls,
             self.now,
-        );
+        )
+        .with_stripes(self.ctx.stripes.clone());
         let server = Server {
             session,
             peer,

@@ -72,12 +72,11 @@ impl Receiver {
     /// Exposes up to `window` bytes beyond what arrived; the caller charged for them.
     fn expose_charged(&mut self, window: usize) -> Option<Received> {
         let memory = Arc::clone(&self.memory);
+        let lent = &mut self.lent;
         let Stage::Body(Some(body)) = &mut self.stage else {
             return None;
         };
-        match body.expose(window, &mut |len| {
-            memory.allocate(len).map_err(RecvError::from)
-        }) {
+        match body.expose(window, &mut |len| super::allocate(&*memory, lent, len)) {
             Ok(()) => None,
             Err(e) => Some(self.fail_now(e)),
         }

@@ -295,3 +295,23 @@ proptest! {
         prop_assert_eq!(sut.memory.heap.charged(), 0);
     }
 }
+
+#[test]
+fn a_connection_whose_request_was_refused_at_its_head_is_not_reused() {
+    let server = SessionConfig {
+        limits: Limits::builder().max_buffers(1).build(),
+        ..SessionConfig::default()
+    };
+    let mut sut = Pair::with_configs(SessionConfig::default(), server);
+    sut.start(RequestKind::Ask, message(&[1, 1]), Duration::from_secs(30));
+    sut.drive();
+    let error = sut.done.pop().unwrap().unwrap_err();
+    assert!(
+        error
+            .remote_text()
+            .unwrap()
+            .starts_with("rejected request: buffer count is 2"),
+        "{error}"
+    );
+    assert!(!sut.client.is_reusable(), "the server drains and closes it");
+}

@@ -1,7 +1,9 @@
 //! Both sessions driven against each other in memory with virtual time.
 
 mod client;
+mod finish;
 mod pair;
 mod pool;
 mod server;
+mod stripes;
 mod window;

@@ -15,6 +15,7 @@ use crate::session::{
     ClientEvent, ClientRequest, ClientSession, CloseReason, ReadBuf, ServerEvent, ServerSession,
     SessionConfig, Transmit,
 };
+use crate::stripe::Framing;
 use crate::transport::{
     ActorPath, Answer, Deadline, Error, HeapMemory, InboundRequest, ReceiveMemory, RecvBuffer,
     RecvStorage, Reply, RequestKind,
@@ -157,7 +158,12 @@ impl Pair {
     }
 
     pub(super) fn with(config: SessionConfig) -> Self {
-        let config = Arc::new(config);
+        Self::with_configs(config.clone(), config)
+    }
+
+    /// A pair whose client and server are configured apart (their limits, say).
+    pub(super) fn with_configs(client: SessionConfig, server: SessionConfig) -> Self {
+        let (config, server_config) = (Arc::new(client), Arc::new(server));
         let now = Instant::now();
         let memory = CountingMemory::new(1 << 30);
         let shared: Arc<dyn ReceiveMemory> = memory.clone();
@@ -166,7 +172,7 @@ impl Pair {
         client.handle_connected();
         Self {
             now,
-            server: ServerSession::new(Arc::clone(&config), shared, false, now),
+            server: ServerSession::new(server_config, shared, false, now),
             client,
             memory,
             to_server: Pipe::default(),
@@ -198,16 +204,36 @@ impl Pair {
 
     /// Starts an ask or tell of `message` to `/actors/echo` with a deadline of `timeout`.
     pub(super) fn start(&mut self, kind: RequestKind, message: TensorMessage, timeout: Duration) {
+        self.start_framed(kind, message, &Framing::Whole, timeout);
+    }
+
+    /// As [`Pair::start`], travelling as `framing`.
+    pub(super) fn start_framed(
+        &mut self,
+        kind: RequestKind,
+        message: TensorMessage,
+        framing: &Framing,
+        timeout: Duration,
+    ) {
         let path = ActorPath::parse("echo").unwrap();
-        let request = ClientRequest::encode(
+        let request = ClientRequest::encode_framed(
             kind,
             &path,
             message,
+            framing,
             &crate::Limits::default(),
             Deadline::after(self.now, timeout),
         )
         .unwrap();
         self.client.start(request, self.now).unwrap();
+    }
+
+    /// The server takes stripes into `store`.
+    pub(super) fn with_stripes(mut self, store: Arc<crate::session::StripeStore>) -> Self {
+        let config = Arc::new(SessionConfig::default());
+        let shared: Arc<dyn ReceiveMemory> = self.memory.clone();
+        self.server = ServerSession::new(config, shared, false, self.now).with_stripes(Some(store));
+        self
     }
 
     /// One ask through the whole exchange; its outcome.

@@ -4,10 +4,11 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::pair::{NodeMode, Pair, message};
-use crate::Limits;
 use crate::ptr1::{self, Frame};
 use crate::session::{CloseReason, SessionConfig};
 use crate::transport::{Answer, Error, Reply, RequestKind};
+use crate::transport::{LimitSide, OverLimit, RemoteKind};
+use crate::{LimitExceeded, LimitField, Limits};
 
 fn encoded(frame: &Frame) -> Vec<u8> {
     ptr1::encode(frame, &Limits::default()).unwrap().to_vec()
@@ -486,4 +487,47 @@ fn a_reply_over_the_limits_becomes_an_error_saying_so() {
         matches!(&error, Error::Remote { text, .. } if text.starts_with("reply could not be sent: buffer count is 3")),
         "{error}"
     );
+}
+
+#[test]
+fn a_request_over_limits_smaller_than_the_error_text_is_refused_with_the_whole_text() {
+    let tiny = Limits::builder()
+        .max_metadata_bytes(8)
+        .max_wire_bytes(64)
+        .build();
+    let config = SessionConfig {
+        limits: tiny,
+        ..SessionConfig::default()
+    };
+    let mut sut = Pair::with(config);
+    sut.raw_to_server(&header(1, 4, 1000, &[]));
+    // A client whose limits are as small still reads the whole error reply.
+    let mut decoder = ptr1::Decoder::new(tiny);
+    let (_, frame) = decoder.decode(&sut.take_from_server()).unwrap();
+    let Some(Frame::Error { text, .. }) = frame else {
+        panic!("expected an Error reply, got {frame:?}");
+    };
+    let expected = RemoteKind::OverLimit(OverLimit {
+        side: LimitSide::Peer,
+        exceeded: LimitExceeded {
+            field: LimitField::MetadataBytes,
+            value: 1000,
+            limit: 8,
+        },
+    });
+    assert_eq!(RemoteKind::of_text(&text), expected, "{text}");
+    assert!(sut.server_closed.is_none(), "answered, not closed");
+}
+
+#[test]
+fn an_error_text_longer_than_an_error_reply_carries_is_cut_not_replaced() {
+    let mut sut = Pair::new();
+    sut.node = NodeMode::Hold;
+    sut.start(RequestKind::Ask, message(&[1]), Duration::from_secs(30));
+    sut.drive();
+    sut.answer(0, Err(format!("ValueError: {}", "x".repeat(10_000))));
+    let error = sut.done.pop().unwrap().unwrap_err();
+    let text = error.remote_text().unwrap();
+    assert!(text.starts_with("ValueError: xxx"), "{text}");
+    assert_eq!(text.len(), 4096);
 }

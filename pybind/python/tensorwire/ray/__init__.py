@@ -27,12 +27,18 @@ except ImportError as _missing:  # pragma: no cover - depends on the environment
         "pip install 'tensorwire[ray]'"
     ) from _missing
 
-import numpy as np
+import numpy as np  # noqa: E402
 
-from . import _registry
-from ._config import TRANSPORTS, Config
-from ._manager import TensorwireMetadata, TensorwireTorchTransport, TensorwireTransport
-from ._runtime import FetchError, FetchTimeout, current, runtime
+from ._config import TRANSPORTS, Config  # noqa: E402
+from ._errors import FetchError, FetchTimeout  # noqa: E402
+from ._manager import (  # noqa: E402
+    TensorwireMetadata,
+    TensorwireTorchTransport,
+    TensorwireTransport,
+    register_managers,
+)
+from ._runtime import current, runtime  # noqa: E402
+from ._settings import SETTINGS  # noqa: E402
 
 TRANSPORT = "tensorwire"
 """The name to pass as ``tensor_transport=`` for numpy arrays."""
@@ -86,8 +92,8 @@ def register(
     Once this process's node has started (its first transfer), other settings raise
     ``ValueError``.
     """
-    _registry.ensure_registered()
-    _registry.configure(
+    register_managers()
+    SETTINGS.configure(
         Config(
             transport=transport,
             bind=bind,
@@ -128,4 +134,4 @@ def stats() -> dict[str, Any]:
     return rt.stats() if rt is not None else {}
 
 
-_registry.ensure_registered()
+register_managers()

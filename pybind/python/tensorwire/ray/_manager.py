@@ -10,6 +10,7 @@ transfer failed or hung.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import math
 import os
 import threading
@@ -22,15 +23,28 @@ from ray.experimental import (
     CommunicatorMetadata,
     TensorTransportManager,
     TensorTransportMetadata,
+    register_tensor_transport,
 )
+from ray.experimental.rdt import util
 from ray.experimental.rdt.tensor_transport_manager import FetchRequest
 
-from .. import _errors
-from . import _registry
+from .. import _errors as tw_errors
+from .._arrays import TORCH_ONLY, has_torch, torch_module
 from ._config import Config
-from ._runtime import FetchError, FetchTimeout, current, runtime
-from ..tensors import _TORCH_ONLY
+from ._errors import FetchError, FetchTimeout
+from ._runtime import current, runtime
+from ._settings import SETTINGS
 from ._store import Described
+
+NUMPY = "TENSORWIRE"
+"""The transport for numpy arrays (``tensor_transport="tensorwire"``; Ray upper-cases names)."""
+
+TORCH = "TENSORWIRE_TORCH"
+"""The transport for CPU torch tensors, registered where torch is importable (Ray binds one
+data type to each transport name)."""
+
+_log = logging.getLogger("tensorwire.ray")
+_registering = threading.Lock()
 
 
 @dataclass
@@ -50,8 +64,8 @@ class TensorwireMetadata(TensorTransportMetadata):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        _registry.ensure_registered()
-        _registry.adopt(self.config)
+        register_managers()
+        SETTINGS.adopt(self.config)
 
 
 @dataclass
@@ -70,7 +84,7 @@ class TensorwireFetch(FetchRequest):
 class TensorwireTransport(TensorTransportManager):
     """The manager Ray instantiates once per process, for numpy arrays."""
 
-    name = _registry.NUMPY
+    name = NUMPY
 
     def __init__(self) -> None:
         self._checked: set[str] = set()
@@ -96,7 +110,7 @@ class TensorwireTransport(TensorTransportManager):
                 return True
         # Not on "_ray_system": a fetch stalled there would hold the check up.
         probe: Any = actor.__ray_call__.options(concurrency_group="_ray_system_error").remote(
-            _start_node, _registry.settings().shareable()
+            _start_node, SETTINGS.current().shareable()
         )
         try:
             ray.get(probe, timeout=60)
@@ -127,7 +141,7 @@ class TensorwireTransport(TensorTransportManager):
             pid=os.getpid(),
             described=described,
             nbytes=sum(_nbytes(d) for d in described),
-            config=_registry.settings().shareable(),
+            config=SETTINGS.current().shareable(),
         )
 
     def get_communicator_metadata(
@@ -166,7 +180,7 @@ class TensorwireTransport(TensorTransportManager):
         target_buffers: list[Any] | None = None,
     ) -> TensorwireFetch:
         meta = _ours(obj_id, tensor_transport_metadata)
-        _registry.adopt(meta.config)
+        SETTINGS.adopt(meta.config)
         rt = runtime()
         future = rt.fetch(obj_id, meta.address, meta.token)
         return TensorwireFetch(
@@ -190,16 +204,16 @@ class TensorwireTransport(TensorTransportManager):
         except concurrent.futures.CancelledError:
             rt.count("fetch_failures")
             raise FetchError(f"fetching {where} was aborted") from None
-        except _errors.DeadlineExceeded as e:
+        except tw_errors.DeadlineExceeded as e:
             rt.count("fetch_failures")
             raise FetchTimeout(f"fetching {where}: {e}") from e
-        except _errors.ConnectionFailed as e:
+        except tw_errors.ConnectionFailed as e:
             rt.count("fetch_failures")
             raise FetchError(
                 f"fetching {where} failed: {e}. The producing process has probably exited "
                 "(its arrays went with it)"
             ) from e
-        except _errors.Error as e:
+        except tw_errors.Error as e:
             rt.count("fetch_failures")
             raise FetchError(f"fetching {where} failed: {e}") from e
         tensors = rt.arrays(obj_id, reply, meta.described, fetch_request.target_buffers)
@@ -230,15 +244,17 @@ class TensorwireTransport(TensorTransportManager):
 class TensorwireTorchTransport(TensorwireTransport):
     """The same manager for CPU torch tensors (Ray binds one data type to each name)."""
 
-    name = _registry.TORCH
+    name = TORCH
 
 
 def _start_node(actor: Any, config: Config) -> str:
     """Runs in an actor: starts its node (once, with the caller's settings unless it has its
     own) and says where it listens."""
-    conflict = _registry.adopt(config)
+    conflict = SETTINGS.adopt(config)
     if conflict is not None:
-        raise RuntimeError(f"tensorwire in this process cannot take the caller's settings: {conflict}")
+        raise RuntimeError(
+            f"tensorwire in this process cannot take the caller's settings: {conflict}"
+        )
     return runtime().address
 
 
@@ -257,4 +273,22 @@ def _ray_meta(tensor: Any) -> tuple[Any, Any]:
 
 
 def _nbytes(d: Described) -> int:
-    return math.prod(d.shape) * np.dtype(_TORCH_ONLY.get(d.dtype, d.dtype)).itemsize
+    return math.prod(d.shape) * np.dtype(TORCH_ONLY.get(d.dtype, d.dtype)).itemsize
+
+
+def register_managers() -> None:
+    """Registers both transports with Ray in this process, unless they are (the torch one
+    only where torch is importable)."""
+    managers: list[tuple[str, type[TensorwireTransport], type]] = [
+        (NUMPY, TensorwireTransport, np.ndarray)
+    ]
+    if has_torch():
+        managers.append((TORCH, TensorwireTorchTransport, torch_module().Tensor))
+    with _registering:
+        for name, manager, data_type in managers:
+            if name in util.transport_manager_info:
+                continue
+            try:
+                register_tensor_transport(name, ["cpu"], manager, data_type)
+            except ValueError:  # Ray registered it meanwhile (from the driver's list)
+                _log.debug("tensorwire.ray: %s was registered meanwhile", name)

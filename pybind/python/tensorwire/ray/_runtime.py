@@ -21,13 +21,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import ray.util
+from ray._private import ray_constants
 
-from .. import _errors
+from .._arrays import TORCH_ONLY, to_torch
 from .._native import TensorMessage
 from .._node import Node, Ref
-from ..tensors import _TORCH_ONLY, _to_torch
-from . import _registry
 from ._config import Config
+from ._errors import FetchError
+from ._settings import SETTINGS
 from ._store import TOKEN_CHARS, Described, Store
 
 ENDPOINT = "/named/tensorwire/ray/objects"
@@ -48,19 +50,6 @@ _ABORT_MEMORY = 60.0
 _log = logging.getLogger("tensorwire.ray")
 
 
-class FetchError(_errors.Error):
-    """Fetching an object's arrays from the process that produced them failed; the message
-    says which object, from where, and why (``__cause__`` is tensorwire's own error)."""
-
-    __module__ = "tensorwire.ray"
-
-
-class FetchTimeout(FetchError, TimeoutError):
-    """A fetch did not complete within its timeout."""
-
-    __module__ = "tensorwire.ray"
-
-
 class Runtime:
     """This process's node, the objects it holds, and its fetches in flight."""
 
@@ -74,16 +63,15 @@ class Runtime:
         # Re-entrant: a fetch cancelled from a finalizer runs its done callback on a thread
         # that may already hold it.
         self._lock = threading.RLock()
-        self._refs: OrderedDict[str, Ref] = OrderedDict()
+        self._refs: OrderedDict[str, Ref[Any]] = OrderedDict()
         self._fetching: dict[str, set[concurrent.futures.Future[Any]]] = {}
         #: Objects whose fetches were aborted lately, so a fetch Ray starts after the abort
         #: fails at once instead of running to its timeout.
         self._aborted: OrderedDict[str, float] = OrderedDict()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.counters: Counter[str] = Counter()
-        # The native form: a refused request is answered with its reason, not logged (any
-        # peer can send them).
-        self.node._native.serve(ENDPOINT, self._serve, threads=2, pickle=False)
+        # A refused request is answered with its reason, not logged: any peer can send them.
+        self.node.serve(ENDPOINT, self._serve, threads=2, log_errors=False)
 
     def fetch(self, obj_id: str, address: str, token: str) -> concurrent.futures.Future[Any]:
         """Starts fetching ``obj_id`` from the node at ``address``; the future's result is the
@@ -143,13 +131,19 @@ class Runtime:
                 f"object {obj_id} has {len(described)} arrays, {len(target_buffers)} target "
                 "buffers were given"
             )
-        views = [_view(obj_id, i, b, what) for i, (b, what) in enumerate(zip(buffers, described, strict=True))]
+        views = [
+            _view(obj_id, i, b, what)
+            for i, (b, what) in enumerate(zip(buffers, described, strict=True))
+        ]
         self.count(f"fetched_{reply.route or 'unknown'}")
         self.count("fetched_bytes", reply.total_bytes)
         if target_buffers is not None:
-            return [_fill(obj_id, i, t, a) for i, (t, a) in enumerate(zip(target_buffers, views, strict=True))]
+            return [
+                _fill(obj_id, i, t, a)
+                for i, (t, a) in enumerate(zip(target_buffers, views, strict=True))
+            ]
         return [
-            _to_torch(array, what.dtype) if what.kind == "torch" else array
+            to_torch(array, what.dtype) if what.kind == "torch" else array
             for array, what in zip(views, described, strict=True)
         ]
 
@@ -198,7 +192,7 @@ class Runtime:
         self.count("served_bytes", held.nbytes)
         return TensorMessage(json.dumps({"object": obj_id}).encode(), held.buffers)
 
-    def _ref(self, address: str) -> Ref:
+    def _ref(self, address: str) -> Ref[Any]:
         with self._lock:
             ref = self._refs.get(address)
             if ref is not None:
@@ -222,9 +216,7 @@ class Runtime:
                 self._loop = loop
             return self._loop
 
-    def _fetched(
-        self, obj_id: str, future: concurrent.futures.Future[Any], started: float
-    ) -> None:
+    def _fetched(self, obj_id: str, future: concurrent.futures.Future[Any], started: float) -> None:
         micros = int((time.perf_counter() - started) * 1e6)
         with self._lock:
             self.counters["fetch_micros"] += micros
@@ -237,7 +229,7 @@ class Runtime:
 
 def _view(obj_id: str, index: int, buffer: Any, what: Described) -> np.ndarray:
     """``buffer`` as the array ``what`` describes, after checking its length."""
-    dtype = np.dtype(_TORCH_ONLY.get(what.dtype, what.dtype))
+    dtype = np.dtype(TORCH_ONLY.get(what.dtype, what.dtype))
     count = math.prod(what.shape)
     if memoryview(buffer).nbytes != count * dtype.itemsize:
         raise FetchError(
@@ -274,16 +266,12 @@ def _reachable(address: str) -> str:
 
 def _node_ip() -> str:
     try:
-        import ray.util
-
         return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
     except Exception:  # not inside Ray, or no route out: this host only
         return "127.0.0.1"
 
 
 def _ray_fetch_timeout() -> float:
-    from ray._private import ray_constants
-
     return float(ray_constants.RDT_FETCH_FAIL_TIMEOUT_SECONDS)
 
 
@@ -296,11 +284,11 @@ def runtime() -> Runtime:
     global _runtime
     with _runtime_lock:
         if _runtime is None:
-            config = _registry.start(Config.resolved)
+            config = SETTINGS.start(Config.resolved)
             try:
                 _runtime = Runtime(config)
             except BaseException:
-                _registry.start_failed()
+                SETTINGS.start_failed()
                 raise
             atexit.register(_runtime.close)
         return _runtime

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .. import _errors as tw_errors
+from .._arrays import as_array
 from .._native import Buffer, Loan
 
 
@@ -77,7 +78,9 @@ class Store:
                 buffers.append(_flat_bytes(array))
             described.append(Described(dtype, tuple(int(d) for d in array.shape), kind))
             nbytes += array.nbytes
-        held = Held(secrets.token_hex(TOKEN_CHARS // 2), tuple(buffers), tuple(described), nbytes, loaned)
+        held = Held(
+            secrets.token_hex(TOKEN_CHARS // 2), tuple(buffers), tuple(described), nbytes, loaned
+        )
         with self._lock:
             held = self._held.setdefault(obj_id, held)
         return held.token, list(held.described)
@@ -123,8 +126,6 @@ class Store:
 def _as_array(index: int, tensor: Any) -> tuple[np.ndarray, str, str]:
     """``tensor`` as a C-contiguous numpy array (copied only if it was not contiguous), its
     kind and its dtype's name."""
-    from ..tensors import _as_array as as_array
-
     array, kind, dtype = as_array(f"#{index}", tensor)
     if array.dtype.fields is not None or array.dtype.kind == "V":
         raise ValueError(

@@ -8,6 +8,7 @@ mod flap;
 mod link;
 mod loss;
 mod route;
+mod stripes;
 
 use std::time::{Duration, Instant};
 

@@ -9,6 +9,7 @@ mod pool;
 mod raw;
 mod round_trip;
 mod shutdown;
+mod stripes;
 
 /// Instantiates `pairs` for every driver combination and `servers` for every server driver.
 macro_rules! conformance {

@@ -3,5 +3,7 @@
 
 mod cross_process;
 mod data_path;
+mod hostile;
 mod identity;
 mod manager;
+mod wakeups;

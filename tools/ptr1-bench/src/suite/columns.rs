@@ -13,8 +13,18 @@ use crate::cli::Part;
 use crate::measure::{self, Sample};
 use crate::report::say;
 use crate::suite::server::Server;
-use crate::suite::{FixtureMemory, IDLE_WAIT};
+use crate::suite::verdict::Transfer;
+use crate::suite::{Case, FixtureMemory, IDLE_WAIT};
+
+/// The largest body the engine's shared memory carries inside a control record of its queue
+/// (the engine's `INLINE_BODY`, 32 KiB with the message's head): such a message is copied into
+/// the queue and out of it, as MPI's eager path copies through its shared-memory queues, and
+/// never handed off, loaned or not.
+pub(crate) const SHM_INLINE_BYTES: usize = 32 << 10;
 use crate::{Handlers, Options, Transport, blocking, engine_side, seed};
+
+/// Stripes per large request in the striped column (its threshold is the node's default).
+pub(crate) const SUITE_STRIPES: u16 = 4;
 
 /// One column of the tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,6 +37,9 @@ pub(crate) enum Column {
     ShmCopied,
     /// PTR1 on the io_uring driver.
     Engine,
+    /// PTR1 on the io_uring driver, requests of at least the node's stripe threshold cut
+    /// into [`SUITE_STRIPES`] stripes (`NodeBuilder::stripes`, default threshold).
+    EngineStriped,
     /// PTR1 on the tokio fallback driver (the same sessions).
     Tokio,
     /// The seed design (tokio, a fresh zero-filled `Vec` per buffer).
@@ -40,11 +53,12 @@ pub(crate) enum Column {
 }
 
 impl Column {
-    pub(crate) const ALL: [Self; 9] = [
+    pub(crate) const ALL: [Self; 10] = [
         Self::Local,
         Self::ShmLoaned,
         Self::ShmCopied,
         Self::Engine,
+        Self::EngineStriped,
         Self::Tokio,
         Self::Seed,
         Self::Std,
@@ -59,6 +73,7 @@ impl Column {
             Self::ShmLoaned => "shm loaned",
             Self::ShmCopied => "shm copied in",
             Self::Engine => "PTR1 io_uring",
+            Self::EngineStriped => "PTR1 io_uring ×4 stripes",
             Self::Tokio => "PTR1 tokio",
             Self::Seed => "seed design",
             Self::Std => "std blocking",
@@ -74,6 +89,7 @@ impl Column {
             Self::ShmLoaned => "shm_loaned",
             Self::ShmCopied => "shm_copied",
             Self::Engine => "engine",
+            Self::EngineStriped => "engine_striped",
             Self::Tokio => "tokio",
             Self::Seed => "seed",
             Self::Std => "std",
@@ -88,7 +104,7 @@ impl Column {
         match self {
             Self::Local => Part::Local,
             Self::ShmLoaned | Self::ShmCopied => Part::Shm,
-            Self::Engine | Self::Tokio | Self::Seed | Self::Std => Part::Ptr1,
+            Self::Engine | Self::EngineStriped | Self::Tokio | Self::Seed | Self::Std => Part::Ptr1,
             Self::H2c | Self::Tls => Part::Http2,
         }
     }
@@ -98,9 +114,35 @@ impl Column {
         self != Self::Local
     }
 
+    /// What this column does with a message's bytes in `case` (`None`: the local mailbox, in
+    /// one process, has no peer to compare with). Shared memory carries a message whose body
+    /// is at most [`SHM_INLINE_BYTES`] inside a record of its queue, loaned or not: copied
+    /// through shared memory.
+    pub(crate) fn transfer(self, case: &Case) -> Option<Transfer> {
+        match self {
+            Self::Local => None,
+            Self::ShmLoaned | Self::ShmCopied if case.size < SHM_INLINE_BYTES => {
+                Some(Transfer::OneCopy)
+            }
+            Self::ShmLoaned => Some(Transfer::ZeroCopy),
+            Self::ShmCopied => Some(Transfer::OneCopy),
+            _ => Some(Transfer::Kernel),
+        }
+    }
+
+    /// Whether the column busy-polls: the engine's io_uring threads (`core_busy_poll`), its
+    /// blocking callers (`busy_poll`) and the shared-memory receiver poll, bounded, before they
+    /// sleep. Its tables show the CPU it burned beside its figure.
+    pub(crate) fn spins(self) -> bool {
+        matches!(
+            self,
+            Self::Engine | Self::EngineStriped | Self::ShmLoaned | Self::ShmCopied
+        )
+    }
+
     fn transport(self) -> Transport {
         match self {
-            Self::Local | Self::Engine => Transport::Engine,
+            Self::Local | Self::Engine | Self::EngineStriped => Transport::Engine,
             Self::ShmLoaned | Self::ShmCopied => Transport::Shm,
             Self::Tokio => Transport::Tokio,
             Self::Seed => Transport::Seed,
@@ -115,7 +157,7 @@ impl Column {
         match self {
             Self::Local => Some(Route::LocalMailbox),
             Self::ShmLoaned | Self::ShmCopied => Some(Route::SharedMemory),
-            Self::Engine | Self::Tokio => Some(Route::RawTcp),
+            Self::Engine | Self::EngineStriped | Self::Tokio => Some(Route::RawTcp),
             Self::H2c | Self::Tls => Some(Route::Http2),
             Self::Seed | Self::Std => None,
         }
@@ -216,6 +258,15 @@ impl Lanes {
                 // The server first: the TLS client reads the CA it writes.
                 let (addr, pid) = self.server(exe, Transport::Engine, options)?;
                 let client = engine_side::client(column.transport(), options)?;
+                (Client::Node(client), addr, Some(pid))
+            }
+            Column::EngineStriped => {
+                let (addr, pid) = self.server(exe, Transport::Engine, options)?;
+                let striping = Options {
+                    stripes: Some(SUITE_STRIPES),
+                    ..options.clone()
+                };
+                let client = engine_side::client(Transport::Engine, &striping)?;
                 (Client::Node(client), addr, Some(pid))
             }
             Column::Tokio => {
@@ -372,4 +423,37 @@ fn check_route(node: &Node, addr: SocketAddr, expected: Route) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Mode;
+
+    #[test]
+    fn shared_memory_below_its_inline_size_is_copied_through_its_queue_loaned_or_not() {
+        let at = |size| Case {
+            mode: Mode::OneWay,
+            size,
+            buffers: 16,
+            inflight: 1,
+        };
+        for column in [Column::ShmLoaned, Column::ShmCopied] {
+            assert_eq!(column.transfer(&at(4 << 10)), Some(Transfer::OneCopy));
+        }
+        assert_eq!(
+            Column::ShmLoaned.transfer(&at(64 << 10)),
+            Some(Transfer::ZeroCopy)
+        );
+        assert_eq!(
+            Column::ShmCopied.transfer(&at(1 << 20)),
+            Some(Transfer::OneCopy)
+        );
+        assert_eq!(
+            Column::Engine.transfer(&at(1 << 20)),
+            Some(Transfer::Kernel)
+        );
+        assert_eq!(Column::Local.transfer(&at(1 << 20)), None);
+        assert!(Column::ShmLoaned.spins() && !Column::Tokio.spins());
+    }
 }

@@ -4,55 +4,39 @@
 use serde_json::{Value, json};
 
 use crate::Options;
-use crate::suite::{Measurement, Results, median};
+use crate::suite::drift::{self, FLAG_FACTOR};
+use crate::suite::peers::Peers;
+use crate::suite::verdict::{Entrant, Transfer, Verdict, verdicts};
+use crate::suite::{Measurement, Pass, Results, median};
 
 pub(crate) fn to_json(r: &Results, options: &Options) -> Value {
     let plan = &r.plan;
+    // The plots read `columns` and `peers` of each case: the warm pass's, or the fresh one's
+    // when it is the only one; a fresh pass beside a warm one is under `fresh`.
+    let primary = r.passes.first();
+    let second = r.passes.get(1);
     let cases: Vec<Value> = plan
         .cases
         .iter()
         .enumerate()
         .map(|(c, case)| {
-            let columns: serde_json::Map<String, Value> = r
-                .columns
-                .iter()
-                .enumerate()
-                .map(|(l, column)| {
-                    let samples: Vec<Value> = r.samples[c][l].iter().map(sample).collect();
-                    (
-                        column.key().to_owned(),
-                        json!({ "median": number(r.median(c, l)), "samples": samples }),
-                    )
-                })
-                .collect();
-            let peers: serde_json::Map<String, Value> = r
-                .peers
-                .names
-                .iter()
-                .filter(|p| !r.peers.samples(p, case).is_empty())
-                .map(|p| {
-                    let samples = r.peers.samples(p, case);
-                    (
-                        p.clone(),
-                        json!({ "median": number(median(samples)), "samples": samples }),
-                    )
-                })
-                .collect();
-            json!({
+            let mut value = json!({
                 "label": case.label(),
                 "mode": case.mode_key(),
                 "size": case.size,
                 "buffers": case.buffers,
                 "inflight": case.inflight,
                 "unit": case.unit(),
-                "columns": columns,
-                "peers": peers,
-            })
+            });
+            if let Some(pass) = primary {
+                merge(&mut value, pass_case(r, pass, c));
+            }
+            if let Some(pass) = second {
+                value["fresh"] = pass_case(r, pass, c);
+            }
+            value
         })
         .collect();
-    let pairs = |list: &[(String, String)], a: &str, b: &str| -> Vec<Value> {
-        list.iter().map(|(x, y)| json!({ a: x, b: y })).collect()
-    };
     json!({
         "environment": r.environment,
         "settings": {
@@ -66,9 +50,23 @@ pub(crate) fn to_json(r: &Results, options: &Options) -> Value {
             "handlers": options.handlers.name(),
             "quick": plan.quick,
             "smoke": plan.smoke,
+            "warm": plan.warm,
+            "fresh": plan.fresh,
+            "fresh_reps": plan.fresh_reps,
+            "fresh_seconds_per_cell": plan.fresh_seconds,
+            "fresh_flag_factor": FLAG_FACTOR,
             "verified": options.verify,
         },
-        "columns": r.columns.iter().map(|c| json!({ "key": c.key(), "name": c.name() })).collect::<Vec<_>>(),
+        "columns": primary.map_or(&[][..], |p| &p.columns[..]).iter().map(|c| json!({ "key": c.key(), "name": c.name(), "busy_polls": c.spins() })).collect::<Vec<_>>(),
+        "passes": r.passes.iter().map(|p| json!({ "pass": p.name(), "loadavg_1m": number(p.load) })).collect::<Vec<_>>(),
+        "fresh_vs_warm": drift::compare(r).iter().map(|d| json!({
+            "case": plan.cases[d.case].label(),
+            "who": d.who,
+            "warm": d.warm,
+            "fresh": d.fresh,
+            "warm_over_fresh": number(d.warm_over_fresh),
+            "flagged": d.flagged(),
+        })).collect::<Vec<_>>(),
         "unavailable": r.unavailable.iter().map(|(c, why)| json!({ "column": c.key(), "reason": why })).collect::<Vec<_>>(),
         "cases": cases,
         "references": {
@@ -90,16 +88,113 @@ pub(crate) fn to_json(r: &Results, options: &Options) -> Value {
         "peak_rss_1gib_bytes": r.peak_rss_1gib.iter().map(|(c, found)| {
             (c.key().to_owned(), match found { Ok(b) => json!(b), Err(e) => json!({ "unavailable": e }) })
         }).collect::<serde_json::Map<_, _>>(),
-        "peers": {
-            "skipped": r.peers.skipped,
-            "measured": r.peers.names,
-            "unavailable": pairs(&r.peers.unavailable, "peer", "reason"),
-            "notes": pairs(&r.peers.notes, "peer", "how"),
-            "not_applicable": pairs(&r.peers.not_applicable, "peer", "reason"),
-            "failed": pairs(&r.peers.failed, "peer", "reason"),
-        },
+        "peers": primary.map_or(Value::Null, |p| peers_json(&p.peers)),
+        "fresh_peers": second.map_or(Value::Null, |p| peers_json(&p.peers)),
         "ray_rdt": r.ray.to_json(),
     })
+}
+
+/// One case of one pass: every column's and peer's samples with their medians, what each
+/// transfer does with the bytes, and the verdicts.
+fn pass_case(r: &Results, pass: &Pass, c: usize) -> Value {
+    let case = &r.plan.cases[c];
+    let columns: serde_json::Map<String, Value> = pass
+        .columns
+        .iter()
+        .enumerate()
+        .map(|(l, column)| {
+            let samples: Vec<Value> = pass.samples[c][l].iter().map(sample).collect();
+            (
+                column.key().to_owned(),
+                json!({
+                    "median": number(pass.median(&r.plan.cases, c, l)),
+                    "cpu_s_median": number(pass.median_of(c, l, |m| m.cpu_s)),
+                    "transfer": column.transfer(case).map(Transfer::key),
+                    "samples": samples,
+                }),
+            )
+        })
+        .collect();
+    let peers: serde_json::Map<String, Value> = pass
+        .peers
+        .names
+        .iter()
+        .filter(|p| !pass.peers.cells(p, case).is_empty())
+        .map(|p| {
+            let cells = pass.peers.cells(p, case);
+            (
+                p.clone(),
+                json!({
+                    "median": number(pass.peers.median(p, case)),
+                    "cpu_s_median": number(pass.peers.cpu_median(p, case)),
+                    "transfer": pass.peers.transfer(p, case).map(Transfer::key),
+                    "samples": cells.iter().map(|s| s.value).collect::<Vec<_>>(),
+                    "cpu_s": cells.iter().map(|s| number(s.cpu_s)).collect::<Vec<_>>(),
+                    "seconds": cells.iter().map(|s| number(s.seconds)).collect::<Vec<_>>(),
+                }),
+            )
+        })
+        .collect();
+    let infos = pass.peers.infos();
+    let mut entrants: Vec<Entrant<'_>> = pass
+        .columns
+        .iter()
+        .enumerate()
+        .filter_map(|(l, column)| {
+            Some(Entrant {
+                name: column.name(),
+                ours: true,
+                transfer: column.transfer(case)?,
+                language: "rust",
+                value: pass.median(&r.plan.cases, c, l),
+            })
+        })
+        .collect();
+    entrants.extend(pass.peers.entrants(case, &infos));
+    let verdicts: Vec<Value> = verdicts(case, &entrants)
+        .iter()
+        .map(|v| match v {
+            Verdict::Ratio {
+                transfer,
+                language,
+                ours,
+                peer,
+                ratio,
+            } => json!({ "transfer": transfer.key(), "language": language, "ours": ours, "peer": peer, "ratio": number(*ratio) }),
+            Verdict::NoPeer {
+                transfer,
+                language,
+                ours,
+            } => json!({ "transfer": transfer.key(), "language": language, "ours": ours, "peer": Value::Null, "no_peer_of_this_kind": true }),
+        })
+        .collect();
+    json!({ "columns": columns, "peers": peers, "verdicts": verdicts })
+}
+
+fn peers_json(peers: &Peers) -> Value {
+    let pairs = |list: &[(String, String)], a: &str, b: &str| -> Vec<Value> {
+        list.iter().map(|(x, y)| json!({ a: x, b: y })).collect()
+    };
+    json!({
+        "skipped": peers.skipped,
+        "measured": peers.names,
+        "described": peers.names.iter().map(|n| {
+            let info = peers.info(n);
+            json!({ "peer": n, "language": info.language, "busy_polls": info.spins, "tensorwire": info.ours })
+        }).collect::<Vec<_>>(),
+        "loadavg_1m": peers.load,
+        "unavailable": pairs(&peers.unavailable, "peer", "reason"),
+        "notes": pairs(&peers.notes, "peer", "how"),
+        "not_applicable": pairs(&peers.not_applicable, "peer", "reason"),
+        "failed": pairs(&peers.failed, "peer", "reason"),
+    })
+}
+
+/// Adds `extra`'s keys to `value` (both objects).
+fn merge(value: &mut Value, extra: Value) {
+    if let (Value::Object(into), Value::Object(from)) = (value, extra) {
+        into.extend(from);
+    }
 }
 
 /// One sample with every figure the run took.
@@ -113,6 +208,7 @@ fn sample(m: &Measurement) -> Value {
         "latency_p999_us": number(m.p999_us),
         "latency_max_us": number(m.max_us),
         "cpu_s_per_gb": number(m.cpu_s_per_gb),
+        "cpu_s": number(m.cpu_s),
         "ops": m.ops,
         "seconds": m.seconds,
         "verified": m.verified,

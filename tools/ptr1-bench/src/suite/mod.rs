@@ -11,6 +11,8 @@
 
 mod cases;
 mod columns;
+mod drift;
+mod fresh;
 mod json;
 mod peers;
 mod ray_rdt;
@@ -18,6 +20,7 @@ mod references;
 mod server;
 mod setup;
 mod table;
+mod verdict;
 
 use std::path::Path;
 use std::time::Duration;
@@ -43,6 +46,8 @@ pub(crate) struct Measurement {
     pub(crate) p999_us: f64,
     pub(crate) max_us: f64,
     pub(crate) cpu_s_per_gb: f64,
+    /// User + system seconds both processes burned in the cell (its warm-up included).
+    pub(crate) cpu_s: f64,
     pub(crate) ops: u64,
     pub(crate) seconds: f64,
     pub(crate) verified: bool,
@@ -63,7 +68,7 @@ pub(crate) struct FixtureMemory {
 /// How long the fixtures stay idle after the matrix before their memory is read again.
 pub(crate) const IDLE_WAIT: Duration = Duration::from_secs(5);
 
-/// How a run is shaped: repetitions, time per cell, the matrix, the parts.
+/// How a run is shaped: repetitions, time per cell, the matrix, the parts, and which passes.
 pub(crate) struct Plan {
     pub(crate) reps: usize,
     pub(crate) seconds: f64,
@@ -72,17 +77,33 @@ pub(crate) struct Plan {
     pub(crate) parts: Vec<Part>,
     pub(crate) quick: bool,
     pub(crate) smoke: bool,
+    /// The warm pass: every fixture and client made once, every cell measured on them.
+    pub(crate) warm: bool,
+    /// The fresh pass: new processes for every cell, short cells (a user's first seconds).
+    pub(crate) fresh: bool,
+    pub(crate) fresh_reps: usize,
+    pub(crate) fresh_seconds: f64,
+}
+
+/// One pass over the matrix: the tensorwire columns and the peers.
+pub(crate) struct Pass {
+    /// New processes for every cell (else: warm processes for the whole pass).
+    pub(crate) fresh: bool,
+    pub(crate) columns: Vec<Column>,
+    /// `[case][column][repetition]`.
+    pub(crate) samples: Vec<Vec<Vec<Measurement>>>,
+    pub(crate) peers: peers::Peers,
+    /// The 1-minute load average when the pass started.
+    pub(crate) load: f64,
 }
 
 /// Everything measured, for the tables, the plots and the JSON.
 pub(crate) struct Results {
     pub(crate) plan: Plan,
-    pub(crate) columns: Vec<Column>,
+    /// The warm pass first, then the fresh one (each when the plan has it).
+    pub(crate) passes: Vec<Pass>,
     pub(crate) unavailable: Vec<(Column, String)>,
-    /// `[case][column][repetition]`.
-    pub(crate) samples: Vec<Vec<Vec<Measurement>>>,
     pub(crate) references: references::References,
-    pub(crate) peers: peers::Peers,
     /// Ray actor to actor: tensorwire's Ray Direct Transport and Ray's object store.
     pub(crate) ray: ray_rdt::RayRdt,
     /// Every fixture process's resident memory.
@@ -95,14 +116,23 @@ pub(crate) struct Results {
 pub(crate) fn suite(options: &Options) -> Result<()> {
     let exe = std::env::current_exe()?;
     if options.netns {
-        crate::placement::across_hosts(options.rate.as_deref(), options.loss_percent)?;
+        crate::placement::across_hosts(
+            options.rate.as_deref(),
+            options.flow_rate.as_deref(),
+            options.loss_percent,
+        )?;
         say!(
             "across hosts: fixtures on 10.201.0.1, this process on 10.201.0.2 (network \
              namespaces, veth through a bridge){}{}; the local mailbox, shared memory and the \
              Python peers are same-host paths and not measured",
             options.rate.as_ref().map_or(String::new(), |rate| format!(
                 ", client link limited to {rate}"
-            )),
+            )) + &options
+                .flow_rate
+                .as_ref()
+                .map_or(String::new(), |rate| format!(
+                    ", each connection from the client limited to {rate} (an htb class per flow)"
+                )),
             options.loss_percent.map_or(String::new(), |p| format!(
                 ", {p}% of TCP packets dropped at random"
             ))
@@ -131,38 +161,79 @@ pub(crate) fn suite(options: &Options) -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     say!("command: ptr1-bench {}", args.join(" "));
     setup::prepare(&plan);
-    let mut lanes = Lanes::start(&exe, options, &plan.parts)?;
-    for (column, why) in &lanes.unavailable {
-        say!("{}: not measured here: {why}", column.name());
+    let mut passes = Vec::new();
+    let mut unavailable = Vec::new();
+    let mut fixture_memory = Vec::new();
+    let mut columns = Vec::new();
+    if plan.warm {
+        let load = load_average();
+        let mut lanes = Lanes::start(&exe, options, &plan.parts)?;
+        for (column, why) in &lanes.unavailable {
+            say!("{}: not measured here: {why}", column.name());
+        }
+        let rss_start = lanes.fixture_rss();
+        let samples = measure_matrix(&mut lanes, &plan, options)?;
+        fixture_memory = lanes.fixture_memory(&rss_start);
+        columns = lanes.lanes.iter().map(|lane| lane.column).collect();
+        unavailable = std::mem::take(&mut lanes.unavailable);
+        drop(lanes);
+        let peers = peers::Peers::measure(options, &plan, false);
+        passes.push(Pass {
+            fresh: false,
+            columns: columns.clone(),
+            samples,
+            peers,
+            load,
+        });
     }
-    let rss_start = lanes.fixture_rss();
-    let samples = measure_matrix(&mut lanes, &plan, options)?;
-    let fixture_memory = lanes.fixture_memory(&rss_start);
-    let columns: Vec<Column> = lanes.lanes.iter().map(|lane| lane.column).collect();
-    let unavailable = std::mem::take(&mut lanes.unavailable);
-    drop(lanes);
+    if plan.fresh {
+        let load = load_average();
+        say!(
+            "\nfresh pass: new processes for every cell ({} s cells); 1-minute load average {load:.2} \
+             before it{}",
+            plan.fresh_seconds,
+            if load > 0.5 {
+                " — the machine is not idle, so fresh figures carry other work's noise"
+            } else {
+                ""
+            }
+        );
+        let matrix = fresh::measure_matrix(&exe, &plan, options, &unavailable)?;
+        if !plan.warm {
+            columns.clone_from(&matrix.columns);
+            unavailable = matrix.refused;
+        }
+        let peers = peers::Peers::measure(options, &plan, true);
+        passes.push(Pass {
+            fresh: true,
+            columns: matrix.columns,
+            samples: matrix.samples,
+            peers,
+            load,
+        });
+    }
     let references = references::References::measure(&plan);
-    let peers = peers::Peers::measure(options, &plan);
     let ray = ray_rdt::RayRdt::measure(&plan);
-    let peak_rss_1gib = if plan.quick {
+    let peak_rss_1gib = if plan.quick || !plan.warm {
         Vec::new()
     } else {
         references::peak_rss_for_one_gib(&exe, options, &columns)
     };
-    environment["packages"] = peers.versions_json(&references);
+    environment["packages"] = passes.first().map_or(serde_json::Value::Null, |p| {
+        p.peers.versions_json(&references)
+    });
     let results = Results {
         plan,
-        columns,
+        passes,
         unavailable,
-        samples,
         references,
-        peers,
         ray,
         fixture_memory,
         peak_rss_1gib,
         environment,
     };
     table::print(&results);
+    smoke_requires_peers(&results)?;
     let json = json::to_json(&results, options);
     if let Some(path) = &options.json {
         std::fs::write(path, serde_json::to_string_pretty(&json)?)?;
@@ -235,6 +306,15 @@ impl Plan {
             // Across hosts only the network paths apply.
             parts.retain(|part| matches!(part, Part::Ptr1 | Part::Http2));
         }
+        // `--fresh` alone is the fresh pass; the full suite and the smoke run both; --quick
+        // only the warm one, and so does --netns unless --fresh asks for it.
+        let fresh_seconds = if smoke {
+            0.05
+        } else if options.fresh {
+            options.seconds.unwrap_or(FRESH_SECONDS)
+        } else {
+            FRESH_SECONDS
+        };
         Self {
             reps,
             seconds,
@@ -243,8 +323,50 @@ impl Plan {
             parts,
             quick,
             smoke,
+            warm: !options.fresh,
+            fresh: options.fresh || (!options.netns && (smoke || !quick)),
+            // The full suite's fresh pass is one repetition (it starts processes for every
+            // cell); `--fresh` alone takes --reps.
+            fresh_reps: if options.fresh { reps } else { 1 },
+            fresh_seconds,
         }
     }
+}
+
+/// A fresh cell's length: a user's first half second.
+pub(crate) const FRESH_SECONDS: f64 = 0.5;
+
+/// The 1-minute load average (NaN where it cannot be read).
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+/// In `--smoke`, a peer that could not be measured is said loudly; with
+/// `TENSORWIRE_REQUIRE_PEERS=1` (scripts/test-all sets it) it fails the run.
+fn smoke_requires_peers(r: &Results) -> Result<()> {
+    if !r.plan.smoke || crate::placement::is_across() || !r.plan.parts.contains(&Part::Peers) {
+        return Ok(());
+    }
+    let missing: Vec<(String, String)> = r.passes.iter().flat_map(|p| p.peers.missing()).collect();
+    if missing.is_empty() {
+        say!("\nsmoke: every peer was measured, warm and fresh");
+        return Ok(());
+    }
+    say!("\n!!! smoke: PEERS NOT MEASURED — this run does not cover them:");
+    for (peer, why) in &missing {
+        say!("!!!   {peer}: {why}");
+    }
+    if std::env::var("TENSORWIRE_REQUIRE_PEERS").is_ok_and(|v| v == "1") {
+        anyhow::bail!(
+            "TENSORWIRE_REQUIRE_PEERS=1 and {} peer(s) were not measured (above)",
+            missing.len()
+        );
+    }
+    say!("!!! (TENSORWIRE_REQUIRE_PEERS=1 turns this into a failure; scripts/test-all sets it)");
+    Ok(())
 }
 
 impl Measurement {
@@ -264,6 +386,7 @@ impl Measurement {
             } else {
                 f64::NAN
             },
+            cpu_s: cpu.as_secs_f64(),
             ops: sample.ops,
             seconds: sample.elapsed.as_secs_f64(),
             verified: sample.verified,
@@ -271,10 +394,10 @@ impl Measurement {
     }
 }
 
-impl Results {
+impl Pass {
     /// The median figure of case `c` on column index `l`.
-    pub(crate) fn median(&self, c: usize, l: usize) -> f64 {
-        let case = &self.plan.cases[c];
+    pub(crate) fn median(&self, cases: &[Case], c: usize, l: usize) -> f64 {
+        let case = &cases[c];
         median(
             &self.samples[c][l]
                 .iter()
@@ -291,6 +414,21 @@ impl Results {
     /// The index of `column` among the measured columns.
     pub(crate) fn index(&self, column: Column) -> Option<usize> {
         self.columns.iter().position(|c| *c == column)
+    }
+
+    /// "warm" or "fresh".
+    pub(crate) fn name(&self) -> &'static str {
+        if self.fresh { "fresh" } else { "warm" }
+    }
+}
+
+impl Results {
+    pub(crate) fn warm(&self) -> Option<&Pass> {
+        self.passes.iter().find(|p| !p.fresh)
+    }
+
+    pub(crate) fn fresh(&self) -> Option<&Pass> {
+        self.passes.iter().find(|p| p.fresh)
     }
 }
 

@@ -11,6 +11,7 @@ use std::process::{Command, Stdio};
 use crate::Options;
 use crate::cli::Part;
 use crate::suite::references::References;
+use crate::suite::verdict::{Entrant, Transfer};
 use crate::suite::{Case, Plan, median};
 
 /// What the peers' driver found.
@@ -20,8 +21,10 @@ pub(crate) struct Peers {
     pub(crate) skipped: Option<String>,
     /// The peers measured, in the driver's order (tensorwire from Python first).
     pub(crate) names: Vec<String>,
+    /// What each peer is: its language, whether it busy-polls, whether it is tensorwire.
+    info: BTreeMap<String, PeerInfo>,
     /// Samples by (peer, mode, size, buffers).
-    samples: BTreeMap<(String, String, usize, usize), Vec<f64>>,
+    samples: BTreeMap<(String, String, usize, usize), Vec<PeerSample>>,
     /// Peers that could not run here, with the reason.
     pub(crate) unavailable: Vec<(String, String)>,
     /// How each peer was driven.
@@ -33,17 +36,37 @@ pub(crate) struct Peers {
     pub(crate) failed: Vec<(String, String)>,
     /// Python and package versions.
     pub(crate) versions: BTreeMap<String, String>,
+    /// The 1-minute load average when the driver started (a fresh run wants an idle machine).
+    pub(crate) load: Option<f64>,
+}
+
+/// What the driver says a peer is.
+#[derive(Clone, Debug)]
+pub(crate) struct PeerInfo {
+    pub(crate) language: String,
+    pub(crate) spins: bool,
+    pub(crate) ours: bool,
+}
+
+/// One cell of one peer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PeerSample {
+    pub(crate) value: f64,
+    /// User + system seconds of the driver and the peer's processes during the cell.
+    pub(crate) cpu_s: f64,
+    /// How long the cell took.
+    pub(crate) seconds: f64,
+    pub(crate) transfer: Option<Transfer>,
 }
 
 impl Peers {
-    pub(crate) fn measure(options: &Options, plan: &Plan) -> Self {
+    /// Runs the driver over the plan's cases: warm (each peer's processes made once), or
+    /// `fresh` (new processes for every cell).
+    pub(crate) fn measure(options: &Options, plan: &Plan, fresh: bool) -> Self {
         let skipped = |why: &str| Self {
             skipped: Some(why.to_owned()),
             ..Self::default()
         };
-        if plan.smoke {
-            return skipped("not run in --smoke (a correctness check of tensorwire's own paths)");
-        }
         if crate::placement::is_across() {
             return skipped("same-host peers: not run with --netns");
         }
@@ -62,16 +85,21 @@ impl Peers {
         let mut modes: Vec<&str> = plan.cases.iter().map(Case::mode_key).collect();
         modes.dedup();
         let exe = std::env::current_exe().map_or_else(|_| "?".into(), |p| p.display().to_string());
-        let args = [
+        let (reps, seconds) = if fresh {
+            (plan.fresh_reps, plan.fresh_seconds)
+        } else {
+            (plan.reps, plan.seconds)
+        };
+        let mut args = vec![
             "--json".to_owned(),
             "--fixture".into(),
             exe,
             "--skip".into(),
             "rust".into(),
             "--reps".into(),
-            plan.reps.to_string(),
+            reps.to_string(),
             "--seconds".into(),
-            plan.seconds.to_string(),
+            seconds.to_string(),
             "--sizes".into(),
             list(&mut plan.sizes.iter().map(ToString::to_string)),
             "--modes".into(),
@@ -83,6 +111,9 @@ impl Peers {
             "--inflight-bytes".into(),
             crate::suite::cases::IN_FLIGHT_BYTES.to_string(),
         ];
+        if fresh {
+            args.push("--fresh".into());
+        }
         let output = Command::new(&python)
             .arg(root.join("pybind/bench/bench.py"))
             .args(&args)
@@ -122,6 +153,18 @@ impl Peers {
                 Some("version") => {
                     peers.versions.insert(s("name"), s("version"));
                 }
+                Some("load") => peers.load = record["loadavg"].as_f64(),
+                Some("peer") => {
+                    let name = s("peer");
+                    let info = PeerInfo {
+                        language: record["language"].as_str().unwrap_or("python").to_owned(),
+                        spins: record["spins"].as_bool().unwrap_or(false),
+                        ours: record["ours"]
+                            .as_bool()
+                            .unwrap_or_else(|| is_tensorwire(&name)),
+                    };
+                    peers.info.insert(name, info);
+                }
                 Some("unavailable") => peers.unavailable.push((s("peer"), s("reason"))),
                 Some("note") => peers.notes.push((s("peer"), s("text"))),
                 Some("failed") => peers.failed.push((s("peer"), s("reason"))),
@@ -136,12 +179,18 @@ impl Peers {
                     if !peers.names.contains(&peer) {
                         peers.names.push(peer.clone());
                     }
-                    let value = record["value"].as_f64().unwrap_or(f64::NAN);
+                    let number = |key: &str| record[key].as_f64().unwrap_or(f64::NAN);
+                    let sample = PeerSample {
+                        value: number("value"),
+                        cpu_s: number("cpu_s"),
+                        seconds: number("seconds"),
+                        transfer: record["transfer"].as_str().and_then(Transfer::parse),
+                    };
                     peers
                         .samples
                         .entry((peer, s("mode"), n("size"), n("buffers")))
                         .or_default()
-                        .push(value);
+                        .push(sample);
                 }
                 _ => {}
             }
@@ -149,8 +198,8 @@ impl Peers {
         peers
     }
 
-    /// Every sample of `peer` in `case`.
-    pub(crate) fn samples(&self, peer: &str, case: &Case) -> &[f64] {
+    /// Every cell of `peer` in `case`.
+    pub(crate) fn cells(&self, peer: &str, case: &Case) -> &[PeerSample] {
         self.samples
             .get(&(
                 peer.to_owned(),
@@ -161,24 +210,75 @@ impl Peers {
             .map_or(&[], Vec::as_slice)
     }
 
+    /// Every figure of `peer` in `case`.
+    pub(crate) fn samples(&self, peer: &str, case: &Case) -> Vec<f64> {
+        self.cells(peer, case).iter().map(|s| s.value).collect()
+    }
+
     pub(crate) fn median(&self, peer: &str, case: &Case) -> f64 {
-        median(self.samples(peer, case))
+        median(&self.samples(peer, case))
     }
 
-    /// The peers that are other projects (not tensorwire from Python).
-    pub(crate) fn others(&self) -> impl Iterator<Item = &String> {
-        self.names.iter().filter(|n| !is_tensorwire(n))
+    /// The median CPU seconds `peer` burned per cell of `case`.
+    pub(crate) fn cpu_median(&self, peer: &str, case: &Case) -> f64 {
+        median(
+            &self
+                .cells(peer, case)
+                .iter()
+                .map(|s| s.cpu_s)
+                .collect::<Vec<_>>(),
+        )
     }
 
-    /// The best other peer in `case`: (name, median).
-    pub(crate) fn best_other(&self, case: &Case) -> Option<(&str, f64)> {
-        let values: Vec<(&str, f64)> = self
-            .others()
-            .map(|n| (n.as_str(), self.median(n, case)))
-            .filter(|(_, v)| v.is_finite())
-            .collect();
-        let best = case.best(values.iter().map(|(_, v)| *v));
-        values.into_iter().find(|(_, v)| *v == best)
+    /// What `peer`'s transfer does with the bytes in `case`.
+    pub(crate) fn transfer(&self, peer: &str, case: &Case) -> Option<Transfer> {
+        self.cells(peer, case).iter().find_map(|s| s.transfer)
+    }
+
+    /// What the driver said `peer` is (a peer it did not describe: Python, not spinning, and
+    /// tensorwire if its name says so).
+    pub(crate) fn info(&self, peer: &str) -> PeerInfo {
+        self.info.get(peer).cloned().unwrap_or_else(|| PeerInfo {
+            language: "python".into(),
+            spins: false,
+            ours: is_tensorwire(peer),
+        })
+    }
+
+    /// Every peer with a figure in `case`, as the verdict takes them.
+    pub(crate) fn entrants<'a>(
+        &'a self,
+        case: &Case,
+        languages: &'a [PeerInfo],
+    ) -> Vec<Entrant<'a>> {
+        self.names
+            .iter()
+            .zip(languages)
+            .filter_map(|(name, info)| {
+                Some(Entrant {
+                    name,
+                    ours: info.ours,
+                    transfer: self.transfer(name, case)?,
+                    language: &info.language,
+                    value: self.median(name, case),
+                })
+            })
+            .collect()
+    }
+
+    /// What the driver said about every measured peer, in `names`' order.
+    pub(crate) fn infos(&self) -> Vec<PeerInfo> {
+        self.names.iter().map(|n| self.info(n)).collect()
+    }
+
+    /// Every peer that was asked for and is missing: not installed, could not start, or failed.
+    pub(crate) fn missing(&self) -> Vec<(String, String)> {
+        let mut missing = self.unavailable.clone();
+        missing.extend(self.failed.iter().cloned());
+        if let Some(why) = &self.skipped {
+            missing.push(("every peer".into(), why.clone()));
+        }
+        missing
     }
 
     /// The package versions of everything measured, as JSON.
@@ -229,12 +329,16 @@ mod tests {
     use crate::Mode;
 
     #[test]
-    fn the_drivers_lines_become_samples_versions_and_reasons() {
+    fn the_drivers_lines_become_samples_kinds_versions_and_reasons() {
         let text = r#"{"kind": "version", "name": "pyzmq", "version": "26.2.0"}
+{"kind": "load", "loadavg": 0.25, "fresh": true}
+{"kind": "peer", "peer": "tensorwire (Python)", "language": "python", "spins": true, "ours": true}
+{"kind": "peer", "peer": "MPI one host", "language": "python", "spins": true, "ours": false}
 {"kind": "unavailable", "peer": "Ray", "reason": "not installed (No module named 'ray')"}
-{"kind": "sample", "peer": "tensorwire (Python)", "mode": "oneway", "size": 4096, "buffers": 1, "inflight": 1, "rep": 0, "value": 0.5}
-{"kind": "sample", "peer": "pyzmq", "mode": "oneway", "size": 4096, "buffers": 1, "inflight": 1, "rep": 0, "value": 0.2}
-{"kind": "sample", "peer": "pyzmq", "mode": "oneway", "size": 4096, "buffers": 1, "inflight": 1, "rep": 1, "value": 0.3}
+{"kind": "sample", "peer": "tensorwire (Python)", "mode": "oneway", "size": 4096, "buffers": 1, "inflight": 1, "rep": 0, "value": 0.5, "transfer": "kernel", "cpu_s": 0.2, "seconds": 0.5}
+{"kind": "sample", "peer": "pyzmq", "mode": "oneway", "size": 4096, "buffers": 1, "inflight": 1, "rep": 0, "value": 0.2, "transfer": "kernel", "cpu_s": 0.1, "seconds": 0.5}
+{"kind": "sample", "peer": "pyzmq", "mode": "oneway", "size": 4096, "buffers": 1, "inflight": 1, "rep": 1, "value": 0.3, "transfer": "kernel", "cpu_s": 0.3, "seconds": 0.5}
+{"kind": "sample", "peer": "MPI one host", "mode": "oneway", "size": 4096, "buffers": 1, "inflight": 1, "rep": 0, "value": 1.0, "transfer": "one_copy", "cpu_s": 1.0, "seconds": 0.5}
 {"kind": "not_applicable", "peer": "gRPC (Python)", "mode": "oneway", "size": 4096, "buffers": 16, "reason": "one bytes object per call"}
 {"kind": "failed", "peer": "Ray", "reason": "one-way 256 MiB × 1: the actor died"}
 not json: ignored"#;
@@ -245,15 +349,29 @@ not json: ignored"#;
             buffers: 1,
             inflight: 1,
         };
-        assert_eq!(peers.samples("pyzmq", &case), &[0.2, 0.3]);
-        assert_eq!(peers.best_other(&case), Some(("pyzmq", 0.3)));
+        assert_eq!(peers.samples("pyzmq", &case), vec![0.2, 0.3]);
+        assert!((peers.cpu_median("pyzmq", &case) - 0.3).abs() < 1e-9);
+        assert_eq!(
+            peers.transfer("MPI one host", &case),
+            Some(Transfer::OneCopy)
+        );
+        assert!(peers.info("MPI one host").spins);
+        assert!(peers.info("tensorwire (Python)").ours);
+        assert!(!peers.info("pyzmq").ours, "undescribed peers are not ours");
         assert_eq!(peers.versions["pyzmq"], "26.2.0");
+        assert_eq!(peers.load, Some(0.25));
         assert_eq!(peers.unavailable.len(), 1);
         assert_eq!(peers.not_applicable.len(), 1);
         assert_eq!(peers.failed[0].0, "Ray");
+        assert_eq!(peers.missing().len(), 2);
+        let infos = peers.infos();
+        let entrants = peers.entrants(&case, &infos);
+        let verdicts = crate::suite::verdict::verdicts(&case, &entrants);
+        // tensorwire goes through the kernel here: pyzmq is its peer, MPI (one copy) is not.
+        assert_eq!(verdicts.len(), 1);
         assert_eq!(
-            peers.others().collect::<Vec<_>>(),
-            vec![&"pyzmq".to_owned()]
+            verdicts[0].to_string(),
+            "1.67× (tensorwire (Python) ÷ pyzmq)"
         );
     }
 }

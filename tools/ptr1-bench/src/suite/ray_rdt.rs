@@ -36,6 +36,9 @@ impl RayRdt {
         if plan.smoke {
             return skipped("not run in --smoke");
         }
+        if !plan.warm {
+            return skipped("not run with --fresh (its cells are warm; the full suite runs it)");
+        }
         if crate::placement::is_across() {
             return skipped("same-host peers: not run with --netns");
         }
@@ -146,7 +149,7 @@ impl RayRdt {
 
     pub(crate) fn print(&self) {
         say!(
-            "\nRay, actor to actor (pybind/bench/ray_bench.py): GB/s of payload (µs per transfer), × Ray's object store"
+            "\nRay, actor to actor (pybind/bench/ray_bench.py): GB/s of payload (µs per transfer), × Ray's object store where both copy the same way (one copy on one host, through the kernel between raylets)"
         );
         if let Some(why) = &self.skipped {
             say!("  not measured: {why}");
@@ -173,7 +176,11 @@ impl RayRdt {
                     .iter()
                     .map(|c| {
                         let (gbps, us) = self.cell(group, c, size);
-                        let vs = if c.contains("tensorwire") && store.is_finite() {
+                        let vs = if !c.contains("tensorwire") {
+                            String::new()
+                        } else if !copies_like_the_store(c) {
+                            " (zero-copy: no peer of this kind)".to_owned()
+                        } else if store.is_finite() {
                             format!(" {:.2}×", gbps / store)
                         } else {
                             String::new()
@@ -212,6 +219,13 @@ impl RayRdt {
     }
 }
 
+/// Whether `column` does with the array's bytes what the object store beside it does — one copy
+/// on one host, through the kernel between raylets — so the two may be divided: `tensorwire
+/// empty()` hands the array off without a copy, and the RDT floor moves none.
+fn copies_like_the_store(column: &str) -> bool {
+    !column.contains("empty()") && !column.contains("no bytes")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,5 +259,8 @@ not json"#;
         assert_eq!(found.rss, vec![("same host: tensorwire".to_owned(), 1.05)]);
         assert_eq!(found.notes[0].1, "not measured: not importable");
         assert_eq!(found.sizes(), vec![4096]);
+        assert!(copies_like_the_store("same host: tensorwire"));
+        assert!(copies_like_the_store("two raylets: tensorwire"));
+        assert!(!copies_like_the_store("same host: tensorwire empty()"));
     }
 }

@@ -1,8 +1,10 @@
 //! The suite's first run on a fresh machine: what the whole comparison needs and is missing —
-//! iperf3 (through `scripts/install-deps`, as root) and the Python peers (`scripts/python-env`
-//! builds tensorwire into `.venv`, then pip installs pyzmq, gRPC and iceoryx2) — is set up
-//! before measuring, saying what it does. Whatever cannot be set up stays out of the tables
-//! with the reason, as before; nothing here fails the run.
+//! iperf3 and Open MPI (Debian's `openmpi-bin`, `libopenmpi-dev`, through
+//! `scripts/install-deps`, as root) and the Python peers (`scripts/python-env` builds
+//! tensorwire into `.venv` with Ray, then pip installs pyzmq, gRPC, iceoryx2 and mpi4py) — is
+//! set up before measuring, saying what it does. Whatever cannot be set up stays out of the
+//! tables with the reason, as before; nothing here fails the run (a `--smoke` run under
+//! `TENSORWIRE_REQUIRE_PEERS=1` fails afterwards, naming what is missing).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -13,25 +15,32 @@ use crate::suite::Plan;
 use crate::suite::peers::{python_with_tensorwire, workspace_root};
 
 /// The peers' Python packages (pip names) and the module each one imports.
-const PEERS: [(&str, &str); 3] = [
+const PEERS: [(&str, &str); 4] = [
     ("pyzmq", "zmq"),
     ("grpcio", "grpc"),
     ("iceoryx2", "iceoryx2"),
+    ("mpi4py", "mpi4py"),
 ];
 
 /// Sets up what the run's references and peers need and this machine lacks.
 pub(crate) fn prepare(plan: &Plan) {
-    if plan.smoke {
-        return;
-    }
     let Some(root) = workspace_root() else {
         return;
     };
-    if !on_path("iperf3") {
+    let peers = plan.parts.contains(&Part::Peers) && !crate::placement::is_across();
+    if !plan.smoke && !on_path("iperf3") {
         say!("iperf3 is missing (the TCP reference): installing it with scripts/install-deps");
         run_script(&root, "scripts/install-deps", "iperf3 stays unmeasured");
     }
-    if !plan.parts.contains(&Part::Peers) || crate::placement::is_across() {
+    if peers && !on_path("mpirun") {
+        say!("Open MPI is missing (the MPI peers): installing it with scripts/install-deps");
+        run_script(
+            &root,
+            "scripts/install-deps",
+            "the MPI peers stay unmeasured",
+        );
+    }
+    if !peers {
         return;
     }
     if python_with_tensorwire(&root).is_none() {

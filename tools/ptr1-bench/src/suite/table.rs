@@ -1,50 +1,92 @@
-//! The suite's tables (markdown, printed and kept for `table.md`) and the points of its plots.
+//! The suite's tables (markdown, printed and kept for `table.md`): per pass the columns, the
+//! verdict, the CPU and the peers; then fresh against warm, the references and the memory.
 
 use crate::Mode;
 use crate::report::say;
 use crate::suite::columns::Column;
-use crate::suite::peers::is_tensorwire;
-use crate::suite::{Results, human};
+use crate::suite::drift::{self, FLAG_FACTOR};
+use crate::suite::verdict::{Entrant, Transfer, Verdict, language_name, verdicts};
+use crate::suite::{Case, Pass, Results, human};
 
 pub(crate) fn print(r: &Results) {
     let plan = &r.plan;
     say!(
-        "\nmedians of {} interleaved repetition(s), {} s per cell; one-way = asks to a sink \
-         (GB/s of payload), RTT = asks to an echo (p50 µs), in flight = asks to the echo with K \
-         outstanding (asks/s, at most 512 MiB outstanding)",
-        plan.reps,
-        plan.seconds
+        "\none-way = asks to a sink (GB/s of payload), RTT = asks to an echo (p50 µs), in flight \
+         = asks to the echo with K outstanding (asks/s, at most 512 MiB outstanding). Each \
+         figure is tagged with what its transfer does with a message's bytes: [0] zero-copy \
+         hand-off, [1] one copy through shared memory, [k] through the kernel (a socket). \
+         \"(cpu X)\" = CPU seconds (user + system, every process of it) burned in that cell, \
+         shown for columns and peers that busy-poll."
     );
     for (column, why) in &r.unavailable {
         say!("{}: not measured here: {why}", column.name());
     }
-    main_table(r);
-    cpu_table(r);
+    for pass in &r.passes {
+        let (reps, seconds) = if pass.fresh {
+            (plan.fresh_reps, plan.fresh_seconds)
+        } else {
+            (plan.reps, plan.seconds)
+        };
+        say!(
+            "\n## {} pass: medians of {reps} interleaved repetition(s), {seconds} s per cell, {}; {}",
+            pass.name(),
+            if pass.fresh {
+                "every cell in new processes (fixture, client, peer servers), as a user's first \
+                 seconds"
+            } else {
+                "processes kept for the whole pass"
+            },
+            drift::load_note(pass)
+        );
+        main_table(r, pass);
+        verdict_table(r, pass);
+        cpu_table(r, pass);
+        peers_table(r, pass);
+    }
+    fresh_against_warm(r);
     references(r);
     memory(r);
-    peers_table(r);
     r.ray.print();
 }
 
-/// Every case on every column, with the ratios.
-fn main_table(r: &Results) {
+/// A figure with its transfer tag and, for a busy-polling side, the CPU it burned.
+fn cell(case: &Case, value: f64, transfer: Option<Transfer>, cpu: Option<f64>) -> String {
+    let mut text = case.cell(value);
+    if value.is_finite() {
+        if let Some(t) = transfer {
+            text = format!("{text} {}", t.tag());
+        }
+        if let Some(cpu) = cpu.filter(|c| c.is_finite()) {
+            text = format!("{text} (cpu {cpu:.2})");
+        }
+    }
+    text
+}
+
+/// Every case on every column, with the ratios inside tensorwire and to the physical bounds.
+fn main_table(r: &Results, pass: &Pass) {
     say!(
         "\nratios: io_uring ÷ best baseline = PTR1 on io_uring against the best of the tokio \
-         fallback, the seed design and std; PTR1 ÷ iperf3 and shm ÷ memcpy = how close PTR1 and \
-         shm (copied in) come to their physical bound; best ÷ best peer = the best \
-         cross-process tensorwire path against the best other transport measured from Python \
-         below (for RTT: latency ÷ latency, inverted, so > 1× is always better)\n"
+         fallback, the seed design and std; ×4 stripes ÷ io_uring = the same client cutting \
+         requests of at least 4 MiB (the node's default threshold) into 4 stripes on \
+         connections of their own, against it unstriped; PTR1 ÷ iperf3 and shm ÷ memcpy = how \
+         close PTR1 and shm (copied in) come to their physical bound (for RTT: latency ÷ latency, inverted, so \
+         > 1× is always better). The verdict against other transports follows the table.\n"
     );
-    let names: Vec<&str> = r.columns.iter().map(|c| c.name()).collect();
+    let cases = &r.plan.cases;
+    let names: Vec<&str> = pass.columns.iter().map(|c| c.name()).collect();
     say!(
-        "| case | {} | io_uring ÷ best baseline | PTR1 ÷ iperf3 | shm ÷ memcpy | best ÷ best peer |",
+        "| case | {} | io_uring ÷ best baseline | ×4 stripes ÷ io_uring | PTR1 ÷ iperf3 | shm ÷ \
+         memcpy |",
         names.join(" | ")
     );
-    say!("|---|{}---:|---:|---:|---|", "---:|".repeat(names.len()));
+    say!("|---|{}---:|---:|---:|---:|", "---:|".repeat(names.len()));
     let iperf3 = r.references.iperf3_median();
-    for (c, case) in r.plan.cases.iter().enumerate() {
-        let values: Vec<f64> = (0..r.columns.len()).map(|l| r.median(c, l)).collect();
-        let of = |column: Column| r.index(column).map_or(f64::NAN, |l| values[l]);
+    for (c, case) in cases.iter().enumerate() {
+        let values: Vec<f64> = (0..pass.columns.len())
+            .map(|l| pass.median(cases, c, l))
+            .collect();
+        let of = |column: Column| pass.index(column).map_or(f64::NAN, |l| values[l]);
         let engine = of(Column::Engine);
         let baseline = case.best([Column::Tokio, Column::Seed, Column::Std].map(of));
         let big_one_way = case.mode == Mode::OneWay && case.size >= 1 << 20;
@@ -56,49 +98,145 @@ fn main_table(r: &Results) {
         } else {
             (f64::NAN, f64::NAN)
         };
-        let crossing: Vec<(Column, f64)> = r
+        let cells: Vec<String> = pass
             .columns
             .iter()
-            .zip(&values)
-            .filter(|(c, v)| c.crosses_processes() && v.is_finite())
-            .map(|(c, v)| (*c, *v))
+            .enumerate()
+            .map(|(l, column)| {
+                let cpu = column.spins().then(|| pass.median_of(c, l, |m| m.cpu_s));
+                cell(case, values[l], column.transfer(case), cpu)
+            })
             .collect();
-        let best = case.best(crossing.iter().map(|(_, v)| *v));
-        let best_name = crossing
-            .iter()
-            .find(|(_, v)| *v == best)
-            .map_or("?", |(c, _)| c.name());
-        let vs_peer = match r.peers.best_other(case) {
-            Some((peer, v)) => format!("{} ({best_name} ÷ {peer})", ratio(case.better(best, v))),
-            None => "–".into(),
-        };
-        let cells: Vec<String> = values.iter().map(|v| case.cell(*v)).collect();
         say!(
-            "| {} ({}) | {} | {} | {} | {} | {vs_peer} |",
+            "| {} ({}) | {} | {} | {} | {} | {} |",
             case.label(),
             case.unit(),
             cells.join(" | "),
             ratio(case.better(engine, baseline)),
+            ratio(case.better(of(Column::EngineStriped), engine)),
             ratio(vs_iperf),
             ratio(vs_memcpy),
         );
     }
 }
 
-/// CPU seconds both processes spent per GB of payload, one-way cases.
-fn cpu_table(r: &Results) {
+/// The verdict of every case: per kind of transfer and language, the best of tensorwire ÷ the
+/// best peer doing the same, or that no peer of the kind was measured.
+fn verdict_table(r: &Results, pass: &Pass) {
+    let cases = &r.plan.cases;
+    let infos = pass.peers.infos();
+    let rows: Vec<Vec<Verdict<'_>>> = cases
+        .iter()
+        .enumerate()
+        .map(|(c, case)| {
+            let mut entrants: Vec<Entrant<'_>> = pass
+                .columns
+                .iter()
+                .enumerate()
+                .filter_map(|(l, column)| {
+                    Some(Entrant {
+                        name: column.name(),
+                        ours: true,
+                        transfer: column.transfer(case)?,
+                        language: "rust",
+                        value: pass.median(cases, c, l),
+                    })
+                })
+                .collect();
+            entrants.extend(pass.peers.entrants(case, &infos));
+            verdicts(case, &entrants)
+        })
+        .collect();
+    let groups = verdict_groups(&rows);
     say!(
-        "\nCPU: user + system seconds of both processes per GB of payload, one-way (lower is better)\n"
+        "\nverdict: the best tensorwire path ÷ the best peer that does the same with each \
+         message's bytes ([0], [1] or [k]) from the same language, > 1× favours tensorwire (RTT: \
+         latencies inverted); never across kinds or languages (– = no tensorwire path of that \
+         kind in that case). The peers run after the columns, interleaved among themselves.\n"
     );
-    let names: Vec<&str> = r.columns.iter().map(|c| c.name()).collect();
+    let with_ratio: Vec<&(Transfer, String)> = groups
+        .iter()
+        .filter(|(t, l)| {
+            rows.iter().flatten().any(|v| {
+                v.transfer() == *t && v.language() == l && matches!(v, Verdict::Ratio { .. })
+            })
+        })
+        .collect();
+    if !with_ratio.is_empty() {
+        let heads: Vec<String> = with_ratio
+            .iter()
+            .map(|(t, l)| format!("{}, from {}", t.name(), language_name(l)))
+            .collect();
+        say!("| case | {} |", heads.join(" | "));
+        say!("|---|{}", "---|".repeat(heads.len()));
+        for (case, row) in cases.iter().zip(&rows) {
+            let cells: Vec<String> = with_ratio
+                .iter()
+                .map(|(t, l)| {
+                    row.iter()
+                        .find(|v| v.transfer() == *t && v.language() == l)
+                        .map_or_else(|| "–".to_owned(), ToString::to_string)
+                })
+                .collect();
+            say!("| {} | {} |", case.label(), cells.join(" | "));
+        }
+    }
+    for (t, l) in groups.iter().filter(|g| !with_ratio.contains(g)) {
+        let mut ours: Vec<&str> = Vec::new();
+        for v in rows.iter().flatten() {
+            if let Verdict::NoPeer {
+                transfer,
+                language,
+                ours: name,
+            } = v
+                && transfer == t
+                && language == l
+                && !ours.contains(name)
+            {
+                ours.push(name);
+            }
+        }
+        say!(
+            "{}, from {} ({}): no peer of this kind is measured from {}: no verdict",
+            t.name(),
+            language_name(l),
+            ours.join(", "),
+            language_name(l)
+        );
+    }
+    if let Some(why) = &pass.peers.skipped {
+        say!("(no peer was measured: {why})");
+    }
+}
+
+/// Every (kind, language) that has a verdict in some case, by kind.
+fn verdict_groups(rows: &[Vec<Verdict<'_>>]) -> Vec<(Transfer, String)> {
+    let mut groups: Vec<(Transfer, String)> = Vec::new();
+    for v in rows.iter().flatten() {
+        let key = (v.transfer(), v.language().to_owned());
+        if !groups.contains(&key) {
+            groups.push(key);
+        }
+    }
+    groups.sort_by_key(|(t, _)| *t);
+    groups
+}
+
+/// CPU seconds both processes spent per GB of payload, one-way cases.
+fn cpu_table(r: &Results, pass: &Pass) {
+    say!(
+        "\nCPU: user + system seconds of both processes per GB of payload, one-way (lower is better; \
+         every cell's CPU seconds are in results.json)\n"
+    );
+    let names: Vec<&str> = pass.columns.iter().map(|c| c.name()).collect();
     say!("| case | {} |", names.join(" | "));
     say!("|---|{}", "---:|".repeat(names.len()));
     for (c, case) in r.plan.cases.iter().enumerate() {
         if case.mode != Mode::OneWay {
             continue;
         }
-        let cells: Vec<String> = (0..r.columns.len())
-            .map(|l| format!("{:.2}", r.median_of(c, l, |m| m.cpu_s_per_gb)))
+        let cells: Vec<String> = (0..pass.columns.len())
+            .map(|l| format!("{:.2}", pass.median_of(c, l, |m| m.cpu_s_per_gb)))
             .collect();
         say!("| {} | {} |", case.label(), cells.join(" | "));
     }
@@ -155,11 +293,13 @@ fn memory(r: &Results) {
     }
 }
 
-/// The peers, case by case, and tensorwire from Python against the best of them.
-fn peers_table(r: &Results) {
-    let peers = &r.peers;
+/// The peers, case by case (the verdict table divides them).
+fn peers_table(r: &Results, pass: &Pass) {
+    let peers = &pass.peers;
     say!(
-        "\nPeers: the transports users would pick instead, driven from Python (pybind/bench/bench.py), each server in its own process"
+        "\nPeers: the transports users would pick instead, driven from Python \
+         (pybind/bench/bench.py{}), each server in its own process",
+        if pass.fresh { " --fresh" } else { "" }
     );
     if let Some(why) = &peers.skipped {
         say!("  not measured: {why}");
@@ -180,34 +320,58 @@ fn peers_table(r: &Results) {
     if peers.names.is_empty() {
         return;
     }
-    say!(
-        "\n| case | {} | tensorwire (Python) ÷ best other |",
-        peers.names.join(" | ")
-    );
-    say!("|---|{}---|", "---:|".repeat(peers.names.len()));
+    say!("\n| case | {} |", peers.names.join(" | "));
+    say!("|---|{}", "---:|".repeat(peers.names.len()));
     for case in &r.plan.cases {
-        let values: Vec<f64> = peers.names.iter().map(|p| peers.median(p, case)).collect();
-        if values.iter().all(|v| !v.is_finite()) {
+        let cells: Vec<String> = peers
+            .names
+            .iter()
+            .map(|p| {
+                let cpu = peers.info(p).spins.then(|| peers.cpu_median(p, case));
+                cell(case, peers.median(p, case), peers.transfer(p, case), cpu)
+            })
+            .collect();
+        if cells.iter().all(|c| c == "–") {
             continue;
         }
-        let ours = case.best(
-            peers
-                .names
-                .iter()
-                .zip(&values)
-                .filter(|(n, _)| is_tensorwire(n))
-                .map(|(_, v)| *v),
-        );
-        let vs = match peers.best_other(case) {
-            Some((name, v)) => format!("{} (÷ {name})", ratio(case.better(ours, v))),
-            None => "–".into(),
-        };
-        let cells: Vec<String> = values.iter().map(|v| case.cell(*v)).collect();
         say!(
-            "| {} ({}) | {} | {vs} |",
+            "| {} ({}) | {} |",
             case.label(),
             case.unit(),
             cells.join(" | ")
+        );
+    }
+}
+
+/// The cells whose fresh figure differs from the warm one by more than 1.5×.
+fn fresh_against_warm(r: &Results) {
+    let drifts = drift::compare(r);
+    if drifts.is_empty() {
+        return;
+    }
+    let flagged: Vec<&drift::Drift> = drifts.iter().filter(|d| d.flagged()).collect();
+    say!(
+        "\nfresh against warm: {} cells measured in both passes; {} differ by more than \
+         {FLAG_FACTOR}× (warm ÷ fresh, > 1× = warm is better){}",
+        drifts.len(),
+        flagged.len(),
+        if flagged.is_empty() { "" } else { ":\n" }
+    );
+    if flagged.is_empty() {
+        return;
+    }
+    say!("| case | column or peer | warm | fresh | warm ÷ fresh |");
+    say!("|---|---|---:|---:|---:|");
+    for d in flagged {
+        let case = &r.plan.cases[d.case];
+        say!(
+            "| {} ({}) | {} | {} | {} | {} ⚠ |",
+            case.label(),
+            case.unit(),
+            d.who,
+            case.cell(d.warm),
+            case.cell(d.fresh),
+            ratio(d.warm_over_fresh)
         );
     }
 }

@@ -1,0 +1,49 @@
+//! A caller that waits for its own reply reads its connection's queue itself for a while
+//! (the spin window), so the reply needs no hand-off between threads and no wake-up; requests
+//! it finds on the way are delivered as the driver would.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tensorwire_proto::stats;
+
+use super::Transport;
+use super::conn::Conn;
+use super::inbound;
+use super::spin::Spin;
+
+/// Reads `conn` until `done()` or the spin window passes without a message.
+pub(super) fn wait_here(t: &Arc<Transport>, conn: &Arc<Conn>, done: &dyn Fn() -> bool) {
+    let window = t.config.spin;
+    if window.is_zero() || conn.is_closed() {
+        return;
+    }
+    conn.caller_reads();
+    let mut spin = Spin::new(window);
+    spin.worked(Instant::now());
+    while !done() && !conn.is_closed() {
+        let (read, deliver) = conn.pump(t);
+        for delivered in deliver {
+            inbound::deliver(t, conn, delivered);
+        }
+        if read > 0 {
+            record(spin.worked(Instant::now()));
+            continue;
+        }
+        let (again, spent) = spin.idle(Instant::now());
+        if !again {
+            record(spent);
+            break;
+        }
+        spin.pause();
+    }
+    if conn.caller_done(|| t.wake.is_asleep()) {
+        t.wake.signal();
+    }
+}
+
+fn record(spent: Duration) {
+    if !spent.is_zero() {
+        stats::global().record_shm_spin(u64::try_from(spent.as_micros()).unwrap_or(u64::MAX));
+    }
+}

@@ -1,0 +1,357 @@
+//! One connection after its hello: the socket (`Map` datagrams with descriptors, hang-up),
+//! the two queues and doorbells, and behind one lock its session, the requests waiting for
+//! their answers, the peer's segments mapped here and ours waiting to be announced.
+//!
+//! Whoever touches the session — the driver reading the queue, a caller sending or waiting
+//! for its reply, a handler answering — does it through [`Conn::with`] or [`Conn::pump`]:
+//! under the lock the session's events are turned into work and its transmits moved into the
+//! queue; outside it the peer is rung, requests delivered and callers completed, so no user
+//! code ever runs under the lock.
+
+mod events;
+mod io;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tensorwire_proto::TensorMessage;
+
+use tensorwire_proto::shm::{CloseReason, ConnectionConfig, Credentials, Role, ShmConnection};
+use tensorwire_proto::transport::{Answer, Completion, Deadline, Error, RequestKind};
+
+use super::Transport;
+use super::releases::Releases;
+use super::views::Mapped;
+use crate::shm::queue::{OwnQueue, PeerQueue};
+use crate::shm::segments::Segment;
+use crate::sync::lock;
+
+/// What a probe or a greeting hands over once both hellos are checked.
+pub(super) struct Setup {
+    pub(super) socket: OwnedFd,
+    pub(super) peer: Credentials,
+    /// The peer node's TCP address, as it said.
+    pub(super) node: String,
+    pub(super) role: Role,
+    pub(super) queue: OwnQueue,
+    pub(super) peer_queue: PeerQueue,
+    pub(super) bell: OwnedFd,
+    pub(super) peer_bell: OwnedFd,
+}
+
+/// A connection (either direction), after its hello.
+pub(super) struct Conn {
+    pub(super) id: u64,
+    socket: OwnedFd,
+    /// The peer process, as the kernel recorded it.
+    pub(super) peer: Credentials,
+    /// The peer node's TCP address, as it said.
+    pub(super) node: String,
+    role: Role,
+    /// Our doorbell: the driver waits on it.
+    bell: OwnedFd,
+    peer_bell: OwnedFd,
+    peer_queue: PeerQueue,
+    state: Mutex<State>,
+    /// Leases of the peer's whose last view dropped here, to release.
+    releases: Arc<Releases>,
+    /// Requests unpacked while sending (the next reader delivers them).
+    backlog: Mutex<Vec<Delivered>>,
+    /// Callers reading this connection's queue themselves now (the driver leaves it alone).
+    callers: AtomicUsize,
+    closed: AtomicBool,
+    /// A descriptor of the peer process (its exit is how held memory comes back).
+    pidfd: Mutex<Option<OwnedFd>>,
+}
+
+/// What the lock guards.
+pub(super) struct State {
+    pub(super) session: ShmConnection,
+    queue: OwnQueue,
+    /// Requests sent here, by id, and who waits for each.
+    waiters: HashMap<u64, Waiter>,
+    /// The peer's segments mapped here, by its id for them.
+    pub(super) mapped: HashMap<u64, Arc<Mapped>>,
+    /// Our segments whose `Map` waits to be sent (kept open until it is).
+    attach: HashMap<u64, Arc<Segment>>,
+    /// Whether our producer told the peer it waits for room.
+    blocked: bool,
+}
+
+/// A request the session let through, unpacked, for the node.
+pub(super) struct Delivered {
+    pub(super) id: u64,
+    pub(super) kind: RequestKind,
+    pub(super) path: String,
+    pub(super) message: TensorMessage,
+}
+
+/// Who waits for the answer to one request.
+pub(super) struct Waiter {
+    pub(super) completion: Box<dyn Completion>,
+    pub(super) peer: SocketAddr,
+    pub(super) kind: RequestKind,
+    pub(super) deadline: Deadline,
+}
+
+/// Work found under the lock, done after it.
+#[derive(Default)]
+struct After {
+    ring_peer: bool,
+    deliver: Vec<Delivered>,
+    complete: Vec<(Waiter, Result<Answer, Error>)>,
+    released: Vec<u64>,
+    closed: bool,
+}
+
+impl Conn {
+    /// The connection a finished hello made: its session, and a pidfd of the peer to learn
+    /// when it exits (none on kernels without pidfds).
+    pub(super) fn new(setup: Setup, t: &Transport) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let role = setup.role;
+        let pidfd = crate::shm::socket::peer_pidfd(setup.socket.as_raw_fd(), setup.peer.pid).ok();
+        let session = ShmConnection::new(ConnectionConfig::new(role, t.limits));
+        Self {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            socket: setup.socket,
+            peer: setup.peer,
+            node: setup.node,
+            role,
+            bell: setup.bell,
+            peer_bell: setup.peer_bell,
+            peer_queue: setup.peer_queue,
+            state: Mutex::new(State {
+                session,
+                queue: setup.queue,
+                waiters: HashMap::new(),
+                mapped: HashMap::new(),
+                attach: HashMap::new(),
+                blocked: false,
+            }),
+            releases: Arc::new(Releases::new(Arc::clone(&t.wake))),
+            backlog: Mutex::new(Vec::new()),
+            callers: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+            pidfd: Mutex::new(pidfd),
+        }
+    }
+
+    /// Runs `f` on the session (to send, answer or cancel), then moves what it queued.
+    pub(super) fn with<R>(
+        self: &Arc<Self>,
+        t: &Arc<Transport>,
+        f: impl FnOnce(&mut State) -> R,
+    ) -> R {
+        let mut after = After::default();
+        let result = {
+            let mut st = lock(&self.state);
+            self.take_releases(&mut st);
+            let result = f(&mut st);
+            self.settle(t, &mut st, &mut after);
+            result
+        };
+        let deliver = self.finish(t, after);
+        if !deliver.is_empty() {
+            lock(&self.backlog).extend(deliver);
+        }
+        result
+    }
+
+    /// Reads what the peer queued and sends what waits, if nobody else is at it: how many
+    /// messages it read, and the requests to deliver (the caller hands them to the node).
+    pub(super) fn pump(self: &Arc<Self>, t: &Arc<Transport>) -> (usize, Vec<Delivered>) {
+        let mut st = match self.state.try_lock() {
+            Ok(st) => st,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return (0, Vec::new()),
+        };
+        let mut after = After::default();
+        self.take_releases(&mut st);
+        let mut read = 0;
+        while st.session.wants_records() {
+            let State { queue, session, .. } = &mut *st;
+            // Each record in memory of its own: what it carries inline is sliced, not copied.
+            let mut record = Vec::new();
+            match queue.pop(&self.peer_queue, &mut record) {
+                Ok(Some(_)) => {
+                    session.handle_record(bytes::Bytes::from(record));
+                    read += 1;
+                }
+                Ok(None) => break,
+                Err(e) => session.close(CloseReason::Queue(e)),
+            }
+            self.settle(t, &mut st, &mut after);
+        }
+        if st.queue.commit(&self.peer_queue) {
+            after.ring_peer = true;
+        }
+        self.settle(t, &mut st, &mut after);
+        drop(st);
+        let mut deliver = std::mem::take(&mut *lock(&self.backlog));
+        deliver.extend(self.finish(t, after));
+        (read, deliver)
+    }
+
+    /// Whether the peer queued something not read yet, releases wait, or our queue waits for
+    /// room (cheap: no lock unless the queue must be looked at).
+    pub(super) fn has_work(&self) -> bool {
+        self.releases.any()
+            || self.state.try_lock().is_ok_and(|st| {
+                st.queue.has_input(&self.peer_queue) || st.session.poll_transmit().is_some()
+            })
+    }
+
+    /// Receives every datagram waiting on the socket (the driver saw it readable): the
+    /// requests to deliver.
+    pub(super) fn drain_socket(self: &Arc<Self>, t: &Arc<Transport>) -> Vec<Delivered> {
+        let mut after = After::default();
+        {
+            let mut st = lock(&self.state);
+            self.drain(t, &mut st, &mut after);
+            self.settle(t, &mut st, &mut after);
+        }
+        self.finish(t, after)
+    }
+
+    /// A caller starts reading this connection itself (the driver leaves it alone, and the
+    /// peer need not ring).
+    pub(super) fn caller_reads(&self) {
+        self.callers.fetch_add(1, Ordering::SeqCst);
+        lock(&self.state).queue.awake();
+    }
+
+    /// The caller stopped reading it. If the driver went to sleep meanwhile it left this
+    /// connection to the caller: it is handed back (`true`: something arrived, wake the
+    /// driver).
+    pub(super) fn caller_done(&self, driver_asleep: impl FnOnce() -> bool) -> bool {
+        self.callers.fetch_sub(1, Ordering::SeqCst);
+        driver_asleep() && lock(&self.state).queue.may_sleep(&self.peer_queue)
+    }
+
+    /// Whether a caller reads this connection now.
+    pub(super) fn has_callers(&self) -> bool {
+        self.callers.load(Ordering::SeqCst) > 0
+    }
+
+    /// The driver is about to sleep: the peer must ring from now on. `true` if something
+    /// arrived meanwhile (the driver must not sleep).
+    pub(super) fn may_sleep(&self) -> bool {
+        let st = lock(&self.state);
+        st.queue.may_sleep(&self.peer_queue) || st.session.poll_transmit().is_some() && !st.blocked
+    }
+
+    /// The driver woke up: the peer need not ring.
+    pub(super) fn awake(&self) {
+        lock(&self.state).queue.awake();
+    }
+
+    /// Deadlines and stalls by `now`; when next to look.
+    pub(super) fn tick(self: &Arc<Self>, t: &Arc<Transport>, now: Instant) -> Option<Instant> {
+        self.with(t, |st| {
+            st.session.handle_timeout(now);
+        });
+        lock(&self.state).session.poll_timeout()
+    }
+
+    /// When this connection next needs [`Conn::tick`].
+    pub(super) fn next_timeout(&self) -> Option<Instant> {
+        lock(&self.state).session.poll_timeout()
+    }
+
+    /// The caller of request `id` gave up: it is forgotten (a late reply gives its leases
+    /// back) and fails with [`Error::Cancelled`].
+    pub(super) fn cancel(self: &Arc<Self>, t: &Arc<Transport>, id: u64) {
+        let waiter = self.with(t, |st| {
+            st.session.cancel(id);
+            st.waiters.remove(&id)
+        });
+        if let Some(waiter) = waiter {
+            waiter.completion.complete(Err(Error::Cancelled));
+        }
+    }
+
+    /// Tells the peer to unmap our retired segment.
+    pub(super) fn retire(self: &Arc<Self>, t: &Arc<Transport>, segment: u64) {
+        self.with(t, |st| st.session.retire(segment));
+    }
+
+    /// Closes it (the driver then forgets it).
+    pub(super) fn close(self: &Arc<Self>, t: &Arc<Transport>, reason: CloseReason) {
+        self.with(t, |st| st.session.close(reason));
+    }
+
+    pub(super) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    pub(super) fn is_idle(&self) -> bool {
+        lock(&self.state).session.is_idle()
+    }
+
+    pub(super) fn role(&self) -> Role {
+        self.role
+    }
+
+    pub(super) fn socket(&self) -> RawFd {
+        self.socket.as_raw_fd()
+    }
+
+    pub(super) fn bell(&self) -> RawFd {
+        self.bell.as_raw_fd()
+    }
+
+    /// The peer's pidfd, taken (on close).
+    pub(super) fn take_pidfd(&self) -> Option<OwnedFd> {
+        lock(&self.pidfd).take()
+    }
+
+    /// Our segments the next transmits announce, kept open until their `Map` is sent.
+    pub(super) fn attach(st: &mut State, segments: &[Arc<Segment>]) {
+        for segment in segments {
+            st.attach
+                .entry(segment.id)
+                .or_insert_with(|| Arc::clone(segment));
+        }
+    }
+
+    /// The sending thread reads the reply itself: the peer need not ring this side for it.
+    pub(super) fn reading(st: &State) {
+        st.queue.awake();
+    }
+
+    /// Registers who waits for request `id`.
+    pub(super) fn wait_for(st: &mut State, id: u64, waiter: Waiter) {
+        st.waiters.insert(id, waiter);
+    }
+
+    /// Where `bytes` lie in one of the peer's segments mapped here, if they do: such bytes
+    /// (a view of a message the peer sent) go back to it by reference.
+    pub(super) fn locate(&self, bytes: &[u8]) -> Option<(u64, u64)> {
+        let start = bytes.as_ptr() as usize;
+        let end = start.checked_add(bytes.len())?;
+        lock(&self.state).mapped.iter().find_map(|(&id, mapped)| {
+            let base = mapped.map.as_slice().as_ptr() as usize;
+            (start >= base && end <= base + mapped.map.len()).then(|| (id, (start - base) as u64))
+        })
+    }
+
+    /// Every mapping of the peer's segments, removed (on close: views keep their own).
+    pub(super) fn unmap_all(&self) -> Vec<u64> {
+        lock(&self.state)
+            .mapped
+            .drain()
+            .map(|(_, m)| m.map.len() as u64)
+            .collect()
+    }
+
+    fn take_releases(&self, st: &mut State) {
+        let releases = self.releases.take();
+        if !releases.is_empty() {
+            st.session.send_releases(&releases);
+        }
+    }
+}

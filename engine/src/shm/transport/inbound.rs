@@ -1,0 +1,169 @@
+//! The server side of a request that came over shared memory: delivering it to the node (with
+//! the peer's credentials as its identity), and answering it on the connection it came on — a
+//! tensor reply laid out like a request (in the record, where its buffers already are, or
+//! copied once into a fresh slot).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tensorwire_proto::TensorMessage;
+use tensorwire_proto::shm::{MAX_DATAGRAM, WireReply};
+use tensorwire_proto::stats;
+use tensorwire_proto::transport::{
+    Deadline, Delivery, InboundRequest, LocalPeer, Reply, RequestKind, Responder,
+};
+
+use super::Transport;
+use super::conn::{Conn, Delivered};
+use super::outbound::credit;
+use super::packing::layout;
+
+/// A single reply's data travels in the record up to this.
+const INLINE_SINGLE: usize = MAX_DATAGRAM - 4096;
+
+/// Hands a received request to the node; a tell is acknowledged once it is in the mailbox.
+pub(super) fn deliver(t: &Arc<Transport>, conn: &Arc<Conn>, delivered: Delivered) {
+    let Delivered {
+        id,
+        kind,
+        path,
+        message,
+    } = delivered;
+    let responder = Box::new(ShmResponder {
+        transport: Arc::clone(t),
+        conn: Arc::clone(conn),
+        id,
+        kind,
+    });
+    let mut request = InboundRequest::new(kind, path.clone(), message);
+    request.peer = conn.node.parse().ok();
+    request.local_peer = Some(LocalPeer {
+        uid: conn.peer.uid,
+        pid: conn.peer.pid,
+    });
+    match t.inbound.deliver(request, responder) {
+        Delivery::Enqueued if kind == RequestKind::Tell => answer(t, conn, id, WireReply::Ack),
+        Delivery::Enqueued => {}
+        Delivery::Refused(text) => answer(t, conn, id, WireReply::Error(text)),
+        Delivery::Waiting(withdraw) => {
+            // The mailbox is full: the answer (an Ack, for a tell) waits; at the enqueue
+            // deadline the request is withdrawn and refused, unless it got in meanwhile.
+            let timeout = t.session.enqueue_timeout;
+            let (transport, conn) = (Arc::downgrade(t), Arc::clone(conn));
+            let at = Instant::now()
+                .checked_add(timeout)
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
+            crate::pending::schedule_timer(
+                at,
+                Box::new(move || {
+                    if withdraw.withdraw()
+                        && let Some(t) = transport.upgrade()
+                    {
+                        let text = format!(
+                            "the mailbox of {path} stayed full for {timeout:?}; the {kind} was \
+                             not delivered"
+                        );
+                        answer(&t, &conn, id, WireReply::Error(text));
+                    }
+                }),
+            );
+        }
+    }
+}
+
+/// Sends `reply` to request `id` on `conn` (a broken connection fails the asker there).
+fn answer(t: &Arc<Transport>, conn: &Arc<Conn>, id: u64, reply: WireReply) {
+    conn.with(t, |st| st.session.send_reply(id, reply, &[]));
+}
+
+/// Answers one request over the connection it came on.
+struct ShmResponder {
+    transport: Arc<Transport>,
+    conn: Arc<Conn>,
+    id: u64,
+    kind: RequestKind,
+}
+
+impl Responder for ShmResponder {
+    fn enqueued(&self) {
+        if self.kind == RequestKind::Tell {
+            answer(&self.transport, &self.conn, self.id, WireReply::Ack);
+        }
+    }
+
+    fn respond(self: Box<Self>, outcome: Result<Reply, String>) {
+        if self.kind == RequestKind::Tell {
+            return; // acknowledged at enqueue
+        }
+        let reply = match outcome {
+            Err(text) => WireReply::Error(text),
+            Ok(Reply::Single { data, .. }) if data.len() > INLINE_SINGLE => {
+                WireReply::Error(format!(
+                    "a single reply of {} bytes is larger than shared memory carries inline \
+                     ({INLINE_SINGLE})",
+                    data.len()
+                ))
+            }
+            Ok(Reply::Single { msg_type, data }) => WireReply::Single { msg_type, data },
+            Ok(Reply::Tensor(message)) => {
+                let (t, conn, id) = (self.transport, self.conn, self.id);
+                if super::wake::on_driver_thread() && needs_copy(&t, &conn, &message) {
+                    // A handler that ran on the driver thread: copy on the copy thread.
+                    let job =
+                        Box::new(move |t: &Arc<Transport>| reply_tensor(t, &conn, id, &message));
+                    if let Err(job) = t.copier.push(job) {
+                        drop(job);
+                    }
+                    return;
+                }
+                return reply_tensor(&t, &conn, id, &message);
+            }
+        };
+        answer(&self.transport, &self.conn, self.id, reply);
+    }
+}
+
+fn needs_copy(t: &Transport, conn: &Conn, message: &TensorMessage) -> bool {
+    layout(message, &t.limits, 0, &|b| conn.locate(b)).is_ok_and(|l| l.copy > 0)
+}
+
+/// Lays a tensor reply out (copying it into a slot if needed, waiting for credit as a send
+/// would) and sends it; a reply that cannot be sent becomes an error reply.
+fn reply_tensor(t: &Arc<Transport>, conn: &Arc<Conn>, id: u64, message: &TensorMessage) {
+    let fail = |text: String| answer(t, conn, id, WireReply::Error(text));
+    let layout = match layout(message, &t.limits, 0, &|b| conn.locate(b)) {
+        Ok(layout) => layout,
+        Err(e) => return fail(format!("cannot send the reply: {e}")),
+    };
+    let slot = if layout.copy > 0 {
+        match credit(
+            t,
+            layout.copy,
+            Deadline::after(Instant::now(), Duration::MAX),
+        ) {
+            Ok(slot) => Some(slot),
+            Err(why) => return fail(format!("cannot send the reply over shared memory: {why}")),
+        }
+    } else {
+        None
+    };
+    let packed = match layout.fill(message, &t.limits, slot, &t.lending, conn.peer.pid) {
+        Ok(packed) => packed,
+        Err(e) => return fail(format!("cannot send the reply: {e}")),
+    };
+    let segments: Vec<(u64, u64)> = packed
+        .segments
+        .iter()
+        .map(|s| (s.id, s.len() as u64))
+        .collect();
+    let sent = conn.with(t, |st| {
+        Conn::attach(st, &packed.segments);
+        st.session
+            .send_reply(id, WireReply::Tensor(packed.body.clone()), &segments)
+    });
+    if sent {
+        stats::global().record_shm_sent(message.total_bytes(), packed.copied, packed.zero_copy);
+    } else {
+        t.lending.release(conn.peer.pid, &packed.leases);
+    }
+}

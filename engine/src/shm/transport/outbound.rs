@@ -1,0 +1,243 @@
+//! Sending a request over a connection: laid out on the calling thread, copied into a fresh
+//! slot on the copy thread (or the caller's, when it waits anyway), then handed to the session,
+//! which gives it an id on this connection and queues its record.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use tensorwire_proto::TensorMessage;
+use tensorwire_proto::shm::{SendError, ShmError};
+use tensorwire_proto::stats;
+use tensorwire_proto::transport::{
+    ActorPath, Completion, Deadline, Error, OutboundRequest, RequestKind,
+};
+
+use super::conn::{Conn, Waiter};
+use super::packing::{Layout, layout};
+use super::{Transport, WhenFull};
+use crate::shm::segments::SlotMut;
+
+/// A request on its way out.
+struct Outgoing {
+    peer: SocketAddr,
+    path: ActorPath,
+    kind: RequestKind,
+    message: TensorMessage,
+    deadline: Deadline,
+    completion: Box<dyn Completion>,
+    layout: Layout,
+}
+
+/// Sends `request` on `conn`. A message that needs a copy into a slot is copied on the copy
+/// thread, or here if `here` (the caller waits anyway) and this is not the driver thread.
+pub(super) fn send(t: &Arc<Transport>, conn: &Arc<Conn>, request: OutboundRequest, here: bool) {
+    let OutboundRequest {
+        peer,
+        path,
+        kind,
+        message,
+        deadline,
+        completion,
+        ..
+    } = request;
+    if completion.is_cancelled() {
+        return completion.complete(Err(Error::Cancelled));
+    }
+    let layout = match layout(&message, &t.limits, path.as_str().len(), &|b| {
+        conn.locate(b)
+    }) {
+        Ok(layout) => layout,
+        Err(e) => return completion.complete(Err(e)),
+    };
+    let outgoing = Outgoing {
+        peer,
+        path,
+        kind,
+        message,
+        deadline,
+        completion,
+        layout,
+    };
+    if here && !super::wake::on_driver_thread() {
+        // The caller reads the reply itself only within a spin window (`caller::wait_here`);
+        // without one, the peer must ring for it as for any other.
+        let reading = !t.config.spin.is_zero();
+        return transmit(t, conn, outgoing, reading);
+    }
+    if outgoing.layout.copy == 0 {
+        return transmit(t, conn, outgoing, false);
+    }
+    let conn = Arc::clone(conn);
+    let job = Box::new(move |t: &Arc<Transport>| transmit(t, &conn, outgoing, false));
+    if let Err(job) = t.copier.push(job) {
+        drop(job); // dropping the job drops its completion: the caller sees it abandoned
+    }
+}
+
+/// Copies (if needed) and hands one request to the session. `reading`: the calling thread
+/// reads the reply itself next (`caller::wait_here`, which hands the connection back to the
+/// driver when it stops), so the peer need not ring for it.
+fn transmit(t: &Arc<Transport>, conn: &Arc<Conn>, outgoing: Outgoing, reading: bool) {
+    let Outgoing {
+        peer,
+        path,
+        kind,
+        message,
+        deadline,
+        completion,
+        layout,
+    } = outgoing;
+    if completion.is_cancelled() {
+        return completion.complete(Err(Error::Cancelled));
+    }
+    let slot = if layout.copy > 0 {
+        match credit(t, layout.copy, deadline) {
+            Ok(slot) => Some(slot),
+            Err(why) => {
+                let request = OutboundRequest::new(peer, path, kind, message, deadline, completion);
+                return full(t, request, &why);
+            }
+        }
+    } else {
+        None
+    };
+    let packed = match layout.fill(&message, &t.limits, slot, &t.lending, conn.peer.pid) {
+        Ok(packed) => packed,
+        Err(e) => return completion.complete(Err(e)),
+    };
+    let segments: Vec<(u64, u64)> = packed
+        .segments
+        .iter()
+        .map(|s| (s.id, s.len() as u64))
+        .collect();
+    // The caller may give up at any point: the hook finds the request by its id once it has
+    // one, and a cancellation that came before is acted on right after.
+    let cancel = Arc::new(Cancel::default());
+    {
+        let (cancel, conn, t) = (Arc::clone(&cancel), Arc::downgrade(conn), Arc::downgrade(t));
+        completion.on_cancel(Box::new(move || cancel.fire(&conn, &t)));
+    }
+    let now = Instant::now();
+    let sent = conn.with(t, |st| {
+        if reading {
+            Conn::reading(st);
+        }
+        let id = st.session.send_request(
+            now,
+            kind,
+            path.as_str().to_owned(),
+            packed.body.clone(),
+            &segments,
+            deadline.at(),
+        );
+        match id {
+            Ok(id) => {
+                Conn::attach(st, &packed.segments);
+                cancel.id.store(id, Ordering::Release);
+                let waiter = Waiter {
+                    completion,
+                    peer,
+                    kind,
+                    deadline,
+                };
+                Conn::wait_for(st, id, waiter);
+                Ok(())
+            }
+            Err(e) => Err((e, completion)),
+        }
+    });
+    match sent {
+        Ok(()) => {
+            stats::global().record_shm_sent(message.total_bytes(), packed.copied, packed.zero_copy);
+            if cancel.early.load(Ordering::Acquire) {
+                cancel.fire(&Arc::downgrade(conn), &Arc::downgrade(t));
+            }
+            if let Some(at) = deadline.at() {
+                t.wake.deadline(at);
+            }
+        }
+        Err((e, completion)) => {
+            t.lending.release(conn.peer.pid, &packed.leases);
+            completion.complete(Err(send_error(e, peer, kind, deadline)));
+        }
+    }
+}
+
+/// A slot of `len` bytes, waiting for credit (within the send's deadline and the configured
+/// wait) when the quota is used up. `Err` says why there is none.
+pub(super) fn credit(t: &Transport, len: usize, deadline: Deadline) -> Result<SlotMut, String> {
+    match t.segments.take(len) {
+        Ok(slot) => return Ok(slot),
+        Err(ShmError::Quota { .. }) => {}
+        Err(e) => return Err(e.to_string()),
+    }
+    stats::global().record_shm_credit_wait();
+    let wait = t.config.credit_wait;
+    let until = Deadline::after(Instant::now(), wait).min(deadline);
+    let until = until.at().unwrap_or_else(|| Instant::now() + wait);
+    t.segments.take_until(len, until).map_err(|e| match e {
+        ShmError::Quota { .. } => format!(
+            "receivers hold this node's shared memory ({} of {} bytes in held slots); no \
+             credit came back within {wait:?}",
+            t.segments.held_bytes(),
+            t.segments.quota(),
+        ),
+        other => other.to_string(),
+    })
+}
+
+/// No credit came: the send goes over the remote path or fails, as configured.
+fn full(t: &Transport, request: OutboundRequest, why: &str) {
+    if t.config.when_full == WhenFull::FallBack {
+        stats::global().record_shm_credit_fallback();
+        tracing::debug!(peer = %request.peer, %why, "shared memory is full: sending over the remote path");
+        return t.elsewhere(request, false, why);
+    }
+    stats::global().record_shm_credit_refusal();
+    request.completion.complete(Err(Error::SharedMemoryFull {
+        reason: why.to_owned(),
+    }));
+}
+
+fn send_error(e: SendError, peer: SocketAddr, kind: RequestKind, deadline: Deadline) -> Error {
+    match e {
+        SendError::Deadline => deadline.error(kind.as_str()),
+        SendError::Closed(reason) => Error::ConnectionClosed {
+            peer,
+            detail: Some(std::io::Error::other(reason.to_string())),
+        },
+        SendError::TooManyInFlight(n) => Error::Overloaded {
+            what: "the shared-memory connection's requests in flight",
+            capacity: n,
+        },
+        SendError::PeerNotReading(_) => Error::ConnectionClosed {
+            peer,
+            detail: Some(std::io::Error::other(e.to_string())),
+        },
+        other => Error::Misuse(other.to_string()),
+    }
+}
+
+/// A caller's cancellation, which may come before its request has an id.
+#[derive(Default)]
+struct Cancel {
+    /// The request's id on its connection (0 until it has one).
+    id: AtomicU64,
+    /// The caller gave up before the request had an id.
+    early: AtomicBool,
+}
+
+impl Cancel {
+    fn fire(&self, conn: &Weak<Conn>, t: &Weak<Transport>) {
+        let id = self.id.load(Ordering::Acquire);
+        if id == 0 {
+            self.early.store(true, Ordering::Release);
+            return;
+        }
+        if let (Some(conn), Some(t)) = (conn.upgrade(), t.upgrade()) {
+            conn.cancel(&t, id);
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! Receiving into buffers the caller owns (`ref.ask(msg, into=[...])`, `endpoint.recv(into=
+//! [...])` and their asyncio forms): the received bytes are copied into them once — with the
+//! GIL released for big ones — after every check passed, and the received memory goes back at
+//! once. Nothing is allocated for the payload: the message returned carries the caller's own
+//! buffers, writable on every path.
+//!
+//! A mismatch (count, size, or what `check` refuses) raises `InvalidArgument` and writes
+//! nothing; the exception's `received` attribute holds what arrived (the reply, or the
+//! request), so nothing is lost.
+
+use bytes::Bytes;
+use pyo3::buffer::PyUntypedBuffer;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
+use tensorwire_engine::{Reply, Route, TensorMessage};
+
+use crate::convert::{reply_to_py, route_name};
+use crate::errors::InvalidArgument;
+use crate::message::PyTensorMessage;
+
+/// Copies at least this many bytes with the GIL released.
+const COPY_DETACHED: usize = 256 << 10;
+
+/// What did not fit: the error, and the message as it arrived (nothing of it was written).
+pub(crate) struct Refused {
+    pub(crate) error: PyErr,
+    pub(crate) message: TensorMessage,
+}
+
+/// The caller's buffers to receive into, exported writable (pinned until the copy is done).
+pub(crate) struct Targets {
+    objects: Py<PyList>,
+    views: Vec<PyUntypedBuffer>,
+    /// Called with the received metadata before anything is written (raises to refuse).
+    check: Option<Py<PyAny>>,
+}
+
+impl Targets {
+    /// Exports every buffer of `into` (writable, C-contiguous) before anything is sent or
+    /// received.
+    pub(crate) fn take(into: &Bound<'_, PyAny>, check: Option<Py<PyAny>>) -> PyResult<Self> {
+        let py = into.py();
+        let objects = PyList::empty(py);
+        let mut views = Vec::new();
+        for (index, obj) in into.try_iter()?.enumerate() {
+            let obj = obj?;
+            let view = PyUntypedBuffer::get(&obj).map_err(|e| {
+                InvalidArgument::new_err(format!(
+                    "into[{index}] ({}) does not support the buffer protocol: {e}",
+                    type_name(&obj)
+                ))
+            })?;
+            if view.readonly() {
+                return Err(InvalidArgument::new_err(format!(
+                    "into[{index}] ({}) is read-only: receive into writable memory",
+                    type_name(&obj)
+                )));
+            }
+            if !view.is_c_contiguous() {
+                return Err(InvalidArgument::new_err(format!(
+                    "into[{index}] ({}) is not C-contiguous: receive into contiguous memory",
+                    type_name(&obj)
+                )));
+            }
+            views.push(view);
+            objects.append(obj)?;
+        }
+        Ok(Self {
+            objects: objects.unbind(),
+            views,
+            check,
+        })
+    }
+
+    /// Copies `message`'s buffers into the targets and returns the message of the targets
+    /// (with the received version and metadata, and `route`). On a mismatch nothing is
+    /// written and `message` comes back with the error.
+    pub(crate) fn fill(
+        self,
+        py: Python<'_>,
+        mut message: TensorMessage,
+        route: Option<&'static str>,
+    ) -> Result<PyTensorMessage, Box<Refused>> {
+        if let Err(error) = self.fits(py, &message) {
+            return Err(Box::new(Refused { error, message }));
+        }
+        let total: usize = message.buffers.iter().map(Bytes::len).sum();
+        let copy = || {
+            for (source, target) in message.buffers.iter().zip(&self.views) {
+                if source.is_empty() {
+                    continue;
+                }
+                // SAFETY: `target` is a live writable, C-contiguous export of exactly
+                // `source.len()` bytes (checked in `fits`), pinned until it is released after
+                // this copy; `source` is live memory of that length. `copy` tolerates overlap
+                // (a target that aliases what arrived in this process).
+                unsafe {
+                    std::ptr::copy(source.as_ptr(), target.buf_ptr().cast::<u8>(), source.len());
+                }
+            }
+        };
+        if total >= COPY_DETACHED {
+            py.detach(copy);
+        } else {
+            copy();
+        }
+        // The received memory goes back now; only the caller's buffers remain.
+        message.buffers.clear();
+        drop(self.views);
+        let objects = self.objects.bind(py);
+        PyTensorMessage::of_objects(message.version, message.metadata.clone(), objects, route)
+            .map_err(|error| Box::new(Refused { error, message }))
+    }
+
+    /// Whether `message` fits: as many buffers as targets, each of the same size, and
+    /// whatever `check` says of the metadata.
+    fn fits(&self, py: Python<'_>, message: &TensorMessage) -> PyResult<()> {
+        if message.buffers.len() != self.views.len() {
+            return Err(InvalidArgument::new_err(format!(
+                "received {} buffers into {} given (into=): pass one buffer per buffer sent",
+                message.buffers.len(),
+                self.views.len()
+            )));
+        }
+        if let Some(check) = &self.check {
+            check.call1(py, (PyBytes::new(py, &message.metadata),))?;
+        }
+        let objects = self.objects.bind(py);
+        for (index, (source, target)) in message.buffers.iter().zip(&self.views).enumerate() {
+            if source.len() != target.len_bytes() {
+                let name = objects
+                    .get_item(index)
+                    .map_or_else(|_| "?".to_owned(), |obj| type_name(&obj));
+                return Err(InvalidArgument::new_err(format!(
+                    "into[{index}] ({name}) has {} bytes but buffer {index} that arrived has {}: \
+                     pass buffers of the sizes sent",
+                    target.len_bytes(),
+                    source.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An ask's reply received into `targets`.
+pub(crate) fn reply_into(
+    py: Python<'_>,
+    targets: Targets,
+    reply: Reply,
+    route: Option<Route>,
+    pickle: bool,
+) -> PyResult<Py<PyAny>> {
+    match reply {
+        Reply::Tensor(message) => match targets.fill(py, message, route.map(route_name)) {
+            Ok(message) => Ok(Py::new(py, message)?.into_any()),
+            Err(refused) => {
+                let Refused { error, message } = *refused;
+                let received = reply_to_py(py, Reply::Tensor(message), route, pickle)?;
+                Err(keeping(py, error, received))
+            }
+        },
+        single => {
+            let what = match &single {
+                Reply::Single { msg_type, .. } => format!("a single reply of type {msg_type:?}"),
+                Reply::Tensor(_) => "a message".to_owned(),
+            };
+            let received = reply_to_py(py, single, route, pickle)?;
+            Err(keeping(py, not_a_message(&what), received))
+        }
+    }
+}
+
+/// `error` with what arrived attached as its `received` attribute.
+pub(crate) fn keeping(py: Python<'_>, error: PyErr, received: Py<PyAny>) -> PyErr {
+    let _ = error.value(py).setattr("received", received);
+    error
+}
+
+/// The error for `into=` with a reply that is not a message of buffers.
+fn not_a_message(what: &str) -> PyErr {
+    InvalidArgument::new_err(format!(
+        "into= was given but the reply is {what}, not a TensorMessage: nothing to receive into"
+    ))
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map_or_else(|_| "?".to_owned(), |n| n.to_string())
+}

@@ -1,0 +1,161 @@
+"""Receiving into buffers you own (`into=`) on every path: an ask's reply and an endpoint's
+request, blocking and asyncio — writable, your own arrays, one copy; sizes and dtypes
+checked with a clear error that writes nothing and loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+
+PATHS = ["local", "shm", "raw", "http2"]
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[tw.Node, tw.Node]]:
+    with tw.Node() as server, tw.Node() as client:
+        server.serve("echo", lambda m: m, threads=2)
+        yield server, client
+
+
+def _asker(pair: tuple[tw.Node, tw.Node], path: str) -> tw.Ref:
+    server, client = pair
+    return (server if path == "local" else client).ref(server.address, "echo", transport=path)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_an_asks_reply_lands_in_the_callers_arrays(
+    pair: tuple[tw.Node, tw.Node], path: str
+) -> None:
+    x = np.arange(1 << 18, dtype=np.float32)
+    y = np.arange(100, dtype=np.int64)
+    out_x, out_y = np.zeros_like(x), np.zeros_like(y)
+    reply = _asker(pair, path).ask(tw.TensorMessage(b"meta", [x, y]), into=[out_x, out_y])
+    assert reply.route == path
+    assert reply.metadata == b"meta"
+    assert reply.buffers[0] is out_x and reply.buffers[1] is out_y, "your arrays, no new ones"
+    assert np.array_equal(out_x, x) and np.array_equal(out_y, y)
+    assert not np.shares_memory(out_x, x)
+    out_x += 1  # writable on every path
+    again = _asker(pair, path).ask(tw.TensorMessage(b"", [x, y]), into=[out_x, out_y])
+    assert again.buffers[0] is out_x and np.array_equal(out_x, x), "the same arrays, reused"
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_an_endpoints_request_lands_in_the_callers_arrays(
+    pair: tuple[tw.Node, tw.Node], path: str
+) -> None:
+    server, client = pair
+    inbox = server.endpoint("inbox")
+    sender = (server if path == "local" else client).ref(server.address, "inbox", transport=path)
+    x = np.arange(1 << 16, dtype=np.float64)
+    out = np.empty_like(x)
+    sender.tell(tw.TensorMessage(b"t", [x]))
+    request = inbox.recv(timeout=10, into=[out])
+    assert request is not None and request.message.buffers[0] is out
+    assert np.array_equal(out, x) and out.flags.writeable
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_the_asyncio_forms_receive_into_the_callers_arrays(
+    pair: tuple[tw.Node, tw.Node], path: str
+) -> None:
+    server, client = pair
+    inbox = server.endpoint("inbox")
+    sender = (server if path == "local" else client).ref(server.address, "inbox", transport=path)
+    x = np.arange(1 << 16, dtype=np.int32)
+
+    async def main() -> None:
+        out_reply, out_request = np.empty_like(x), np.empty_like(x)
+        reply = await _asker(pair, path).ask_async(tw.TensorMessage(b"", [x]), into=[out_reply])
+        assert reply.buffers[0] is out_reply and np.array_equal(out_reply, x)
+        await sender.tell_async(tw.TensorMessage(b"", [x]))
+        request = await inbox.recv_async(into=[out_request])
+        assert request.message.buffers[0] is out_request and np.array_equal(out_request, x)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("path", ["local", "raw"])
+def test_a_reply_of_another_size_raises_writes_nothing_and_keeps_the_reply(
+    pair: tuple[tw.Node, tw.Node], path: str
+) -> None:
+    x = np.arange(1000, dtype=np.float32)
+    out = np.full(999, -1.0, dtype=np.float32)
+    with pytest.raises(
+        tw.InvalidArgument,
+        match=r"into\[0\] \(ndarray\) has 3996 bytes but buffer 0 that arrived has 4000",
+    ) as raised:
+        _asker(pair, path).ask(tw.TensorMessage(b"", [x]), into=[out])
+    assert np.all(out == -1.0), "nothing was written"
+    received = raised.value.received  # type: ignore[attr-defined]
+    assert np.array_equal(np.frombuffer(received.buffers[0], np.float32), x), "nothing is lost"
+    with pytest.raises(tw.InvalidArgument, match="received 1 buffers into 2 given"):
+        _asker(pair, path).ask(tw.TensorMessage(b"", [x]), into=[out, out])
+
+
+def test_a_packed_tensor_of_another_dtype_raises_before_anything_is_written(
+    pair: tuple[tw.Node, tw.Node],
+) -> None:
+    weights = np.arange(1024, dtype=np.float32)
+    out = np.full(1024, 7, dtype=np.int32)  # the same bytes, another dtype
+    with pytest.raises(
+        tw.InvalidArgument,
+        match=r"into\[0\] has dtype int32, but tensor 'w' arrived as <f4\[1024\]",
+    ):
+        _asker(pair, "raw").ask(tw.tensors.pack({"w": weights}), into=[out])
+    assert np.all(out == 7)
+    good = np.empty(1024, dtype=np.float32)
+    reply = _asker(pair, "raw").ask(tw.tensors.pack({"w": weights}), into=[good])
+    assert np.array_equal(tw.tensors.unpack(reply)["w"], weights)
+    assert np.shares_memory(tw.tensors.unpack(reply)["w"], good), "unpack views your array"
+
+
+def test_targets_that_cannot_take_the_bytes_are_refused_before_anything_is_sent(
+    pair: tuple[tw.Node, tw.Node],
+) -> None:
+    ref = _asker(pair, "raw")
+    readonly = np.zeros(10, np.uint8)
+    readonly.setflags(write=False)
+    with pytest.raises(tw.InvalidArgument, match="read-only"):
+        ref.ask(tw.TensorMessage(b"", [np.zeros(10, np.uint8)]), into=[readonly])
+    with pytest.raises(tw.InvalidArgument, match="not C-contiguous"):
+        ref.ask(
+            tw.TensorMessage(b"", [np.zeros(10, np.uint8)]),
+            into=[np.zeros((10, 2), np.uint8)[:, 0]],
+        )
+    with pytest.raises(tw.InvalidArgument, match="not a TensorMessage"):
+        pair[0].serve("bytes", lambda m: b"plain")
+        pair[1].ref(pair[0].address, "bytes").ask(tw.TensorMessage(b"", []), into=[bytearray(5)])
+
+
+def test_a_request_that_does_not_fit_is_kept_for_the_next_receive(node: tw.Node) -> None:
+    inbox = node.endpoint("inbox")
+    node.ref(node.address, "inbox").tell(tw.TensorMessage(b"kept", [np.arange(64, dtype=np.uint8)]))
+    small = bytearray(10)
+    with pytest.raises(tw.InvalidArgument, match="has 10 bytes but buffer 0 that arrived has 64"):
+        inbox.recv(timeout=10, into=[small])
+    assert small == bytearray(10)
+    fits = bytearray(64)
+    request = inbox.recv(timeout=10, into=[fits])
+    assert request is not None and request.message.metadata == b"kept"
+    assert fits == bytearray(range(64))
+
+
+def test_a_torch_tensor_receives_in_place() -> None:
+    torch = pytest.importorskip("torch", reason="torch is not installed: the torch case is skipped")
+    with tw.Node() as server, tw.Node() as client:
+        server.serve("echo", lambda m: m)
+        x = torch.arange(4096, dtype=torch.float32)
+        out = torch.zeros(4096, dtype=torch.float32)
+        reply = client.ref(server.address, "echo").ask(tw.tensors.pack({"x": x}), into=[out])
+        assert torch.equal(out, x)
+        got = tw.tensors.unpack(reply)["x"]
+        assert isinstance(got, torch.Tensor) and got.data_ptr() == out.data_ptr()
+        wrong = torch.zeros(4096, dtype=torch.int32)
+        with pytest.raises(tw.InvalidArgument, match="dtype int32"):
+            client.ref(server.address, "echo").ask(tw.tensors.pack({"x": x}), into=[wrong])

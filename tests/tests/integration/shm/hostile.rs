@@ -1,0 +1,521 @@
+//! What a local process of the same user can do to a node over shared memory, tried with an
+//! independent peer written from `docs/protocol.md` (`tensorwire_tests::raw_shm`), in this
+//! process or in a child (this test binary run again as `shm::hostile::hostile_peer`).
+//! Each case is an attack that used to work: forged replies, memory committed by declaration,
+//! descriptors and mappings used up, replies never read, lent memory reopened writable, and
+//! the hello slots taken.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tensorwire_engine::shm::PeerBounds;
+use tensorwire_engine::{Node, Preference, Reply, RequestKind, TensorMessage};
+use tensorwire_proto::Limits;
+use tensorwire_proto::shm::{Body, Control, Part, Shared, WireReply};
+use tensorwire_tests::raw_shm::{
+    RawConn, connect_socket, connect_without_hello, sealed_memfd, socket_name,
+};
+use tensorwire_tests::*;
+
+fn node() -> Node {
+    node_with(|b| b)
+}
+
+fn node_with(
+    configure: impl FnOnce(tensorwire_engine::NodeBuilder) -> tensorwire_engine::NodeBuilder,
+) -> Node {
+    let node = configure(
+        Node::builder(any_local_address())
+            .in_process_delivery(false)
+            .shared_memory(true)
+            .preference(Preference::SharedMemory),
+    )
+    .build()
+    .unwrap();
+    node.serve("echo", 2, |r| Ok(Reply::Tensor(r.message)))
+        .unwrap();
+    node.serve("sink", 2, |r| {
+        Ok(Reply::Single {
+            msg_type: "ack".into(),
+            data: Bytes::from(r.message.total_bytes().to_string()),
+        })
+    })
+    .unwrap();
+    node
+}
+
+fn kib(n: usize) -> TensorMessage {
+    TensorMessage::new(1, Bytes::new(), vec![Bytes::from(vec![7u8; n << 10])])
+}
+
+/// The value of a `/proc/self/status` field, in bytes.
+fn status_bytes(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .unwrap_or_else(|| panic!("{field} in /proc/self/status"));
+    let kb: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kb << 10
+}
+
+/// A message as a body carried inside a record.
+fn inline_body(message: &TensorMessage) -> Body {
+    let encoded = tensorwire_proto::ptm1::encode(message, &Limits::default()).unwrap();
+    let mut bytes = Vec::new();
+    for slice in encoded.slices() {
+        bytes.extend_from_slice(slice);
+    }
+    Body::Inline(Bytes::from(bytes))
+}
+
+fn mappings() -> usize {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .count()
+}
+
+#[test]
+fn a_reply_forged_on_another_connection_never_answers_an_ask() {
+    let _serial = serial();
+    let asker = node();
+    let server = node();
+    server
+        .serve("slow", 1, |_| {
+            thread::sleep(Duration::from_millis(300));
+            Ok(Reply::Single {
+                msg_type: "real".into(),
+                data: Bytes::new(),
+            })
+        })
+        .unwrap();
+    let mut forger = RawConn::open(asker.local_addr()).expect("the forger connects");
+    let to = server.local_addr();
+    let ask = thread::spawn(move || {
+        asker.ask_blocking(to, "/actors/slow", kib(1), Duration::from_secs(5))
+    });
+    thread::sleep(Duration::from_millis(100));
+    for id in 1..=4096u64 {
+        let forged = Control::Reply {
+            id,
+            reply: WireReply::Single {
+                msg_type: "forged".into(),
+                data: Bytes::new(),
+            },
+        };
+        if !forger.push(&forged) {
+            break;
+        }
+    }
+    forger.publish();
+    match ask.join().unwrap().expect("the ask is answered") {
+        Reply::Single { msg_type, .. } => assert_eq!(msg_type, "real"),
+        other => panic!("unexpected reply {other:?}"),
+    }
+    assert!(
+        forger.closed_by_node(Duration::from_secs(2)),
+        "a peer that sends replies to a node it never asked is disconnected"
+    );
+}
+
+#[test]
+fn a_segment_announced_larger_than_it_is_allocated_is_refused_without_committing_memory() {
+    let _serial = serial();
+    let server = node();
+    let mut raw = RawConn::open(server.local_addr()).unwrap();
+    let declared = 512u64 << 20;
+    let sparse = sealed_memfd(declared, false, true).unwrap();
+    let before = status_bytes("RssShmem:");
+    raw.announce(1, declared, sparse.as_raw_fd()).unwrap();
+    let request = Control::Request {
+        id: 1,
+        kind: RequestKind::Tell,
+        path: "/actors/sink".into(),
+        body: Body::Parts {
+            version: 1,
+            metadata: Part::Inline(Bytes::new()),
+            buffers: vec![Part::Shared(Shared {
+                segment: 1,
+                offset: 0,
+                len: 256 << 20,
+                lease: 1,
+            })],
+        },
+    };
+    assert!(raw.push(&request));
+    raw.publish();
+    assert!(
+        raw.closed_by_node(Duration::from_secs(3)),
+        "a sparse segment closes the connection"
+    );
+    let grown = status_bytes("RssShmem:").saturating_sub(before);
+    assert!(
+        grown < 32 << 20,
+        "{grown} bytes of shared memory were committed for a segment nobody paid for"
+    );
+}
+
+#[test]
+fn one_process_cannot_take_every_connection_and_others_are_still_served() {
+    let _serial = serial();
+    let bounds = PeerBounds {
+        connections_per_process: 8,
+        ..PeerBounds::default()
+    };
+    let server = node_with(|b| b.shm_bounds(bounds));
+    let fds = open_fd_count();
+    let mut open = Vec::new();
+    let mut refused = 0;
+    for _ in 0..40 {
+        match RawConn::open(server.local_addr()) {
+            Ok(conn) => open.push(conn),
+            Err(_) => refused += 1,
+        }
+    }
+    assert_eq!(open.len(), 8, "the bound per process holds");
+    assert_eq!(refused, 32);
+    let grown = open_fd_count().saturating_sub(fds);
+    assert!(
+        grown < 8 * 8 + 16,
+        "{grown} descriptors for 8 connections and 32 refused ones"
+    );
+    // Another node (over TCP: shared memory from this process is at its bound) is served.
+    let other = Node::builder(any_local_address())
+        .in_process_delivery(false)
+        .shared_memory(false)
+        .build()
+        .unwrap();
+    let reply = other
+        .ask_blocking(
+            server.local_addr(),
+            "/actors/echo",
+            kib(4),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+    assert_eq!(tensor(reply).buffers[0].len(), 4 << 10);
+}
+
+#[test]
+fn a_full_descriptor_table_pauses_accepting_instead_of_spinning() {
+    let _serial = serial();
+    let mut peer = HostilePeer::start("limit-fds", None);
+    let addr = peer.addr.expect("the peer serves");
+    // Learn the socket (a knock needs a descriptor there), then use up the peer's table.
+    let name = socket_name(addr).unwrap();
+    peer.command("limit");
+    let waiting: Vec<_> = (0..64).filter_map(|_| connect_socket(&name).ok()).collect();
+    assert!(
+        !waiting.is_empty(),
+        "connections wait in the listener's backlog"
+    );
+    let cpu = peer.cpu_seconds_over(Duration::from_secs(1));
+    assert!(
+        cpu < 0.3,
+        "the node burned {cpu:.2} s of CPU in one second at its descriptor limit"
+    );
+}
+
+#[test]
+fn replies_nobody_reads_hold_bounded_memory_and_the_reader_is_disconnected() {
+    let _serial = serial();
+    let server = node();
+    let mut readers: Vec<RawConn> = (0..2)
+        .map(|_| RawConn::open(server.local_addr()).unwrap())
+        .collect();
+    let inline = inline_body(&kib(30));
+    let before = resident_bytes();
+    let started = Instant::now();
+    let mut sent = [0u64; 2];
+    let mut peak = 0;
+    while started.elapsed() < Duration::from_secs(4) && sent.iter().sum::<u64>() < 16_000 {
+        for (i, raw) in readers.iter_mut().enumerate() {
+            for _ in 0..64 {
+                let ask = Control::Request {
+                    id: sent[i] + 1,
+                    kind: RequestKind::Ask,
+                    path: "/actors/echo".into(),
+                    body: inline.clone(),
+                };
+                if !raw.push(&ask) {
+                    break;
+                }
+                sent[i] += 1;
+            }
+            raw.publish();
+        }
+        peak = peak.max(resident_bytes());
+        thread::sleep(Duration::from_millis(5));
+    }
+    let grown = peak.saturating_sub(before);
+    assert!(
+        grown < 96 << 20,
+        "the node grew by {grown} bytes for replies nobody reads ({sent:?} asks)"
+    );
+    for raw in &readers {
+        assert!(
+            raw.closed_by_node(Duration::from_secs(10)),
+            "a peer that reads none of its replies is disconnected"
+        );
+    }
+}
+
+#[test]
+fn one_process_cannot_use_up_the_nodes_mappings() {
+    let _serial = serial();
+    let server = node();
+    let before = mappings();
+    let first = RawConn::open(server.local_addr()).unwrap();
+    let second = RawConn::open(server.local_addr()).unwrap();
+    let announce = |raw: &RawConn, base: u64, n: u64| -> u64 {
+        let mut announced = 0;
+        for i in 0..n {
+            let fd = sealed_memfd(4096, true, true).unwrap();
+            if raw.announce(base + i, 4096, fd.as_raw_fd()).is_err() {
+                break;
+            }
+            announced += 1;
+        }
+        announced
+    };
+    announce(&first, 1, 600);
+    announce(&second, 10_000, 600);
+    // Let the node map what it accepts (a record makes it drain the socket).
+    for raw in [&first, &second] {
+        let _ = raw.closed_by_node(Duration::from_millis(300));
+    }
+    thread::sleep(Duration::from_millis(500));
+    let grown = mappings().saturating_sub(before);
+    assert!(
+        grown <= PeerBounds::default().segments_per_process + 64,
+        "{grown} new mappings for one process"
+    );
+    assert!(
+        second.closed_by_node(Duration::from_secs(2)),
+        "the connection that passed the bound is closed"
+    );
+    // The node's own memory still maps: a 16 MiB round trip from another node.
+    let asker = node();
+    let reply = asker
+        .ask_blocking(
+            server.local_addr(),
+            "/actors/echo",
+            kib(16 << 10),
+            Duration::from_secs(10),
+        )
+        .unwrap();
+    assert_eq!(tensor(reply).buffers[0].len(), 16 << 20);
+}
+
+#[test]
+fn a_receiver_cannot_reopen_lent_memory_writable() {
+    let _serial = serial();
+    let server = node();
+    server
+        .serve("make", 1, |_| Ok(Reply::Tensor(patterned(1, 1, 1 << 20))))
+        .unwrap();
+    let mut raw = RawConn::open(server.local_addr()).unwrap();
+    let ask = Control::Request {
+        id: 1,
+        kind: RequestKind::Ask,
+        path: "/actors/make".into(),
+        body: inline_body(&kib(0)),
+    };
+    assert!(raw.push(&ask));
+    raw.publish();
+    let (map, fds) = raw
+        .datagram(Duration::from_secs(3))
+        .expect("the reply's segment is announced");
+    assert!(matches!(map, Control::Map { .. }));
+    let fd = fds.into_iter().next().expect("with its descriptor");
+    let len = usize::try_from(
+        std::fs::metadata(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .unwrap()
+            .len(),
+    )
+    .unwrap();
+    let reopened = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .expect("the reopen itself is allowed: it is the same user's file");
+    // SAFETY: a new mapping without an address hint touches no existing memory.
+    let writable = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            reopened.as_raw_fd(),
+            0,
+        )
+    };
+    assert_eq!(
+        writable,
+        libc::MAP_FAILED,
+        "a writable mapping of lent memory"
+    );
+    use std::io::Write;
+    assert!(
+        (&reopened).write(b"x").is_err(),
+        "write(2) into lent memory"
+    );
+    let reply = raw.pop_within(Duration::from_secs(3));
+    assert!(matches!(reply, Some(Control::Reply { id: 1, .. })));
+}
+
+#[test]
+fn connections_that_never_say_hello_cannot_shut_out_other_processes() {
+    let _serial = serial();
+    let server = node();
+    let peer = HostilePeer::start("hellos", Some(server.local_addr()));
+    let client = node();
+    let choice = client.route_to(server.local_addr(), None).unwrap();
+    assert_eq!(
+        choice.route,
+        tensorwire_engine::Route::SharedMemory,
+        "{choice:?} while another process holds {} connections without a hello",
+        peer.flooded
+    );
+    let reply = client
+        .ask_blocking(
+            server.local_addr(),
+            "/actors/echo",
+            kib(64),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+    assert_eq!(tensor(reply).buffers[0].len(), 64 << 10);
+    assert!(peer.flooded >= 200, "the flood was real: {}", peer.flooded);
+}
+
+/// This test binary run again as a hostile peer process (`hostile_peer` below).
+struct HostilePeer {
+    child: Child,
+    addr: Option<SocketAddr>,
+    flooded: usize,
+}
+
+impl HostilePeer {
+    fn start(mode: &str, target: Option<SocketAddr>) -> Self {
+        let exe = std::env::current_exe().unwrap();
+        let mut command = Command::new(exe);
+        command
+            .args([
+                "--ignored",
+                "--exact",
+                "shm::hostile::hostile_peer",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("TENSORWIRE_HOSTILE", mode)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if let Some(target) = target {
+            command.env("TENSORWIRE_HOSTILE_TARGET", target.to_string());
+        }
+        let mut child = command.spawn().unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let (mut addr, mut flooded) = (None, 0);
+        loop {
+            let line = lines.next().expect("the peer reports").unwrap();
+            if let Some(at) = line.split("peer listening on ").nth(1) {
+                addr = Some(at.trim().parse().unwrap());
+                break;
+            }
+            if let Some(n) = line.split("flooded ").nth(1) {
+                flooded = n.trim().parse().unwrap();
+                break;
+            }
+        }
+        Self {
+            child,
+            addr,
+            flooded,
+        }
+    }
+
+    fn command(&mut self, line: &str) {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().unwrap();
+        writeln!(stdin, "{line}").unwrap();
+        stdin.flush().unwrap();
+        thread::sleep(Duration::from_millis(200));
+    }
+
+    /// The CPU the peer process uses over `window`.
+    fn cpu_seconds_over(&self, window: Duration) -> f64 {
+        let read = || {
+            let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
+            let fields: Vec<&str> = stat
+                .rsplit(") ")
+                .next()
+                .unwrap()
+                .split_whitespace()
+                .collect();
+            let ticks: u64 =
+                fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+            ticks
+        };
+        let before = read();
+        thread::sleep(window);
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        (read() - before) as f64 / hz
+    }
+}
+
+impl Drop for HostilePeer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+#[ignore = "run by the hostile tests as their peer process"]
+fn hostile_peer() {
+    let mode = std::env::var("TENSORWIRE_HOSTILE").expect("only as a child");
+    let mut stdin = std::io::stdin().lines();
+    match mode.as_str() {
+        "limit-fds" => {
+            let node = node();
+            println!("peer listening on {}", node.local_addr());
+            // On "limit": no descriptor fits any more (0-2 stay open).
+            if let Some(Ok(_)) = stdin.next() {
+                let limit = libc::rlimit {
+                    rlim_cur: 3,
+                    rlim_max: 4096,
+                };
+                // SAFETY: setrlimit reads a live rlimit.
+                let set = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const limit) };
+                assert_eq!(set, 0);
+            }
+            let _ = stdin.next();
+            drop(node);
+        }
+        "hellos" => {
+            let target: SocketAddr = std::env::var("TENSORWIRE_HOSTILE_TARGET")
+                .unwrap()
+                .parse()
+                .unwrap();
+            let held: Vec<_> = (0..300)
+                .filter_map(|_| connect_without_hello(target).ok())
+                .collect();
+            println!("flooded {}", held.len());
+            let _ = stdin.next();
+        }
+        other => panic!("unknown mode {other}"),
+    }
+}
