@@ -19,6 +19,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use tensorwire_proto::WireError;
 use tensorwire_proto::transport::{
@@ -60,6 +61,57 @@ async fn answer(
     peer: Peer,
     request: Request<Incoming>,
 ) -> Result<Response<ChunkBody>, Refusal> {
+    let (kind, declared, path) = match admit(shared, &request) {
+        Ok(admitted) => admitted,
+        Err(refusal) => {
+            let small = wire::content_length(request.headers())
+                .ok()
+                .flatten()
+                .is_some_and(|len| len <= DRAIN_BEFORE_REFUSING);
+            if small && refusal.status != StatusCode::SERVICE_UNAVAILABLE {
+                drain(request.into_body()).await;
+            }
+            return Err(refusal);
+        }
+    };
+    let rate = MinRate {
+        bytes_per_second: shared.session.min_rate,
+        window: shared.session.rate_window,
+    };
+    let message = recv::receive(
+        request.into_body(),
+        declared,
+        &*shared.memory,
+        &shared.limits,
+        rate,
+    )
+    .await
+    .map_err(refusal)?;
+    let mut inbound = InboundRequest::new(kind, path.as_str().to_owned(), message);
+    inbound.peer = Some(peer.addr);
+    inbound.identity = peer.identity;
+    deliver(shared, inbound).await
+}
+
+/// A request body of at most this many bytes (by its `content-length`) is read before the
+/// request is refused on its headers. Refusing first is allowed (the stream is then reset with
+/// `NO_ERROR`), but clients that are still sending the body then may lose the response (curl
+/// 7.88 reports no status at all, curl issue 22984); a small body costs little to read.
+const DRAIN_BEFORE_REFUSING: u64 = 64 << 10;
+/// The longest a refusal waits for that small body.
+const DRAIN_FOR: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Reads and drops a small request body, for at most [`DRAIN_FOR`].
+async fn drain(body: Incoming) {
+    let limit = usize::try_from(DRAIN_BEFORE_REFUSING).unwrap_or(usize::MAX);
+    let _ = tokio::time::timeout(DRAIN_FOR, Limited::new(body, limit).collect()).await;
+}
+
+/// What a request's headers say, or why it is refused before its body is read.
+fn admit(
+    shared: &Shared,
+    request: &Request<Incoming>,
+) -> Result<(RequestKind, Option<u64>, ActorPath), Refusal> {
     if shared.is_shut_down() {
         return Err(Refusal::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -92,23 +144,7 @@ async fn answer(
         .inbound
         .admit(kind, path.as_str())
         .map_err(|text| Refusal::new(StatusCode::NOT_FOUND, text))?;
-    let rate = MinRate {
-        bytes_per_second: shared.session.min_rate,
-        window: shared.session.rate_window,
-    };
-    let message = recv::receive(
-        request.into_body(),
-        declared,
-        &*shared.memory,
-        &shared.limits,
-        rate,
-    )
-    .await
-    .map_err(refusal)?;
-    let mut inbound = InboundRequest::new(kind, path.as_str().to_owned(), message);
-    inbound.peer = Some(peer.addr);
-    inbound.identity = peer.identity;
-    deliver(shared, inbound).await
+    Ok((kind, declared, path))
 }
 
 /// Hands the request to its endpoint and waits for what the caller should hear.

@@ -54,6 +54,7 @@ pub struct NodeBuilder {
     core_busy_poll: Duration,
     stripes: Option<u16>,
     stripe_threshold: Option<u64>,
+    stripe_loopback: bool,
     stripes_taken: u16,
 }
 
@@ -108,6 +109,7 @@ impl NodeBuilder {
             core_busy_poll: default_core_busy_poll(),
             stripes: None,
             stripe_threshold: None,
+            stripe_loopback: false,
             stripes_taken: tensorwire_proto::session::DEFAULT_MAX_STRIPES,
         }
     }
@@ -429,8 +431,10 @@ impl NodeBuilder {
     /// it is asked once ([`tensorwire_proto::stripe`], `docs/protocol.md`).
     ///
     /// Where one flow is capped (per-flow hashing or shaping, one core per flow) striping over
-    /// N connections can move N times as much; on loopback it cannot help
-    /// (`docs/benchmarks.md`, "Striping").
+    /// N connections can move N times as much. Through loopback one flow is not capped and
+    /// small stripes cost more than they save, so requests to a loopback peer are striped
+    /// only from 8 MiB (or the threshold, if larger) unless [`NodeBuilder::stripe_loopback`]
+    /// is set (`docs/benchmarks.md`, "Striping").
     pub fn stripes(mut self, stripes: u16) -> Self {
         self.stripes = Some(stripes.clamp(1, tensorwire_proto::stripe::MAX_STRIPES));
         self
@@ -441,6 +445,14 @@ impl NodeBuilder {
     /// of at least 64 KiB per stripe are cut; the rest travel in the request frame.
     pub fn stripe_threshold(mut self, bytes: u64) -> Self {
         self.stripe_threshold = Some(bytes);
+        self
+    }
+
+    /// Stripes requests to loopback peers from [`NodeBuilder::stripe_threshold`] too (default
+    /// false: from 8 MiB, or the threshold if larger, where striping on loopback was measured
+    /// to pay). For tests and for measuring what striping costs on one host.
+    pub fn stripe_loopback(mut self, stripe: bool) -> Self {
+        self.stripe_loopback = stripe;
         self
     }
 

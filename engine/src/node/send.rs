@@ -52,7 +52,7 @@ impl Node {
         let shm_peer = matches!(target, Target::Shm { .. }).then_some(to.peer);
         let mut pending = match target {
             // A request to stripe goes through the driver (the stripes are carried by it).
-            Target::Driver if self.inner.stripes.wants(&message) => {
+            Target::Driver if self.inner.stripes.wants(to.peer, &message) => {
                 self.dispatch::<C>(Target::Driver, to, message, deadline, true)
             }
             Target::Driver => {

@@ -32,6 +32,14 @@ const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// The capabilities Ask's own deadline (or the first waiting request's, if earlier).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Payload bytes from which requests to a loopback peer are striped (unless
+/// [`StripeConfig::loopback`]): one flow through loopback is not capped, and below this
+/// size stripes cost more (a second round trip, four connections' wake-ups) than the copies
+/// they spread over both CPUs save. Measured one-way on the 2-vCPU machine, 4 stripes ÷ whole
+/// frames, both drivers: 0.69–0.82× at 1 MiB, 0.88–1.21× at 4 MiB, 1.05–1.16× at 8 MiB,
+/// 1.24–1.44× at 64 MiB (`docs/benchmarks.md`, "Striping").
+pub(crate) const LOOPBACK_THRESHOLD: u64 = 8 << 20;
+
 /// How a node stripes its requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct StripeConfig {
@@ -39,6 +47,9 @@ pub(crate) struct StripeConfig {
     pub(crate) count: u16,
     /// Requests of at least this many payload bytes are striped.
     pub(crate) threshold: u64,
+    /// Whether requests to loopback peers are striped from `threshold` too (else only from
+    /// [`LOOPBACK_THRESHOLD`]).
+    pub(crate) loopback: bool,
 }
 
 /// The sending side of striping for one node.
@@ -68,9 +79,16 @@ impl StripeSender {
         })
     }
 
-    /// Whether a request of `message` would be striped (if its peer takes stripes).
-    pub(crate) fn wants(&self, message: &TensorMessage) -> bool {
-        self.config.count >= 2 && message.total_bytes() >= self.config.threshold
+    /// Whether a request of `message` to `peer` would be striped (if the peer takes stripes).
+    /// A loopback peer is striped only from [`LOOPBACK_THRESHOLD`] (or the threshold, if
+    /// larger) unless [`StripeConfig::loopback`] says otherwise.
+    pub(crate) fn wants(&self, peer: SocketAddr, message: &TensorMessage) -> bool {
+        let threshold = if self.config.loopback || !peer.ip().to_canonical().is_loopback() {
+            self.config.threshold
+        } else {
+            self.config.threshold.max(LOOPBACK_THRESHOLD)
+        };
+        self.config.count >= 2 && message.total_bytes() >= threshold
     }
 
     /// Sends `request` through the driver: striped if it is large enough and its peer takes
@@ -79,7 +97,7 @@ impl StripeSender {
         let Some(driver) = self.driver.upgrade() else {
             return request.completion.complete(Err(Error::Shutdown));
         };
-        if request.framing != Framing::Whole || !self.wants(&request.message) {
+        if request.framing != Framing::Whole || !self.wants(request.peer, &request.message) {
             return driver.send(request);
         }
         let peer = request.peer;

@@ -152,6 +152,10 @@ pub(crate) struct RunArgs {
     /// node's own default is `NodeBuilder::stripe_threshold`'s).
     #[arg(long = "stripe-threshold", requires = "stripes", value_parser = parse_size)]
     stripe_threshold: Option<usize>,
+    /// With --stripes: stripe requests to a loopback fixture from --stripe-threshold too
+    /// (`NodeBuilder::stripe_loopback`; without it, as for a node's users, only from 8 MiB).
+    #[arg(long = "stripe-loopback", requires = "stripes")]
+    stripe_loopback: bool,
     /// Shared memory: send buffers in loaned slots (filled once, frozen, sent without a copy)
     /// instead of copying them in (`--transport shm` only).
     #[arg(long)]
@@ -301,6 +305,7 @@ impl From<&RunArgs> for Options {
                 a.stripe_threshold
                     .map_or(RUN_STRIPE_THRESHOLD, |b| b as u64)
             }),
+            stripe_loopback: a.stripe_loopback,
             ..Self::defaults()
         }
     }

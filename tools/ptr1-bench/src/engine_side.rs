@@ -47,6 +47,9 @@ fn builder(
     if let Some(bytes) = options.stripe_threshold {
         builder = builder.stripe_threshold(bytes);
     }
+    if options.stripe_loopback {
+        builder = builder.stripe_loopback(true);
+    }
 
     match transport {
         Transport::Tokio => {

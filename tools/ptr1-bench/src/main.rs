@@ -5,7 +5,7 @@
 //!                    [TLS options]
 //! ptr1-bench run     --to ADDR [--transport T] [--mode oneway|rtt|inflight] [--size 4KiB]
 //!                    [--buffers N] [--duration 5s | --messages N] [--inflight K] [--verify]
-//!                    [--stripes N [--stripe-threshold 1MiB]] [--json]
+//!                    [--stripes N [--stripe-threshold 1MiB] [--stripe-loopback]] [--json]
 //! ptr1-bench suite   [--quick | --smoke] [--reps N] [--seconds S] [--out DIR] [--json FILE]
 //!                    [--only local,shm,ptr1,http2,peers]                          (alias: compare)
 //! ptr1-bench plot    --from DIR/results.json [--out DIR]
@@ -251,6 +251,8 @@ pub(crate) struct Options {
     pub(crate) stripes: Option<u16>,
     /// run: payload bytes from which a request is striped (`NodeBuilder::stripe_threshold`).
     pub(crate) stripe_threshold: Option<u64>,
+    /// run: stripe requests to a loopback peer too (`NodeBuilder::stripe_loopback`).
+    pub(crate) stripe_loopback: bool,
 }
 
 fn serve(options: &Options) -> Result<()> {
@@ -327,6 +329,7 @@ impl Options {
             loss_percent: None,
             stripes: None,
             stripe_threshold: None,
+            stripe_loopback: false,
         }
     }
 }
@@ -373,6 +376,7 @@ pub(crate) fn run(options: &Options) -> Result<serde_json::Value> {
         let after = tensorwire_proto::stats::global().snapshot();
         report["stripes"] = stripes.into();
         report["stripe_threshold"] = options.stripe_threshold.into();
+        report["stripe_loopback"] = options.stripe_loopback.into();
         // Warm-up included: a peer that takes no stripes shows 0 here.
         report["striped_requests"] =
             (after.striped_requests_sent - striped_before.striped_requests_sent).into();

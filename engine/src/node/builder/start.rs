@@ -261,7 +261,11 @@ impl NodeBuilder {
             Some(bytes) => bytes,
             None => var(STRIPE_THRESHOLD_VAR)?.unwrap_or(DEFAULT_STRIPE_THRESHOLD),
         };
-        Ok(StripeConfig { count, threshold })
+        Ok(StripeConfig {
+            count,
+            threshold,
+            loopback: self.stripe_loopback,
+        })
     }
 }
 

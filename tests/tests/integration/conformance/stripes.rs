@@ -21,6 +21,7 @@ conformance!(
         a_striped_ask_arrives_whole_over_four_connections,
         a_striped_tell_is_delivered_once,
         a_node_that_takes_no_stripes_gets_whole_frames,
+        a_loopback_peer_is_striped_only_from_8_mib_unless_asked_for,
         a_stripe_cut_off_mid_body_fails_the_ask_and_nothing_is_delivered,
         a_black_holed_stripe_fails_the_ask_at_its_deadline_and_nothing_is_delivered,
         a_peer_restarted_without_striping_is_asked_again_and_served_whole,
@@ -32,12 +33,14 @@ conformance!(
     ],
 );
 
-/// A client that cuts requests of at least 1 MiB into 4 stripes.
+/// A client that cuts requests of at least 1 MiB into 4 stripes, to loopback peers too (the
+/// servers here listen on 127.0.0.1).
 fn striping_client(drivers: Drivers) -> Node {
     let node = drivers
         .client()
         .stripes(4)
         .stripe_threshold(1 << 20)
+        .stripe_loopback(true)
         .build()
         .expect("the client node starts");
     assert_eq!(node.stats().driver, drivers.client.name());
@@ -115,6 +118,43 @@ fn a_striped_tell_is_delivered_once(drivers: Drivers) {
     assert_eq!(
         after.striped_requests_sent - before.striped_requests_sent,
         1
+    );
+}
+
+fn a_loopback_peer_is_striped_only_from_8_mib_unless_asked_for(drivers: Drivers) {
+    let server = drivers.echo_server();
+    assert!(server.local_addr().ip().is_loopback());
+    let client = drivers
+        .client()
+        .stripes(4)
+        .stripe_threshold(1 << 20)
+        .build()
+        .expect("the client node starts");
+    let striped = |node: &Node, message: TensorMessage| -> u64 {
+        let before = stats::global().snapshot().striped_requests_sent;
+        let reply = node
+            .ask(server.local_addr(), "echo", message.clone(), TIMEOUT)
+            .wait()
+            .expect("the ask is answered");
+        assert_eq!(tensor(reply), message);
+        stats::global().snapshot().striped_requests_sent - before
+    };
+    let two_mib = TensorMessage::new(3, Bytes::new(), vec![Bytes::from(vec![7u8; 2 << 20])]);
+    assert_eq!(
+        striped(&client, two_mib.clone()),
+        0,
+        "2 MiB to loopback goes whole"
+    );
+    assert!(large_message().total_bytes() >= 8 << 20);
+    assert_eq!(
+        striped(&client, large_message()),
+        1,
+        "8 MiB and more is striped"
+    );
+    assert_eq!(
+        striped(&striping_client(drivers), two_mib),
+        1,
+        "stripe_loopback(true) stripes from the threshold"
     );
 }
 

@@ -41,7 +41,7 @@ fn post(node: &Node, path: &str, body: &[u8], extra: &[&str]) -> String {
             "--max-time",
             "10",
             "--http2-prior-knowledge",
-            "-s",
+            "-sS",
             "-o",
             "/dev/null",
             "-w",
@@ -54,7 +54,13 @@ fn post(node: &Node, path: &str, body: &[u8], extra: &[&str]) -> String {
         .arg(format!("http://{}{path}", node.local_addr()))
         .output()
         .expect("curl is installed");
-    String::from_utf8_lossy(&output.stdout).into_owned()
+    let code = String::from_utf8_lossy(&output.stdout).into_owned();
+    if code == "000" {
+        // No response: say why (curl's exit status and message) in the failed assertion.
+        let why = String::from_utf8_lossy(&output.stderr);
+        return format!("000 ({}: {})", output.status, why.trim());
+    }
+    code
 }
 
 fn ptm1(message: &TensorMessage) -> Vec<u8> {
@@ -160,7 +166,7 @@ fn malformed_bodies_unknown_endpoints_and_wrong_requests_get_their_statuses() {
             "--max-time",
             "10",
             "--http2-prior-knowledge",
-            "-s",
+            "-sS",
             "-o",
             "/dev/null",
             "-w",

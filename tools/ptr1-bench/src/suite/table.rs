@@ -69,7 +69,8 @@ fn main_table(r: &Results, pass: &Pass) {
         "\nratios: io_uring ÷ best baseline = PTR1 on io_uring against the best of the tokio \
          fallback, the seed design and std; ×4 stripes ÷ io_uring = the same client cutting \
          requests of at least 4 MiB (the node's default threshold) into 4 stripes on \
-         connections of their own, against it unstriped; PTR1 ÷ iperf3 and shm ÷ memcpy = how \
+         connections of their own, against it unstriped (to a loopback fixture only from 8 MiB, \
+         as for any node's users); PTR1 ÷ iperf3 and shm ÷ memcpy = how \
          close PTR1 and shm (copied in) come to their physical bound (for RTT: latency ÷ latency, inverted, so \
          > 1× is always better). The verdict against other transports follows the table.\n"
     );
