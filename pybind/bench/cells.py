@@ -6,8 +6,10 @@ No tensorwire import here: the MPI ranks load this module and nothing else of th
 
 from __future__ import annotations
 
+import ctypes
 import os
 import resource
+import signal
 import statistics
 import time
 from collections import deque
@@ -19,6 +21,17 @@ import numpy as np
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 TIMEOUT = 120.0
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """`preexec_fn` of every server the benchmark starts: the kernel kills the child when the
+    process that started it dies, even by SIGKILL (the OOM killer), so no peer server outlives
+    its driver holding memory and spinning."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
 
 # What a transfer does with each message's bytes (the suite's verdict divides only within one
 # of these, and only within one language):

@@ -26,7 +26,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from cells import ONE_COPY, ZERO_COPY, Case, expect, lengths, sequential, windowed
+from cells import (
+    ONE_COPY,
+    ZERO_COPY,
+    Case,
+    die_with_parent,
+    expect,
+    lengths,
+    sequential,
+    windowed,
+)
 
 
 def offsets(case: Case) -> list[int]:
@@ -73,6 +82,7 @@ class Iceoryx2:
             ],
             stdout=subprocess.PIPE,
             text=True,
+            preexec_fn=die_with_parent,
         )
         try:
             assert self.child.stdout is not None

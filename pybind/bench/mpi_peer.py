@@ -33,7 +33,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from cells import KERNEL, ONE_COPY, Case, expect, lengths, sequential, windowed
+from cells import (
+    KERNEL,
+    ONE_COPY,
+    Case,
+    die_with_parent,
+    expect,
+    lengths,
+    sequential,
+    windowed,
+)
 
 ACK_TAG, STOP_TAG, REPLY_TAG = 200, 999, 100
 START_TIMEOUT = 60.0
@@ -102,6 +111,7 @@ class Mpi:
             env=env,
             stdout=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         try:
             self.ranks = self._accept_ranks()

@@ -26,6 +26,7 @@ from cells import (
     Case,
     KiB,
     NotApplicable,
+    die_with_parent,
     expect,
     sequential,
     windowed,
@@ -44,7 +45,7 @@ RAY_INLINE_BYTES = 100 * KiB
 
 
 def start(args: list[str]) -> tuple[subprocess.Popen[str], str]:
-    child = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent)
     assert child.stdout is not None
     line = child.stdout.readline().strip()
     if not line:
@@ -469,6 +470,7 @@ class MpShm(Peer):
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            preexec_fn=die_with_parent,
         )
         assert child.stdin is not None and child.stdout is not None
         stdin, stdout = child.stdin, child.stdout
