@@ -6,4 +6,5 @@ mod data_path;
 mod hostile;
 mod identity;
 mod manager;
+mod memory_back;
 mod wakeups;

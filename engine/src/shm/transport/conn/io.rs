@@ -149,9 +149,15 @@ impl Conn {
         if pushed && st.queue.publish(&self.peer_queue) {
             after.ring_peer = true;
         }
-        if st.blocked && st.session.poll_transmit().is_none() {
-            st.blocked = false;
-            st.queue.unblocked();
+        if st.session.poll_transmit().is_none() {
+            // No `Map` waits to be sent: the segments kept for one are not needed. (A send
+            // over a segment the peer has mapped already announces nothing, so its entry
+            // would otherwise keep the segment, retired or not, for the connection's life.)
+            st.attach.clear();
+            if st.blocked {
+                st.blocked = false;
+                st.queue.unblocked();
+            }
         }
     }
 }

@@ -75,7 +75,8 @@ pub(super) struct State {
     waiters: HashMap<u64, Waiter>,
     /// The peer's segments mapped here, by its id for them.
     pub(super) mapped: HashMap<u64, Arc<Mapped>>,
-    /// Our segments whose `Map` waits to be sent (kept open until it is).
+    /// Our segments a send may announce, kept open until its `Map` is sent; emptied whenever
+    /// nothing waits to be sent (`Conn::flush`).
     attach: HashMap<u64, Arc<Segment>>,
     /// Whether our producer told the peer it waits for room.
     blocked: bool,
