@@ -101,12 +101,12 @@ def makers(fresh: bool, shared: Any) -> list[tuple[str, str, Callable[[], Any]]]
         Grpc,
         MpShm,
         PythonHandlers,
-        Ray,
         RustEngine,
         Tensorwire,
         TensorwireInto,
         Zmq,
     )
+    from ray_peer import Ray
 
     def tensorwire(transport: str) -> Callable[[], Any]:
         if fresh:
@@ -281,7 +281,7 @@ class Run:
         print(f"peers: rep {rep + 1}/{self.args.reps} done ({took})", file=sys.stderr)
 
     def finish(self) -> None:
-        from peers import RaySession
+        from ray_peer import RaySession
 
         RaySession.shutdown()
         if self.fixture is not None:
