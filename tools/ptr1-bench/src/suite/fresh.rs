@@ -3,7 +3,6 @@
 //! seconds look, against the warm pass's processes that have run the whole matrix.
 
 use std::path::Path;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 
@@ -12,7 +11,7 @@ use crate::measure;
 use crate::progress::Progress;
 use crate::report::say;
 use crate::suite::columns::{Column, Lanes};
-use crate::suite::{Measurement, Plan};
+use crate::suite::{Measurement, Plan, case_options};
 
 /// What the fresh pass measured.
 pub(crate) struct FreshMatrix {
@@ -57,15 +56,7 @@ pub(crate) fn measure_matrix(
     for rep in 0..plan.fresh_reps {
         for (c, case) in plan.cases.iter().enumerate() {
             let message = measure::message(case.size, case.buffers);
-            let run = Options {
-                mode: case.mode,
-                size: case.size,
-                buffers: case.buffers,
-                inflight: case.inflight,
-                duration: Duration::from_secs_f64(plan.fresh_seconds),
-                messages: None,
-                ..options.clone()
-            };
+            let run = case_options(case, plan.fresh_seconds, options);
             for k in 0..n {
                 let l = (k + rep + c) % n;
                 let column = columns[l];

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use crate::Options;
 use crate::suite::drift::{self, FLAG_FACTOR};
 use crate::suite::peers::Peers;
-use crate::suite::verdict::{Entrant, Transfer, Verdict, verdicts};
+use crate::suite::verdict::{Transfer, Verdict};
 use crate::suite::{Measurement, Pass, Results, median};
 
 pub(crate) fn to_json(r: &Results, options: &Options) -> Value {
@@ -136,22 +136,8 @@ fn pass_case(r: &Results, pass: &Pass, c: usize) -> Value {
         })
         .collect();
     let infos = pass.peers.infos();
-    let mut entrants: Vec<Entrant<'_>> = pass
-        .columns
-        .iter()
-        .enumerate()
-        .filter_map(|(l, column)| {
-            Some(Entrant {
-                name: column.name(),
-                ours: true,
-                transfer: column.transfer(case)?,
-                language: "rust",
-                value: pass.median(&r.plan.cases, c, l),
-            })
-        })
-        .collect();
-    entrants.extend(pass.peers.entrants(case, &infos));
-    let verdicts: Vec<Value> = verdicts(case, &entrants)
+    let verdicts: Vec<Value> = pass
+        .verdicts(&r.plan.cases, c, &infos)
         .iter()
         .map(|v| match v {
             Verdict::Ratio {

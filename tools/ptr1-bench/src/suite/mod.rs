@@ -34,6 +34,8 @@ use crate::report::say;
 use crate::{Options, environment};
 pub(crate) use cases::{Case, human};
 use columns::{Column, Lanes};
+use peers::PeerInfo;
+use verdict::{Entrant, Verdict};
 
 /// What one cell of one repetition measured.
 #[derive(Clone, Copy, Debug, Default)]
@@ -254,6 +256,19 @@ pub(crate) fn suite(options: &Options) -> Result<()> {
     Ok(())
 }
 
+/// The run options of one cell: `case` for `seconds`, the rest as `options` say.
+fn case_options(case: &Case, seconds: f64, options: &Options) -> Options {
+    Options {
+        mode: case.mode,
+        size: case.size,
+        buffers: case.buffers,
+        inflight: case.inflight,
+        duration: Duration::from_secs_f64(seconds),
+        messages: None,
+        ..options.clone()
+    }
+}
+
 /// Every case on every column, `plan.reps` times, interleaved.
 fn measure_matrix(
     lanes: &mut Lanes,
@@ -266,15 +281,7 @@ fn measure_matrix(
     for rep in 0..plan.reps {
         for (c, case) in plan.cases.iter().enumerate() {
             let message = measure::message(case.size, case.buffers);
-            let run = Options {
-                mode: case.mode,
-                size: case.size,
-                buffers: case.buffers,
-                inflight: case.inflight,
-                duration: Duration::from_secs_f64(plan.seconds),
-                messages: None,
-                ..options.clone()
-            };
+            let run = case_options(case, plan.seconds, options);
             for k in 0..n {
                 let l = (k + rep + c) % n;
                 let lane = &mut lanes.lanes[l];
@@ -409,6 +416,33 @@ impl Pass {
     /// The median of `f` over case `c`'s samples on column index `l`.
     pub(crate) fn median_of(&self, c: usize, l: usize, f: impl Fn(&Measurement) -> f64) -> f64 {
         median(&self.samples[c][l].iter().map(f).collect::<Vec<_>>())
+    }
+
+    /// The verdicts of case `c`: every column and every peer with a figure in it, paired by
+    /// kind and language (`infos`: the peers' [`Peers::infos`], asked once per table).
+    pub(crate) fn verdicts<'a>(
+        &'a self,
+        cases: &[Case],
+        c: usize,
+        infos: &'a [PeerInfo],
+    ) -> Vec<Verdict<'a>> {
+        let case = &cases[c];
+        let mut entrants: Vec<Entrant<'_>> = self
+            .columns
+            .iter()
+            .enumerate()
+            .filter_map(|(l, column)| {
+                Some(Entrant {
+                    name: column.name(),
+                    ours: true,
+                    transfer: column.transfer(case)?,
+                    language: "rust",
+                    value: self.median(cases, c, l),
+                })
+            })
+            .collect();
+        entrants.extend(self.peers.entrants(case, infos));
+        verdict::verdicts(case, &entrants)
     }
 
     /// The index of `column` among the measured columns.

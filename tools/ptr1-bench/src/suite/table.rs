@@ -5,7 +5,7 @@ use crate::Mode;
 use crate::report::say;
 use crate::suite::columns::Column;
 use crate::suite::drift::{self, FLAG_FACTOR};
-use crate::suite::verdict::{Entrant, Transfer, Verdict, language_name, verdicts};
+use crate::suite::verdict::{Transfer, Verdict, language_name};
 use crate::suite::{Case, Pass, Results, human};
 
 pub(crate) fn print(r: &Results) {
@@ -129,24 +129,7 @@ fn verdict_table(r: &Results, pass: &Pass) {
     let rows: Vec<Vec<Verdict<'_>>> = cases
         .iter()
         .enumerate()
-        .map(|(c, case)| {
-            let mut entrants: Vec<Entrant<'_>> = pass
-                .columns
-                .iter()
-                .enumerate()
-                .filter_map(|(l, column)| {
-                    Some(Entrant {
-                        name: column.name(),
-                        ours: true,
-                        transfer: column.transfer(case)?,
-                        language: "rust",
-                        value: pass.median(cases, c, l),
-                    })
-                })
-                .collect();
-            entrants.extend(pass.peers.entrants(case, &infos));
-            verdicts(case, &entrants)
-        })
+        .map(|(c, _)| pass.verdicts(cases, c, &infos))
         .collect();
     let groups = verdict_groups(&rows);
     say!(
