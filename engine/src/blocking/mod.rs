@@ -255,7 +255,7 @@ impl Conn {
                 continue;
             }
             let waited = now.saturating_duration_since(*waiting_since.get_or_insert(now));
-            if !want_write && read.is_some() && self.spin.keep_spinning(waited, spin) {
+            if (want_write || read.is_some()) && self.spin.keep_spinning(waited, spin) {
                 std::hint::spin_loop();
                 continue;
             }

@@ -388,14 +388,13 @@ impl NodeBuilder {
         self
     }
 
-    /// How long a caller of a blocking ask polls for its reply instead of sleeping, when it is
-    /// in a quick request-reply conversation (default 20 µs where the machine has more than
-    /// one CPU, else 0; `Duration::ZERO` turns it off). It polls only when its connection's
-    /// recent exchanges took less than twice this. Polling trades at most this much CPU per
-    /// wait for not paying a sleeping thread's wake-up (5–10 µs on a virtual machine) on a
-    /// round trip of 20–30 µs. The shared-memory receiver polls on the same budget. The
-    /// io_uring driver threads have their own budget, [`NodeBuilder::core_busy_poll`]: to stop
-    /// all polling, set both to zero.
+    /// How long a caller polls for an answer another thread brings (a driver thread, a
+    /// handler thread, a local endpoint) instead of sleeping (default 20 µs where the machine
+    /// has more than one CPU, else 0; `Duration::ZERO` turns it off). Polling trades at most
+    /// this much CPU per wait for not paying a sleeping thread's wake-up (5–10 µs on a virtual
+    /// machine) on a round trip of 20–30 µs. A blocking ask over PTR1 drives its own
+    /// connection on the calling thread and polls on the driver's budget instead,
+    /// [`NodeBuilder::core_busy_poll`]: to stop all polling, set both to zero.
     pub fn busy_poll(mut self, budget: Duration) -> Self {
         self.busy_poll = budget;
         self
@@ -403,17 +402,22 @@ impl NodeBuilder {
 
     /// How long an io_uring driver thread polls for its next completion instead of sleeping
     /// (default 250 µs where the machine has more than one CPU, else 0; `Duration::ZERO` turns
-    /// it off; [`NodeBuilder::busy_poll`] does not).
+    /// it off; [`NodeBuilder::busy_poll`] does not). A blocking ask over PTR1, which drives
+    /// its connection on the calling thread, polls on this budget too, while that
+    /// connection's recent waits (for the socket to take more bytes, or for the answer) were
+    /// at most this long: a 1 MiB one-way ask waits 50–150 µs for its answer after its last
+    /// byte left, and sleeping through that wait cost 15–25 % of the rate
+    /// (`docs/benchmarks.md`, "1 MiB one-way").
     ///
     /// A driver thread polls only while it carries the driver's only active connection (one
     /// that moved bytes in the last 10 ms: idle pooled connections do not count) and its
     /// recent idle spells were at most twice this; each poll lasts at most twice the longest
-    /// recent idle spell; and after a poll that found nothing it sleeps through the next 32
-    /// idle spells. With more connections some thread has work anyway, and polling would take
-    /// the CPU from the threads that produce it. Polling reads the ring's shared memory and
-    /// enters the kernel only to run work the kernel deferred to the thread, never to wait.
-    /// What it buys, on
-    /// 2 CPUs (`docs/benchmarks.md`, "Busy-polling"): a thread that does not sleep is not
+    /// recent idle spell after the last bytes it saw move; and after a poll that found
+    /// nothing it sleeps through the next idle spells (1, then twice as many after each
+    /// further miss in a row, at most 32). With more connections some thread has work
+    /// anyway, and polling would take the CPU from the threads that produce it. Polling reads
+    /// the ring's shared memory and enters the kernel only to run work the kernel deferred to
+    /// the thread, never to wait. What it buys, on 2 CPUs (`docs/benchmarks.md`, "Busy-polling"): a thread that does not sleep is not
     /// pulled onto its peer's CPU when woken, so a 1 MiB round trip's copies run on both CPUs
     /// at once, and a 4 KiB round trip skips the wake-up.
     pub fn core_busy_poll(mut self, budget: Duration) -> Self {

@@ -152,7 +152,8 @@ impl NodeBuilder {
             Arc::new(pool.clone()),
             limits,
             self.pool.idle_per_peer,
-            self.busy_poll,
+            // The calling thread drives its exchange as a core drives its connections.
+            self.core_busy_poll,
         );
         let stripes = StripeSender::new(stripe_config, Arc::downgrade(&driver));
         let inner = Arc::new(NodeInner {

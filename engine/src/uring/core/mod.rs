@@ -280,11 +280,13 @@ impl Core {
             return Ok(false);
         }
         let own = poll_policy::active(self.recent.stamps(), idle_since);
-        let Some(until) = self
+        let Some(poll_for) = self
             .polling
             .poll_for(own, self.driver_active(own, idle_since))
-            .and_then(|poll_for| idle_since.checked_add(poll_for))
         else {
+            return Ok(false);
+        };
+        let Some(mut until) = idle_since.checked_add(poll_for) else {
             return Ok(false);
         };
         self.ring.submit_and_run()?;
@@ -293,6 +295,7 @@ impl Core {
                 || !self.inbox.requests.is_empty()
                 || !self.inbox.events.is_empty()
             {
+                self.polling.found();
                 return Ok(true);
             }
             if Instant::now() >= until {
@@ -300,7 +303,10 @@ impl Core {
                 return Ok(false);
             }
             if self.ring.has_deferred_work() {
+                // Bytes are moving (a receive or send went on in the kernel's task work):
+                // the conversation is alive, so the poll goes on as long again.
                 self.ring.submit_and_run()?;
+                until = Instant::now().checked_add(poll_for).unwrap_or(until);
             } else {
                 std::hint::spin_loop();
             }
