@@ -75,7 +75,7 @@ fn main() {
         });
         let message = vec![7u8; size];
         let mut answer = vec![0u8; size];
-        let mut nanos = Vec::with_capacity(ROUND_TRIPS as usize);
+        let mut nanos = Vec::new();
         for seq in 1..=ROUND_TRIPS {
             let start = Instant::now();
             there.put(seq, &message);
