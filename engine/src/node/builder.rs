@@ -417,9 +417,10 @@ impl NodeBuilder {
     /// further miss in a row, at most 32). With more connections some thread has work
     /// anyway, and polling would take the CPU from the threads that produce it. Polling reads
     /// the ring's shared memory and enters the kernel only to run work the kernel deferred to
-    /// the thread, never to wait. What it buys, on 2 CPUs (`docs/benchmarks.md`, "Busy-polling"): a thread that does not sleep is not
-    /// pulled onto its peer's CPU when woken, so a 1 MiB round trip's copies run on both CPUs
-    /// at once, and a 4 KiB round trip skips the wake-up.
+    /// the thread, never to wait. What it buys, on 2 CPUs (`docs/benchmarks.md`,
+    /// "Busy-polling"): a thread that does not sleep is not pulled onto its peer's CPU when
+    /// woken, so a 1 MiB round trip's copies run on both CPUs at once, and a 4 KiB round trip
+    /// skips the wake-up.
     pub fn core_busy_poll(mut self, budget: Duration) -> Self {
         self.core_busy_poll = budget;
         self
