@@ -438,8 +438,10 @@ impl NodeBuilder {
     /// Where one flow is capped (per-flow hashing or shaping, one core per flow) striping over
     /// N connections can move N times as much. Through loopback one flow is not capped and
     /// small stripes cost more than they save, so requests to a loopback peer are striped
-    /// only from 8 MiB (or the threshold, if larger) unless [`NodeBuilder::stripe_loopback`]
-    /// is set (`docs/benchmarks.md`, "Striping").
+    /// only from 8 MiB (or the threshold, if larger), and only while no other large request
+    /// to it is unanswered (requests in flight side by side already keep both ends' CPUs
+    /// busy), unless [`NodeBuilder::stripe_loopback`] is set (`docs/benchmarks.md`,
+    /// "Striping").
     pub fn stripes(mut self, stripes: u16) -> Self {
         self.stripes = Some(stripes.clamp(1, tensorwire_proto::stripe::MAX_STRIPES));
         self
@@ -453,9 +455,10 @@ impl NodeBuilder {
         self
     }
 
-    /// Stripes requests to loopback peers from [`NodeBuilder::stripe_threshold`] too (default
-    /// false: from 8 MiB, or the threshold if larger, where striping on loopback was measured
-    /// to pay). For tests and for measuring what striping costs on one host.
+    /// Stripes requests to loopback peers as to any other (default false: from 8 MiB, or the
+    /// threshold if larger, and only while no other large request to the peer is unanswered,
+    /// where striping on loopback was measured to pay). For tests and for measuring what
+    /// striping costs on one host.
     pub fn stripe_loopback(mut self, stripe: bool) -> Self {
         self.stripe_loopback = stripe;
         self

@@ -47,8 +47,9 @@ pub(crate) struct StripeConfig {
     pub(crate) count: u16,
     /// Requests of at least this many payload bytes are striped.
     pub(crate) threshold: u64,
-    /// Whether requests to loopback peers are striped from `threshold` too (else only from
-    /// [`LOOPBACK_THRESHOLD`]).
+    /// Whether requests to loopback peers are striped as to any other (else only from
+    /// [`LOOPBACK_THRESHOLD`], and only while no other large request to the peer is
+    /// unanswered).
     pub(crate) loopback: bool,
 }
 
@@ -64,8 +65,13 @@ enum PeerState {
     Asking(Vec<OutboundRequest>),
     /// It takes this many stripes; `striping`: a striped request's stripes are on their way
     /// to it (one at a time per peer: requests meanwhile go whole, under the pool's
-    /// busy-bytes rule, instead of opening `count` more connections each).
-    Takes { max: u16, striping: bool },
+    /// busy-bytes rule, instead of opening `count` more connections each); `large`: requests
+    /// of at least the threshold sent to it and not answered yet, striped or whole.
+    Takes {
+        max: u16,
+        striping: bool,
+        large: u32,
+    },
     /// It takes none (or could not be asked): whole frames until then.
     Whole(Instant),
 }
@@ -101,22 +107,28 @@ impl StripeSender {
             return driver.send(request);
         }
         let peer = request.peer;
+        let alone_only = self.stripes_only_alone(peer);
         let now = Instant::now();
         let mut peers = lock(&self.peers);
         let state = peers.entry(peer).or_insert(PeerState::Whole(now));
         match state {
             PeerState::Takes {
                 max,
-                striping: striping @ false,
+                striping,
+                large,
             } => {
+                let others_unanswered = alone_only && *large > 0;
+                let stripe = !(*striping || others_unanswered);
                 let count = self.config.count.min(*max);
-                *striping = true;
+                *striping |= stripe;
+                *large = large.saturating_add(1);
                 drop(peers);
-                send_striped(self, &driver, request, count);
-            }
-            PeerState::Takes { striping: true, .. } => {
-                drop(peers);
-                driver.send(request);
+                let request = self.counted(request);
+                if stripe {
+                    send_striped(self, &driver, request, count);
+                } else {
+                    driver.send(request);
+                }
             }
             PeerState::Whole(until) if *until > now => {
                 drop(peers);
@@ -130,6 +142,43 @@ impl StripeSender {
                 self.ask_capabilities(&driver, peer, deadline);
             }
             PeerState::Asking(waiting) => waiting.push(request),
+        }
+    }
+
+    /// Whether requests to `peer` are striped only while no other large request to it is
+    /// unanswered: to a loopback peer (unless [`StripeConfig::loopback`]) stripes gain only by
+    /// spreading one request's copies over the CPUs, which requests already in flight on
+    /// their own connections do; striping beside them made 8 asks of 64 MiB in flight 0.28–0.54×
+    /// as fast as whole frames (`docs/benchmarks.md`, "Striping").
+    fn stripes_only_alone(&self, peer: SocketAddr) -> bool {
+        !self.config.loopback && peer.ip().to_canonical().is_loopback()
+    }
+
+    /// `request` with a completion that tells this sender when it is answered (before its
+    /// caller hears of it, so that the caller's next request sees it gone).
+    fn counted(self: &Arc<Self>, request: OutboundRequest) -> OutboundRequest {
+        // Only whole requests get here (`send` passed the others on as they were).
+        let OutboundRequest {
+            peer,
+            path,
+            kind,
+            message,
+            deadline,
+            completion,
+            ..
+        } = request;
+        let counted = Counted {
+            caller: Some(completion),
+            sender: Arc::downgrade(self),
+            peer,
+        };
+        OutboundRequest::new(peer, path, kind, message, deadline, Box::new(counted))
+    }
+
+    /// A large request to `peer` was answered (or failed, or was dropped unanswered).
+    fn answered_large(&self, peer: SocketAddr) {
+        if let Some(PeerState::Takes { large, .. }) = lock(&self.peers).get_mut(&peer) {
+            *large = large.saturating_sub(1);
         }
     }
 
@@ -208,6 +257,7 @@ impl Completion for Probe {
                     PeerState::Takes {
                         max: c.max_stripes,
                         striping: false,
+                        large: 0,
                     }
                 })
             }
@@ -223,6 +273,61 @@ impl Completion for Probe {
 
     fn is_cancelled(&self) -> bool {
         false
+    }
+}
+
+/// A large request's completion: tells the sender it is unanswered no longer, then its caller.
+struct Counted {
+    /// The caller's completion (taken when it completes).
+    caller: Option<Box<dyn Completion>>,
+    sender: Weak<StripeSender>,
+    peer: SocketAddr,
+}
+
+impl Counted {
+    fn caller(&self) -> Option<&dyn Completion> {
+        self.caller.as_deref()
+    }
+}
+
+impl Completion for Counted {
+    fn complete(mut self: Box<Self>, outcome: Result<Answer, Error>) {
+        let caller = self.caller.take();
+        if let Some(sender) = self.sender.upgrade() {
+            sender.answered_large(self.peer);
+        }
+        if let Some(caller) = caller {
+            caller.complete(outcome);
+        }
+    }
+
+    fn is_cancelled(&self) -> bool {
+        self.caller().is_none_or(Completion::is_cancelled)
+    }
+
+    fn on_cancel(&self, hook: Box<dyn FnOnce() + Send>) {
+        match self.caller() {
+            Some(caller) => caller.on_cancel(hook),
+            None => hook(),
+        }
+    }
+
+    fn routed(&self, route: Route) {
+        if let Some(caller) = self.caller() {
+            caller.routed(route);
+        }
+    }
+}
+
+impl Drop for Counted {
+    /// A request dropped unanswered (a driver gone mid-shutdown) is not counted as in flight
+    /// for ever.
+    fn drop(&mut self) {
+        if self.caller.is_some() {
+            if let Some(sender) = self.sender.upgrade() {
+                sender.answered_large(self.peer);
+            }
+        }
     }
 }
 

@@ -22,6 +22,7 @@ conformance!(
         a_striped_tell_is_delivered_once,
         a_node_that_takes_no_stripes_gets_whole_frames,
         a_loopback_peer_is_striped_only_from_8_mib_unless_asked_for,
+        a_large_ask_to_a_loopback_peer_goes_whole_while_another_is_unanswered,
         a_stripe_cut_off_mid_body_fails_the_ask_and_nothing_is_delivered,
         a_black_holed_stripe_fails_the_ask_at_its_deadline_and_nothing_is_delivered,
         a_peer_restarted_without_striping_is_asked_again_and_served_whole,
@@ -156,6 +157,59 @@ fn a_loopback_peer_is_striped_only_from_8_mib_unless_asked_for(drivers: Drivers)
         1,
         "stripe_loopback(true) stripes from the threshold"
     );
+}
+
+fn a_large_ask_to_a_loopback_peer_goes_whole_while_another_is_unanswered(drivers: Drivers) {
+    let server = drivers.echo_server();
+    // `gate` holds its request until told to answer.
+    let (open, gate) = std::sync::mpsc::channel::<()>();
+    let gate = std::sync::Mutex::new(gate);
+    server
+        .serve("gate", 1, move |request| {
+            let held = gate.lock().map(|gate| gate.recv_timeout(TIMEOUT));
+            assert!(matches!(held, Ok(Ok(()))), "the gate is opened");
+            Ok(Reply::Tensor(request.message))
+        })
+        .expect("gate registers");
+    // Room in the pool for a second large ask beside the held one (by default a large ask
+    // waits for the connection of the one before it).
+    let client = drivers
+        .client()
+        .stripes(4)
+        .stripe_threshold(1 << 20)
+        .busy_bytes_per_peer(64 << 20)
+        .build()
+        .expect("the client node starts");
+    let striped = || stats::global().snapshot().striped_requests_sent;
+    let before = striped();
+    let held = client.ask(server.local_addr(), "gate", large_message(), TIMEOUT);
+    let waited = Instant::now();
+    while striped() == before && waited.elapsed() < TIMEOUT {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(striped() - before, 1, "the first large ask is striped");
+    let message = large_message();
+    let reply = client
+        .ask(server.local_addr(), "echo", message.clone(), TIMEOUT)
+        .wait()
+        .expect("the second ask is answered");
+    assert_eq!(tensor(reply), message);
+    assert_eq!(
+        striped() - before,
+        1,
+        "a large ask beside an unanswered one goes whole on loopback"
+    );
+    open.send(()).expect("the gate is waiting");
+    assert_eq!(
+        tensor(held.wait().expect("the held ask is answered")),
+        large_message()
+    );
+    let reply = client
+        .ask(server.local_addr(), "echo", message.clone(), TIMEOUT)
+        .wait()
+        .expect("the third ask is answered");
+    assert_eq!(tensor(reply), message);
+    assert_eq!(striped() - before, 2, "alone again, a large ask is striped");
 }
 
 fn a_node_that_takes_no_stripes_gets_whole_frames(drivers: Drivers) {
