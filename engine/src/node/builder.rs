@@ -441,7 +441,9 @@ impl NodeBuilder {
     /// only from 8 MiB (or the threshold, if larger), and only while no other large request
     /// to it is unanswered (requests in flight side by side already keep both ends' CPUs
     /// busy), unless [`NodeBuilder::stripe_loopback`] is set (`docs/benchmarks.md`,
-    /// "Striping").
+    /// "Striping"). A large request that goes whole waits for a connection like any other
+    /// ([`NodeBuilder::busy_bytes_per_peer`]: by default, behind the answer to the large
+    /// request before it to the same peer).
     pub fn stripes(mut self, stripes: u16) -> Self {
         self.stripes = Some(stripes.clamp(1, tensorwire_proto::stripe::MAX_STRIPES));
         self

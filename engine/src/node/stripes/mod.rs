@@ -66,7 +66,8 @@ enum PeerState {
     /// It takes this many stripes; `striping`: a striped request's stripes are on their way
     /// to it (one at a time per peer: requests meanwhile go whole, under the pool's
     /// busy-bytes rule, instead of opening `count` more connections each); `large`: requests
-    /// of at least the threshold sent to it and not answered yet, striped or whole.
+    /// of at least the threshold sent to it and not answered yet, striped or whole (counted
+    /// only where they decide, for a peer striped only alone).
     Takes {
         max: u16,
         striping: bool,
@@ -121,9 +122,15 @@ impl StripeSender {
                 let stripe = !(*striping || others_unanswered);
                 let count = self.config.count.min(*max);
                 *striping |= stripe;
-                *large = large.saturating_add(1);
+                if alone_only {
+                    *large = large.saturating_add(1);
+                }
                 drop(peers);
-                let request = self.counted(request);
+                let request = if alone_only {
+                    self.counted(request)
+                } else {
+                    request
+                };
                 if stripe {
                     send_striped(self, &driver, request, count);
                 } else {
@@ -156,23 +163,14 @@ impl StripeSender {
 
     /// `request` with a completion that tells this sender when it is answered (before its
     /// caller hears of it, so that the caller's next request sees it gone).
-    fn counted(self: &Arc<Self>, request: OutboundRequest) -> OutboundRequest {
-        // Only whole requests get here (`send` passed the others on as they were).
-        let OutboundRequest {
-            peer,
-            path,
-            kind,
-            message,
-            deadline,
-            completion,
-            ..
-        } = request;
-        let counted = Counted {
-            caller: Some(completion),
+    fn counted(self: &Arc<Self>, mut request: OutboundRequest) -> OutboundRequest {
+        let caller = std::mem::replace(&mut request.completion, Box::new(Unset));
+        request.completion = Box::new(Counted {
+            caller: Some(caller),
             sender: Arc::downgrade(self),
-            peer,
-        };
-        OutboundRequest::new(peer, path, kind, message, deadline, Box::new(counted))
+            peer: request.peer,
+        });
+        request
     }
 
     /// A large request to `peer` was answered (or failed, or was dropped unanswered).
@@ -328,6 +326,17 @@ impl Drop for Counted {
                 sender.answered_large(self.peer);
             }
         }
+    }
+}
+
+/// What a request's completion is for the moment [`StripeSender::counted`] moves it out.
+struct Unset;
+
+impl Completion for Unset {
+    fn complete(self: Box<Self>, _outcome: Result<Answer, Error>) {}
+
+    fn is_cancelled(&self) -> bool {
+        true
     }
 }
 
@@ -529,3 +538,6 @@ impl Completion for StripeCompletion {
 
     fn routed(&self, _route: Route) {}
 }
+
+#[cfg(test)]
+mod tests;
