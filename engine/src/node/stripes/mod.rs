@@ -11,13 +11,11 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tensorwire_proto::stats;
-use tensorwire_proto::stripe::{CAPABILITIES_TYPE, Capabilities, Framing, Token, plan};
+use tensorwire_proto::stripe::{CAPABILITIES_TYPE, Capabilities, Framing};
 use tensorwire_proto::transport::{
     ActorPath, Answer, Completion, Deadline, Driver, Error, OutboundRequest, Reply, RequestKind,
 };
@@ -31,6 +29,9 @@ const ASK_AGAIN_AFTER: Duration = Duration::from_secs(60);
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// The capabilities Ask's own deadline (or the first waiting request's, if earlier).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Large requests held per loopback peer at most while its striped request's stripes are on
+/// their way; more go whole at once.
+const MAX_HELD: usize = 256;
 
 /// Payload bytes from which requests to a loopback peer are striped (unless
 /// [`StripeConfig::loopback`]): one flow through loopback is not capped, and below this
@@ -67,11 +68,15 @@ enum PeerState {
     /// to it (one at a time per peer: requests meanwhile go whole, under the pool's
     /// busy-bytes rule, instead of opening `count` more connections each); `large`: requests
     /// of at least the threshold sent to it and not answered yet, striped or whole (counted
-    /// only where they decide, for a peer striped only alone).
+    /// only where they decide, for a peer striped only alone); `held`: for such a peer, large
+    /// requests that came while the striped one's stripes were on their way (a burst), sent
+    /// when they are in, no later than that request's `striped_until`.
     Takes {
         max: u16,
         striping: bool,
         large: u32,
+        striped_until: Deadline,
+        held: Vec<OutboundRequest>,
     },
     /// It takes none (or could not be asked): whole frames until then.
     Whole(Instant),
@@ -117,11 +122,26 @@ impl StripeSender {
                 max,
                 striping,
                 large,
+                striped_until,
+                held,
             } => {
+                if alone_only
+                    && *striping
+                    && held.len() < MAX_HELD
+                    && not_before(request.deadline, *striped_until)
+                {
+                    // A burst to a loopback peer: the stripes use both CPUs; copying beside
+                    // them only slows both down. It goes when they are in.
+                    held.push(request);
+                    return;
+                }
                 let others_unanswered = alone_only && *large > 0;
                 let stripe = !(*striping || others_unanswered);
                 let count = self.config.count.min(*max);
                 *striping |= stripe;
+                if stripe {
+                    *striped_until = request.deadline;
+                }
                 if alone_only {
                     *large = large.saturating_add(1);
                 }
@@ -132,7 +152,7 @@ impl StripeSender {
                     request
                 };
                 if stripe {
-                    send_striped(self, &driver, request, count);
+                    call::send_striped(self, &driver, request, count);
                 } else {
                     driver.send(request);
                 }
@@ -208,18 +228,36 @@ impl StripeSender {
 
     /// `peer` refused a stripe: it may have been restarted without striping, so the next
     /// large request asks it again (this call fails with the refusal).
-    fn forget(&self, peer: SocketAddr) {
-        let mut peers = lock(&self.peers);
-        if let Some(state @ PeerState::Takes { .. }) = peers.get_mut(&peer) {
-            *state = PeerState::Whole(Instant::now());
-        }
+    fn forget(self: &Arc<Self>, peer: SocketAddr) {
+        let held = {
+            let mut peers = lock(&self.peers);
+            match peers.get_mut(&peer) {
+                Some(state @ PeerState::Takes { .. }) => {
+                    held_of(std::mem::replace(state, PeerState::Whole(Instant::now())))
+                }
+                _ => Vec::new(),
+            }
+        };
+        self.resend(held);
     }
 
     /// The stripes of the striped request to `peer` are done (acknowledged, or failed): the
     /// next large request to it may be striped.
-    fn release(&self, peer: SocketAddr) {
-        if let Some(PeerState::Takes { striping, .. }) = lock(&self.peers).get_mut(&peer) {
-            *striping = false;
+    fn release(self: &Arc<Self>, peer: SocketAddr) {
+        let held = match lock(&self.peers).get_mut(&peer) {
+            Some(PeerState::Takes { striping, held, .. }) => {
+                *striping = false;
+                std::mem::take(held)
+            }
+            _ => Vec::new(),
+        };
+        self.resend(held);
+    }
+
+    /// Requests that were held (or waited) go on, in order, as if sent now.
+    fn resend(self: &Arc<Self>, requests: Vec<OutboundRequest>) {
+        for request in requests {
+            self.send(request);
         }
     }
 
@@ -227,14 +265,28 @@ impl StripeSender {
     fn answered(self: &Arc<Self>, peer: SocketAddr, state: PeerState) {
         let waiting = {
             let mut peers = lock(&self.peers);
-            match peers.insert(peer, state) {
-                Some(PeerState::Asking(waiting)) => waiting,
-                _ => Vec::new(),
-            }
+            peers.insert(peer, state).map_or_else(Vec::new, held_of)
         };
-        for request in waiting {
-            self.send(request);
-        }
+        self.resend(waiting);
+    }
+}
+
+/// The requests a peer's state holds back, if any.
+fn held_of(state: PeerState) -> Vec<OutboundRequest> {
+    match state {
+        PeerState::Takes { held, .. } => held,
+        PeerState::Asking(waiting) => waiting,
+        PeerState::Whole(_) => Vec::new(),
+    }
+}
+
+/// Whether `deadline` comes no earlier than `other` (a request held until `other` waits no
+/// longer than it may).
+fn not_before(deadline: Deadline, other: Deadline) -> bool {
+    match (deadline.at(), other.at()) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(at), Some(other)) => at >= other,
     }
 }
 
@@ -256,6 +308,8 @@ impl Completion for Probe {
                         max: c.max_stripes,
                         striping: false,
                         large: 0,
+                        striped_until: Deadline::never(),
+                        held: Vec::new(),
                     }
                 })
             }
@@ -340,204 +394,6 @@ impl Completion for Unset {
     }
 }
 
-/// Cuts `request` into `count` stripes and sends them; the request follows from
-/// [`Call::stripe_done`].
-fn send_striped(
-    sender: &Arc<StripeSender>,
-    driver: &Arc<dyn Driver>,
-    request: OutboundRequest,
-    count: u16,
-) {
-    let token = match crate::sys::random_16() {
-        Ok(bytes) => Token(bytes),
-        Err(e) => {
-            tracing::debug!(error = %e, "no randomness for a stripe token; sent whole");
-            sender.release(request.peer);
-            return driver.send(request);
-        }
-    };
-    let Some(plan) = plan(&request.message, count, token) else {
-        sender.release(request.peer);
-        return driver.send(request);
-    };
-    let OutboundRequest {
-        peer,
-        path,
-        kind,
-        deadline,
-        completion,
-        ..
-    } = request;
-    let stripes = plan.stripes.len();
-    let call = Arc::new(Call {
-        driver: Arc::downgrade(driver),
-        sender: Arc::downgrade(sender),
-        released: AtomicBool::new(false),
-        cancelled: AtomicBool::new(false),
-        state: Mutex::new(CallState {
-            remaining: stripes,
-            caller: None,
-            request: Some((path.clone(), plan.request)),
-            hooks: Vec::new(),
-        }),
-        peer,
-        kind,
-        deadline,
-        stripes: u64::try_from(stripes).unwrap_or(u64::MAX),
-    });
-    // The caller gives up: the stripes still on their way are cancelled.
-    let weak = Arc::downgrade(&call);
-    completion.on_cancel(Box::new(move || {
-        if let Some(call) = weak.upgrade() {
-            call.fail(Error::Cancelled);
-        }
-    }));
-    lock(&call.state).caller = Some(completion);
-    if call.cancelled.load(Ordering::Acquire) {
-        return call.fail(Error::Cancelled);
-    }
-    for (descriptor, parts) in plan.stripes {
-        let stripe = OutboundRequest::new(
-            peer,
-            path.clone(),
-            RequestKind::Tell,
-            parts,
-            deadline,
-            Box::new(StripeCompletion {
-                call: Arc::clone(&call),
-            }),
-        )
-        .with_framing(Framing::Stripe(descriptor));
-        driver.send(stripe);
-    }
-}
-
-/// One striped call: its stripes on their way, then its request.
-struct Call {
-    driver: Weak<dyn Driver>,
-    /// Told when the peer refuses a stripe, and when the stripes are done.
-    sender: Weak<StripeSender>,
-    /// The sender was told the stripes are done.
-    released: AtomicBool,
-    /// The call failed or was cancelled: stripes not sent yet are dropped.
-    cancelled: AtomicBool,
-    state: Mutex<CallState>,
-    peer: SocketAddr,
-    kind: RequestKind,
-    deadline: Deadline,
-    /// Stripes of the call.
-    stripes: u64,
-}
-
-struct CallState {
-    /// Stripes not acknowledged yet.
-    remaining: usize,
-    /// The caller's completion, until the request goes out with it (or the call fails).
-    caller: Option<Box<dyn Completion>>,
-    /// The request frame's path and message, sent once every stripe is in.
-    request: Option<(ActorPath, TensorMessage)>,
-    /// Hooks of stripes on connections: run to close them when the call fails.
-    hooks: Vec<Box<dyn FnOnce() + Send>>,
-}
-
-impl Call {
-    /// A stripe was acknowledged; after the last, the request goes out.
-    fn stripe_done(&self) {
-        let (caller, request) = {
-            let mut state = lock(&self.state);
-            state.remaining = state.remaining.saturating_sub(1);
-            if state.remaining > 0 || self.cancelled.load(Ordering::Acquire) {
-                return;
-            }
-            state.hooks.clear();
-            (state.caller.take(), state.request.take())
-        };
-        self.release();
-        let (Some(caller), Some((path, message))) = (caller, request) else {
-            return;
-        };
-        let Some(driver) = self.driver.upgrade() else {
-            return caller.complete(Err(Error::Shutdown));
-        };
-        stats::global().record_striped_request_sent(self.stripes);
-        let (peer, kind, deadline) = (self.peer, self.kind, self.deadline);
-        let request = OutboundRequest::new(peer, path, kind, message, deadline, caller)
-            .with_framing(Framing::Striped);
-        driver.send(request);
-    }
-
-    /// Tells the sender, once, that this call's stripes are done.
-    fn release(&self) {
-        if self.released.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        if let Some(sender) = self.sender.upgrade() {
-            sender.release(self.peer);
-        }
-    }
-
-    /// A stripe failed (or the caller gave up): the caller gets `error`, the other stripes
-    /// are cancelled, the request is never sent.
-    fn fail(&self, error: Error) {
-        self.cancelled.store(true, Ordering::Release);
-        self.release();
-        let (caller, hooks) = {
-            let mut state = lock(&self.state);
-            state.request = None;
-            (state.caller.take(), std::mem::take(&mut state.hooks))
-        };
-        if let Some(caller) = caller {
-            let error = match error {
-                // The stripes carry the call's deadline: its expiry is the call's.
-                Error::Timeout { what: "tell", .. } => self.deadline.error(self.kind.as_str()),
-                other => other,
-            };
-            caller.complete(Err(error));
-        }
-        hooks.into_iter().for_each(|hook| hook());
-    }
-}
-
-/// One stripe's completion.
-struct StripeCompletion {
-    call: Arc<Call>,
-}
-
-impl Completion for StripeCompletion {
-    fn complete(self: Box<Self>, outcome: Result<Answer, Error>) {
-        match outcome {
-            Ok(Answer::Ack) => self.call.stripe_done(),
-            Ok(Answer::Reply(_)) => self.call.fail(Error::UnexpectedReply {
-                peer: self.call.peer,
-                request: "stripe",
-                reply: "a reply",
-            }),
-            Err(e) => {
-                if e.is_remote() {
-                    if let Some(sender) = self.call.sender.upgrade() {
-                        sender.forget(self.call.peer);
-                    }
-                }
-                self.call.fail(e);
-            }
-        }
-    }
-
-    fn is_cancelled(&self) -> bool {
-        self.call.cancelled.load(Ordering::Acquire)
-    }
-
-    fn on_cancel(&self, hook: Box<dyn FnOnce() + Send>) {
-        let mut state = lock(&self.call.state);
-        if self.call.cancelled.load(Ordering::Acquire) {
-            drop(state);
-            return hook();
-        }
-        state.hooks.push(hook);
-    }
-
-    fn routed(&self, _route: Route) {}
-}
-
+mod call;
 #[cfg(test)]
 mod tests;

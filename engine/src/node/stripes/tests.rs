@@ -1,6 +1,7 @@
 //! The stripe sender against a driver that only keeps what it is handed: which requests are
-//! striped, and that a large request's count comes back however it ends (answered, failed,
-//! dropped by its driver), so a loopback peer is striped again once it is alone.
+//! striped, which a loopback peer's burst holds and when they go, and that a large request's
+//! count comes back however it ends (answered, failed, dropped by its driver), so a loopback
+//! peer is striped again once it is alone.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -21,14 +22,84 @@ const LOOPBACK: &str = "127.0.0.1:7000";
 const REMOTE: &str = "10.0.0.7:7000";
 
 #[test]
-fn a_failed_striped_request_gives_its_count_back() {
+fn a_burst_to_a_loopback_peer_waits_for_the_stripes_then_goes_whole_behind_the_request() {
+    let t = Harness::new();
+    let _first = t.send(LOOPBACK);
+    let stripes = t.taken();
+    assert_eq!(framings(&stripes), vec!["stripe"; 4], "alone: striped");
+    let _second = t.send(LOOPBACK);
+    let _third = t.send(LOOPBACK);
+    assert!(
+        t.taken().is_empty(),
+        "held while the stripes are on their way"
+    );
+    ack(stripes);
+    assert_eq!(
+        framings(&t.taken()),
+        vec!["striped", "whole", "whole"],
+        "the request frame, then what was held, whole"
+    );
+}
+
+#[test]
+fn a_request_that_may_not_wait_that_long_is_not_held() {
+    let t = Harness::new();
+    let _first = t.send(LOOPBACK);
+    let stripes = t.taken();
+    let _hurried = t.send_within(LOOPBACK, Duration::from_secs(1));
+    assert_eq!(
+        framings(&t.taken()),
+        vec!["whole"],
+        "its deadline is before the stripes'"
+    );
+    drop(stripes);
+}
+
+#[test]
+fn stripes_dropped_unanswered_send_what_was_held() {
     let t = Harness::new();
     let first = t.send(LOOPBACK);
     let stripes = t.taken();
-    assert_eq!(framings(&stripes), vec!["stripe"; 4], "alone: striped");
-    let mut stripes = stripes.into_iter();
-    let failed = stripes.next().expect("a stripe");
-    failed.completion.complete(Err(Error::Shutdown));
+    let _second = t.send(LOOPBACK);
+    assert!(t.taken().is_empty());
+    drop(stripes); // the driver lost them: the call ends
+    assert!(first.outcome().is_none(), "nobody answered it");
+    assert_eq!(framings(&t.taken()), vec!["whole"], "the held request goes");
+}
+
+#[test]
+fn a_refused_stripe_sends_what_was_held_to_a_peer_asked_again() {
+    let t = Harness::new();
+    let first = t.send(LOOPBACK);
+    let mut stripes = t.taken().into_iter();
+    let _second = t.send(LOOPBACK);
+    let refusal = Error::Remote {
+        peer: None,
+        text: "no stripes here".into(),
+    };
+    stripes
+        .next()
+        .expect("a stripe")
+        .completion
+        .complete(Err(refusal));
+    assert!(matches!(first.outcome(), Some(Err(Error::Remote { .. }))));
+    assert_eq!(
+        framings(&t.taken()),
+        vec!["capabilities"],
+        "the held request waits for the peer's new answer"
+    );
+}
+
+#[test]
+fn a_failed_striped_request_gives_its_count_back() {
+    let t = Harness::new();
+    let first = t.send(LOOPBACK);
+    let mut stripes = t.taken().into_iter();
+    stripes
+        .next()
+        .expect("a stripe")
+        .completion
+        .complete(Err(Error::Shutdown));
     assert!(matches!(first.outcome(), Some(Err(Error::Shutdown))));
     drop(stripes); // the other stripes end unanswered with it
     t.send(LOOPBACK);
@@ -43,8 +114,13 @@ fn a_failed_striped_request_gives_its_count_back() {
 fn a_whole_request_its_driver_dropped_gives_its_count_back() {
     let t = Harness::new();
     let first = t.send(LOOPBACK);
-    let stripes = t.taken();
-    assert_eq!(stripes.len(), 4);
+    ack(t.taken());
+    let request = t.taken();
+    assert_eq!(
+        framings(&request),
+        vec!["striped"],
+        "the stripes are in: the request goes"
+    );
     let _second = t.send(LOOPBACK);
     let whole = t.taken();
     assert_eq!(
@@ -53,21 +129,7 @@ fn a_whole_request_its_driver_dropped_gives_its_count_back() {
         "beside an unanswered one: whole"
     );
     drop(whole); // the driver lost it without an answer
-    for stripe in stripes {
-        stripe.completion.complete(Ok(Answer::Ack));
-    }
-    let request = t.taken();
-    assert_eq!(
-        framings(&request),
-        vec!["striped"],
-        "the stripes are in: the request goes"
-    );
-    for request in request {
-        request.completion.complete(Ok(Answer::Reply(Reply::Single {
-            msg_type: "ack".into(),
-            data: Bytes::new(),
-        })));
-    }
+    answer(request);
     assert!(matches!(first.outcome(), Some(Ok(_))));
     t.send(LOOPBACK);
     assert_eq!(
@@ -83,22 +145,20 @@ fn a_loopback_peer_is_striped_again_only_once_every_large_request_is_answered() 
     let _first = t.send(LOOPBACK);
     let stripes = t.taken();
     let _second = t.send(LOOPBACK);
-    let whole = t.taken();
-    for stripe in stripes {
-        stripe.completion.complete(Ok(Answer::Ack));
-    }
-    for request in t.taken() {
-        request.completion.complete(Err(Error::Cancelled));
-    }
+    ack(stripes);
+    let mut sent = t.taken().into_iter();
+    let (request, whole) = (
+        sent.next().expect("the request"),
+        sent.next().expect("the held one"),
+    );
+    answer(vec![request]);
     t.send(LOOPBACK);
     assert_eq!(
         framings(&t.taken()),
         vec!["whole"],
         "the second is unanswered yet"
     );
-    for request in whole {
-        request.completion.complete(Err(Error::Cancelled));
-    }
+    answer(vec![whole]);
     t.send(LOOPBACK);
     assert_eq!(
         framings(&t.taken()),
@@ -116,11 +176,9 @@ fn a_remote_peer_is_striped_again_as_soon_as_the_stripes_are_in() {
     assert_eq!(
         framings(&t.taken()),
         vec!["whole"],
-        "one striped request at a time"
+        "one striped request at a time, none held"
     );
-    for stripe in stripes {
-        stripe.completion.complete(Ok(Answer::Ack));
-    }
+    ack(stripes);
     assert_eq!(framings(&t.taken()), vec!["striped"]);
     t.send(REMOTE);
     assert_eq!(
@@ -128,6 +186,21 @@ fn a_remote_peer_is_striped_again_as_soon_as_the_stripes_are_in() {
         vec!["stripe"; 4],
         "where one flow may be capped, striping beside unanswered requests still pays"
     );
+}
+
+fn ack(stripes: Vec<OutboundRequest>) {
+    for stripe in stripes {
+        stripe.completion.complete(Ok(Answer::Ack));
+    }
+}
+
+fn answer(requests: Vec<OutboundRequest>) {
+    for request in requests {
+        request.completion.complete(Ok(Answer::Reply(Reply::Single {
+            msg_type: "ack".into(),
+            data: Bytes::new(),
+        })));
+    }
 }
 
 /// A stripe sender (4 stripes from 1 MiB, loopback from 8 MiB) on a driver that keeps what
@@ -169,19 +242,20 @@ impl Harness {
             // The request that waited for the answer goes out striped: finish it.
             let stripes = t.taken();
             assert_eq!(framings(&stripes), vec!["stripe"; 4]);
-            for stripe in stripes {
-                stripe.completion.complete(Ok(Answer::Ack));
-            }
-            for request in t.taken() {
-                request.completion.complete(Err(Error::Cancelled));
-            }
+            ack(stripes);
+            answer(t.taken());
             assert!(waiting.outcome().is_some());
         }
         t
     }
 
-    /// Sends an 8 MiB ask to `peer`; its outcome lands in the returned cell.
+    /// Sends an 8 MiB ask to `peer` with a minute to go; its outcome lands in the returned
+    /// cell.
     fn send(&self, peer: &str) -> Outcome {
+        self.send_within(peer, Duration::from_secs(60))
+    }
+
+    fn send_within(&self, peer: &str, timeout: Duration) -> Outcome {
         let peer: SocketAddr = peer.parse().expect("an address");
         let outcome = Outcome::default();
         let message = TensorMessage::new(0, Bytes::new(), vec![Bytes::from(vec![7u8; 8 << 20])]);
@@ -190,7 +264,7 @@ impl Harness {
             ActorPath::parse("sink").expect("a path"),
             RequestKind::Ask,
             message,
-            Deadline::after(Instant::now(), Duration::from_secs(60)),
+            Deadline::after(Instant::now(), timeout),
             Box::new(outcome.clone()),
         );
         self.sender.send(request);
