@@ -441,8 +441,9 @@ impl NodeBuilder {
     /// only from 8 MiB (or the threshold, if larger), and only while no other large request
     /// to it is unanswered (requests in flight side by side already keep both ends' CPUs
     /// busy); large requests that come while its stripes are on their way (a burst) wait for
-    /// them, if their deadline allows, then go whole; unless [`NodeBuilder::stripe_loopback`]
-    /// is set (`docs/benchmarks.md`, "Striping"). A large request that goes whole waits for a connection like any other
+    /// them (if their deadline is no earlier, for at most a quarter of their time and 1 s),
+    /// then go whole; unless [`NodeBuilder::stripe_loopback`] is set (`docs/benchmarks.md`,
+    /// "Striping"). A large request that goes whole waits for a connection like any other
     /// ([`NodeBuilder::busy_bytes_per_peer`]: by default, behind the answer to the large
     /// request before it to the same peer).
     pub fn stripes(mut self, stripes: u16) -> Self {

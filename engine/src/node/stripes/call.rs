@@ -28,13 +28,11 @@ pub(super) fn send_striped(
         Ok(bytes) => Token(bytes),
         Err(e) => {
             tracing::debug!(error = %e, "no randomness for a stripe token; sent whole");
-            sender.release(request.peer);
-            return driver.send(request);
+            return send_whole(sender, driver, request);
         }
     };
     let Some(plan) = plan(&request.message, count, token) else {
-        sender.release(request.peer);
-        return driver.send(request);
+        return send_whole(sender, driver, request);
     };
     let OutboundRequest {
         peer,
@@ -86,6 +84,13 @@ pub(super) fn send_striped(
         .with_framing(Framing::Stripe(descriptor));
         driver.send(stripe);
     }
+}
+
+/// `request`, which was to be striped, goes whole; what was held for it goes behind it.
+fn send_whole(sender: &Arc<StripeSender>, driver: &Arc<dyn Driver>, request: OutboundRequest) {
+    let peer = request.peer;
+    driver.send(request);
+    sender.release(peer);
 }
 
 /// One striped call: its stripes on their way, then its request.
@@ -158,12 +163,15 @@ impl Call {
     /// are cancelled, the request is never sent.
     fn fail(&self, error: Error) {
         self.cancelled.store(true, Ordering::Release);
-        self.release();
         let (caller, hooks) = {
             let mut state = lock(&self.state);
             state.request = None;
             (state.caller.take(), std::mem::take(&mut state.hooks))
         };
+        // The other stripes stop first, so what was held does not go beside them; the caller
+        // hears last, so its request still counts as unanswered while the held ones go.
+        hooks.into_iter().for_each(|hook| hook());
+        self.release();
         if let Some(caller) = caller {
             let error = match error {
                 // The stripes carry the call's deadline: its expiry is the call's.
@@ -172,7 +180,6 @@ impl Call {
             };
             caller.complete(Err(error));
         }
-        hooks.into_iter().for_each(|hook| hook());
     }
 }
 

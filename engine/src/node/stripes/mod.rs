@@ -32,6 +32,19 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Large requests held per loopback peer at most while its striped request's stripes are on
 /// their way; more go whole at once.
 const MAX_HELD: usize = 256;
+/// The longest a burst is held (or a quarter of its first request's time, if less): the
+/// stripes of a request to a loopback peer are in within tens of milliseconds; stripes that
+/// are not must not take the burst behind them down with them.
+const MAX_HOLD: Duration = Duration::from_secs(1);
+
+/// Whether a loopback peer's burst is held for the striped call on its way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Hold {
+    /// Counts the peer's striped calls: a hold's timer ends only its own call's hold.
+    call: u64,
+    /// Requests may be held for it (until its hold timer fires).
+    open: bool,
+}
 
 /// Payload bytes from which requests to a loopback peer are striped (unless
 /// [`StripeConfig::loopback`]): one flow through loopback is not capped, and below this
@@ -70,13 +83,14 @@ enum PeerState {
     /// of at least the threshold sent to it and not answered yet, striped or whole (counted
     /// only where they decide, for a peer striped only alone); `held`: for such a peer, large
     /// requests that came while the striped one's stripes were on their way (a burst), sent
-    /// when they are in, no later than that request's `striped_until`.
+    /// when they are in, or once a quarter of the first one's time is spent (`hold`).
     Takes {
         max: u16,
         striping: bool,
         large: u32,
         striped_until: Deadline,
         held: Vec<OutboundRequest>,
+        hold: Hold,
     },
     /// It takes none (or could not be asked): whole frames until then.
     Whole(Instant),
@@ -124,15 +138,23 @@ impl StripeSender {
                 large,
                 striped_until,
                 held,
+                hold,
             } => {
                 if alone_only
                     && *striping
+                    && hold.open
                     && held.len() < MAX_HELD
                     && not_before(request.deadline, *striped_until)
                 {
                     // A burst to a loopback peer: the stripes use both CPUs; copying beside
                     // them only slows both down. It goes when they are in.
+                    let first = held.is_empty();
+                    let (call, until) = (hold.call, now + hold_limit(now, request.deadline));
                     held.push(request);
+                    drop(peers);
+                    if first {
+                        self.end_hold_at(peer, call, until);
+                    }
                     return;
                 }
                 let others_unanswered = alone_only && *large > 0;
@@ -141,6 +163,10 @@ impl StripeSender {
                 *striping |= stripe;
                 if stripe {
                     *striped_until = request.deadline;
+                    *hold = Hold {
+                        call: hold.call.wrapping_add(1),
+                        open: true,
+                    };
                 }
                 if alone_only {
                     *large = large.saturating_add(1);
@@ -254,6 +280,31 @@ impl StripeSender {
         self.resend(held);
     }
 
+    /// At `at`, the burst held for striped call `call` to `peer` (if it is still held) goes on
+    /// without waiting further.
+    fn end_hold_at(self: &Arc<Self>, peer: SocketAddr, call: u64, at: Instant) {
+        let sender = Arc::downgrade(self);
+        crate::pending::schedule_timer(
+            at,
+            Box::new(move || {
+                if let Some(sender) = sender.upgrade() {
+                    sender.end_hold(peer, call);
+                }
+            }),
+        );
+    }
+
+    fn end_hold(self: &Arc<Self>, peer: SocketAddr, call: u64) {
+        let held = match lock(&self.peers).get_mut(&peer) {
+            Some(PeerState::Takes { held, hold, .. }) if hold.call == call && hold.open => {
+                hold.open = false;
+                std::mem::take(held)
+            }
+            _ => Vec::new(),
+        };
+        self.resend(held);
+    }
+
     /// Requests that were held (or waited) go on, in order, as if sent now.
     fn resend(self: &Arc<Self>, requests: Vec<OutboundRequest>) {
         for request in requests {
@@ -290,6 +341,14 @@ fn not_before(deadline: Deadline, other: Deadline) -> bool {
     }
 }
 
+/// How long a request with `deadline` may be held from `now`: a quarter of its time, at most
+/// [`MAX_HOLD`].
+fn hold_limit(now: Instant, deadline: Deadline) -> Duration {
+    deadline.at().map_or(MAX_HOLD, |at| {
+        (at.saturating_duration_since(now) / 4).min(MAX_HOLD)
+    })
+}
+
 /// The capabilities Ask's completion.
 struct Probe {
     sender: Arc<StripeSender>,
@@ -310,6 +369,7 @@ impl Completion for Probe {
                         large: 0,
                         striped_until: Deadline::never(),
                         held: Vec::new(),
+                        hold: Hold::default(),
                     }
                 })
             }

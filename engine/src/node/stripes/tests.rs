@@ -56,6 +56,34 @@ fn a_request_that_may_not_wait_that_long_is_not_held() {
 }
 
 #[test]
+fn a_burst_is_held_no_longer_than_its_hold_allows() {
+    let t = Harness::new();
+    let _first = t.send(LOOPBACK);
+    let stripes = t.taken();
+    let _second = t.send(LOOPBACK);
+    assert!(t.taken().is_empty(), "held");
+    // The stripes never come in: after `MAX_HOLD` (a quarter of a minute is more) it goes.
+    let waited = Instant::now();
+    let mut sent = Vec::new();
+    while sent.is_empty() && waited.elapsed() < super::MAX_HOLD * 5 {
+        std::thread::sleep(Duration::from_millis(10));
+        sent = t.taken();
+    }
+    assert_eq!(framings(&sent), vec!["whole"], "the hold ended");
+    assert!(
+        waited.elapsed() >= super::MAX_HOLD / 2,
+        "not before its time"
+    );
+    let _third = t.send(LOOPBACK);
+    assert_eq!(
+        framings(&t.taken()),
+        vec!["whole"],
+        "no new hold for the same stripes"
+    );
+    drop(stripes);
+}
+
+#[test]
 fn stripes_dropped_unanswered_send_what_was_held() {
     let t = Harness::new();
     let first = t.send(LOOPBACK);
