@@ -17,6 +17,8 @@ use tensorwire_proto::route::Route;
 use tensorwire_proto::transport::{Answer, Completion, Deadline, Error, Reply};
 
 pub(crate) use timer::{cancel as cancel_timer, schedule as schedule_timer};
+#[cfg(test)]
+pub(crate) use timer::{exclusive as exclusive_timers, sizes as timer_sizes};
 
 /// The result of an `ask` or `tell` in progress.
 ///
@@ -440,8 +442,7 @@ mod tests {
 
     /// The deadline thread is process-wide: tests that count its entries run one at a time.
     fn timers() -> std::sync::MutexGuard<'static, ()> {
-        static TIMERS: Mutex<()> = Mutex::new(());
-        lock(&TIMERS)
+        timer::exclusive()
     }
 
     #[test]

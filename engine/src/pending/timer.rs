@@ -82,6 +82,13 @@ pub(crate) fn schedule(at: Instant, action: Action) -> u64 {
     id
 }
 
+/// Tests that schedule deadlines, or count them, run one at a time: the thread is process-wide.
+#[cfg(test)]
+pub(crate) fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    static TESTS: Mutex<()> = Mutex::new(());
+    lock(&TESTS)
+}
+
 /// Entries in the heap and live deadlines (for tests).
 #[cfg(test)]
 pub(crate) fn sizes() -> (usize, usize) {

@@ -44,6 +44,8 @@ struct Hold {
     call: u64,
     /// Requests may be held for it (until its hold timer fires).
     open: bool,
+    /// The timer that ends the hold, while requests are held.
+    timer: Option<u64>,
 }
 
 /// Payload bytes from which requests to a loopback peer are striped (unless
@@ -148,13 +150,11 @@ impl StripeSender {
                 {
                     // A burst to a loopback peer: the stripes use both CPUs; copying beside
                     // them only slows both down. It goes when they are in.
-                    let first = held.is_empty();
-                    let (call, until) = (hold.call, now + hold_limit(now, request.deadline));
-                    held.push(request);
-                    drop(peers);
-                    if first {
-                        self.end_hold_at(peer, call, until);
+                    if held.is_empty() {
+                        let until = now + hold_limit(now, request.deadline);
+                        hold.timer = Some(self.end_hold_at(peer, hold.call, until));
                     }
+                    held.push(request);
                     return;
                 }
                 let others_unanswered = alone_only && *large > 0;
@@ -166,6 +166,7 @@ impl StripeSender {
                     *hold = Hold {
                         call: hold.call.wrapping_add(1),
                         open: true,
+                        timer: None,
                     };
                 }
                 if alone_only {
@@ -261,7 +262,7 @@ impl StripeSender {
                 Some(state @ PeerState::Takes { .. }) => {
                     held_of(std::mem::replace(state, PeerState::Whole(Instant::now())))
                 }
-                _ => Vec::new(),
+                _ => Held::default(),
             }
         };
         self.resend(held);
@@ -271,18 +272,26 @@ impl StripeSender {
     /// next large request to it may be striped.
     fn release(self: &Arc<Self>, peer: SocketAddr) {
         let held = match lock(&self.peers).get_mut(&peer) {
-            Some(PeerState::Takes { striping, held, .. }) => {
+            Some(PeerState::Takes {
+                striping,
+                held,
+                hold,
+                ..
+            }) => {
                 *striping = false;
-                std::mem::take(held)
+                Held {
+                    requests: std::mem::take(held),
+                    timer: hold.timer.take(),
+                }
             }
-            _ => Vec::new(),
+            _ => Held::default(),
         };
         self.resend(held);
     }
 
     /// At `at`, the burst held for striped call `call` to `peer` (if it is still held) goes on
     /// without waiting further.
-    fn end_hold_at(self: &Arc<Self>, peer: SocketAddr, call: u64, at: Instant) {
+    fn end_hold_at(self: &Arc<Self>, peer: SocketAddr, call: u64, at: Instant) -> u64 {
         let sender = Arc::downgrade(self);
         crate::pending::schedule_timer(
             at,
@@ -291,23 +300,31 @@ impl StripeSender {
                     sender.end_hold(peer, call);
                 }
             }),
-        );
+        )
     }
 
     fn end_hold(self: &Arc<Self>, peer: SocketAddr, call: u64) {
         let held = match lock(&self.peers).get_mut(&peer) {
             Some(PeerState::Takes { held, hold, .. }) if hold.call == call && hold.open => {
                 hold.open = false;
-                std::mem::take(held)
+                hold.timer = None; // it fired
+                Held {
+                    requests: std::mem::take(held),
+                    timer: None,
+                }
             }
-            _ => Vec::new(),
+            _ => Held::default(),
         };
         self.resend(held);
     }
 
-    /// Requests that were held (or waited) go on, in order, as if sent now.
-    fn resend(self: &Arc<Self>, requests: Vec<OutboundRequest>) {
-        for request in requests {
+    /// Requests that were held (or waited) go on, in order, as if sent now; the timer that
+    /// would have ended their hold is cancelled.
+    fn resend(self: &Arc<Self>, held: Held) {
+        if let Some(timer) = held.timer {
+            crate::pending::cancel_timer(timer);
+        }
+        for request in held.requests {
             self.send(request);
         }
     }
@@ -316,18 +333,33 @@ impl StripeSender {
     fn answered(self: &Arc<Self>, peer: SocketAddr, state: PeerState) {
         let waiting = {
             let mut peers = lock(&self.peers);
-            peers.insert(peer, state).map_or_else(Vec::new, held_of)
+            peers
+                .insert(peer, state)
+                .map_or_else(Held::default, held_of)
         };
         self.resend(waiting);
     }
 }
 
-/// The requests a peer's state holds back, if any.
-fn held_of(state: PeerState) -> Vec<OutboundRequest> {
+/// Requests a peer's state held back, and the timer that would end their hold.
+#[derive(Default)]
+struct Held {
+    requests: Vec<OutboundRequest>,
+    timer: Option<u64>,
+}
+
+/// What a peer's state holds back, if anything.
+fn held_of(state: PeerState) -> Held {
     match state {
-        PeerState::Takes { held, .. } => held,
-        PeerState::Asking(waiting) => waiting,
-        PeerState::Whole(_) => Vec::new(),
+        PeerState::Takes { held, hold, .. } => Held {
+            requests: held,
+            timer: hold.timer,
+        },
+        PeerState::Asking(requests) => Held {
+            requests,
+            timer: None,
+        },
+        PeerState::Whole(_) => Held::default(),
     }
 }
 

@@ -39,6 +39,11 @@ fn a_burst_to_a_loopback_peer_waits_for_the_stripes_then_goes_whole_behind_the_r
         vec!["striped", "whole", "whole"],
         "the request frame, then what was held, whole"
     );
+    assert_eq!(
+        crate::pending::timer_sizes().1,
+        0,
+        "the hold's timer was cancelled"
+    );
 }
 
 #[test]
@@ -238,6 +243,8 @@ struct Harness {
     sender: Arc<StripeSender>,
     /// Keeps the driver alive for the sender's weak reference.
     _as_driver: Arc<dyn Driver>,
+    /// Holds schedule deadlines: no test that counts them runs meanwhile.
+    _timers: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Harness {
@@ -254,6 +261,7 @@ impl Harness {
             driver,
             sender,
             _as_driver: as_driver,
+            _timers: crate::pending::exclusive_timers(),
         };
         for peer in [LOOPBACK, REMOTE] {
             let waiting = t.send(peer);
