@@ -37,14 +37,31 @@ const MAX_HELD: usize = 256;
 /// are not must not take the burst behind them down with them.
 const MAX_HOLD: Duration = Duration::from_secs(1);
 
-/// Whether a loopback peer's burst is held for the striped call on its way.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// The striped call on its way to a loopback peer, for which a burst may be held.
+#[derive(Clone, Copy, Debug)]
 struct Hold {
     /// Counts the peer's striped calls: a hold's timer ends only its own call's hold.
     call: u64,
     /// Requests may be held for it (until its hold timer fires).
     open: bool,
-    /// The timer that ends the hold, while requests are held.
+    /// The striped request's deadline: only requests that may wait as long are held.
+    until: Deadline,
+}
+
+impl Default for Hold {
+    fn default() -> Self {
+        Self {
+            call: 0,
+            open: false,
+            until: Deadline::never(),
+        }
+    }
+}
+
+/// Requests a peer's state holds back, and the timer that ends their hold.
+#[derive(Default)]
+struct Held {
+    requests: Vec<OutboundRequest>,
     timer: Option<u64>,
 }
 
@@ -90,8 +107,7 @@ enum PeerState {
         max: u16,
         striping: bool,
         large: u32,
-        striped_until: Deadline,
-        held: Vec<OutboundRequest>,
+        held: Held,
         hold: Hold,
     },
     /// It takes none (or could not be asked): whole frames until then.
@@ -111,10 +127,10 @@ impl StripeSender {
     /// A loopback peer is striped only from [`LOOPBACK_THRESHOLD`] (or the threshold, if
     /// larger) unless [`StripeConfig::loopback`] says otherwise.
     pub(crate) fn wants(&self, peer: SocketAddr, message: &TensorMessage) -> bool {
-        let threshold = if self.config.loopback || !peer.ip().to_canonical().is_loopback() {
-            self.config.threshold
-        } else {
+        let threshold = if self.stripes_only_alone(peer) {
             self.config.threshold.max(LOOPBACK_THRESHOLD)
+        } else {
+            self.config.threshold
         };
         self.config.count >= 2 && message.total_bytes() >= threshold
     }
@@ -138,23 +154,22 @@ impl StripeSender {
                 max,
                 striping,
                 large,
-                striped_until,
                 held,
                 hold,
             } => {
                 if alone_only
                     && *striping
                     && hold.open
-                    && held.len() < MAX_HELD
-                    && not_before(request.deadline, *striped_until)
+                    && held.requests.len() < MAX_HELD
+                    && not_before(request.deadline, hold.until)
                 {
                     // A burst to a loopback peer: the stripes use both CPUs; copying beside
                     // them only slows both down. It goes when they are in.
-                    if held.is_empty() {
+                    if held.requests.is_empty() {
                         let until = now + hold_limit(now, request.deadline);
-                        hold.timer = Some(self.end_hold_at(peer, hold.call, until));
+                        held.timer = Some(self.end_hold_at(peer, hold.call, until));
                     }
-                    held.push(request);
+                    held.requests.push(request);
                     return;
                 }
                 let others_unanswered = alone_only && *large > 0;
@@ -162,11 +177,10 @@ impl StripeSender {
                 let count = self.config.count.min(*max);
                 *striping |= stripe;
                 if stripe {
-                    *striped_until = request.deadline;
                     *hold = Hold {
                         call: hold.call.wrapping_add(1),
                         open: true,
-                        timer: None,
+                        until: request.deadline,
                     };
                 }
                 if alone_only {
@@ -272,17 +286,9 @@ impl StripeSender {
     /// next large request to it may be striped.
     fn release(self: &Arc<Self>, peer: SocketAddr) {
         let held = match lock(&self.peers).get_mut(&peer) {
-            Some(PeerState::Takes {
-                striping,
-                held,
-                hold,
-                ..
-            }) => {
+            Some(PeerState::Takes { striping, held, .. }) => {
                 *striping = false;
-                Held {
-                    requests: std::mem::take(held),
-                    timer: hold.timer.take(),
-                }
+                std::mem::take(held)
             }
             _ => Held::default(),
         };
@@ -307,11 +313,8 @@ impl StripeSender {
         let held = match lock(&self.peers).get_mut(&peer) {
             Some(PeerState::Takes { held, hold, .. }) if hold.call == call && hold.open => {
                 hold.open = false;
-                hold.timer = None; // it fired
-                Held {
-                    requests: std::mem::take(held),
-                    timer: None,
-                }
+                held.timer = None; // it fired
+                std::mem::take(held)
             }
             _ => Held::default(),
         };
@@ -341,20 +344,10 @@ impl StripeSender {
     }
 }
 
-/// Requests a peer's state held back, and the timer that would end their hold.
-#[derive(Default)]
-struct Held {
-    requests: Vec<OutboundRequest>,
-    timer: Option<u64>,
-}
-
 /// What a peer's state holds back, if anything.
 fn held_of(state: PeerState) -> Held {
     match state {
-        PeerState::Takes { held, hold, .. } => Held {
-            requests: held,
-            timer: hold.timer,
-        },
+        PeerState::Takes { held, .. } => held,
         PeerState::Asking(requests) => Held {
             requests,
             timer: None,
@@ -399,8 +392,7 @@ impl Completion for Probe {
                         max: c.max_stripes,
                         striping: false,
                         large: 0,
-                        striped_until: Deadline::never(),
-                        held: Vec::new(),
+                        held: Held::default(),
                         hold: Hold::default(),
                     }
                 })
