@@ -82,6 +82,7 @@ pub struct TransportStats {
     shm_credit_waits: AtomicU64,
     shm_credit_fallbacks: AtomicU64,
     shm_credit_refusals: AtomicU64,
+    shm_copy_thread_copies: AtomicU64,
     shm_spin_micros: AtomicU64,
     shm_doorbells: AtomicU64,
     shm_peers_refused: AtomicU64,
@@ -111,6 +112,7 @@ impl TransportStats {
             shm_credit_waits: AtomicU64::new(0),
             shm_credit_fallbacks: AtomicU64::new(0),
             shm_credit_refusals: AtomicU64::new(0),
+            shm_copy_thread_copies: AtomicU64::new(0),
             shm_spin_micros: AtomicU64::new(0),
             shm_doorbells: AtomicU64::new(0),
             shm_peers_refused: AtomicU64::new(0),
@@ -165,6 +167,12 @@ impl TransportStats {
     /// descriptor limit) or refused (missing seals, wrong size).
     pub fn record_shm_fd_failure(&self) {
         self.shm_fd_failures.fetch_add(1, Relaxed);
+    }
+
+    /// A same-host send or reply was handed to the copy thread (a large copy, or one that
+    /// waits for credit) instead of being copied on the thread that sent it.
+    pub fn record_shm_copy_thread_copy(&self) {
+        self.shm_copy_thread_copies.fetch_add(1, Relaxed);
     }
 
     /// A same-host send found every slot held by receivers and waited for one to come back.
@@ -239,6 +247,7 @@ impl TransportStats {
             shm_credit_waits: self.shm_credit_waits.load(Relaxed),
             shm_credit_fallbacks: self.shm_credit_fallbacks.load(Relaxed),
             shm_credit_refusals: self.shm_credit_refusals.load(Relaxed),
+            shm_copy_thread_copies: self.shm_copy_thread_copies.load(Relaxed),
             shm_spin_micros: self.shm_spin_micros.load(Relaxed),
             shm_doorbells: self.shm_doorbells.load(Relaxed),
             shm_peers_refused: self.shm_peers_refused.load(Relaxed),
@@ -290,6 +299,9 @@ pub struct Snapshot {
     pub shm_credit_fallbacks: u64,
     /// Of those, sends that failed after waiting.
     pub shm_credit_refusals: u64,
+    /// Same-host sends and replies copied on the copy thread rather than on the thread that
+    /// sent them (copies over 64 KiB, and those that wait for credit).
+    pub shm_copy_thread_copies: u64,
     /// Microseconds threads spun waiting for same-host messages without finding any.
     pub shm_spin_micros: u64,
     /// Doorbells rung (system calls made to wake a sleeping same-host peer).
@@ -311,7 +323,7 @@ pub struct Snapshot {
 impl Snapshot {
     /// The numeric counters under their report keys, in a fixed order
     /// (`active_copy_model` is separate: it is text).
-    pub fn counters(&self) -> [(&'static str, u64); 22] {
+    pub fn counters(&self) -> [(&'static str, u64); 23] {
         [
             ("raw_frames_sent", self.raw_frames_sent),
             ("raw_frames_received", self.raw_frames_received),
@@ -328,6 +340,7 @@ impl Snapshot {
             ("shm_credit_waits", self.shm_credit_waits),
             ("shm_credit_fallbacks", self.shm_credit_fallbacks),
             ("shm_credit_refusals", self.shm_credit_refusals),
+            ("shm_copy_thread_copies", self.shm_copy_thread_copies),
             ("shm_spin_micros", self.shm_spin_micros),
             ("shm_doorbells", self.shm_doorbells),
             ("shm_peers_refused", self.shm_peers_refused),
@@ -378,6 +391,7 @@ mod tests {
                 ("shm_credit_waits", 0),
                 ("shm_credit_fallbacks", 0),
                 ("shm_credit_refusals", 0),
+                ("shm_copy_thread_copies", 0),
                 ("shm_spin_micros", 0),
                 ("shm_doorbells", 0),
                 ("shm_peers_refused", 0),

@@ -73,7 +73,7 @@ def test_numpy_gets_a_writable_copy_when_it_asks_for_one(
 def test_read_only_memory_goes_to_an_unversioned_consumer_as_a_copy_never_shared(
     pair: tuple[tw.Node, tw.Node], path: str
 ) -> None:
-    # Above 32 KiB: a smaller body crosses shared memory inside the control record and arrives
+    # Above 8 KiB: a smaller body crosses shared memory inside the control record and arrives
     # as the receiver's own (writable) memory.
     payload = np.arange(1 << 16, dtype=np.uint8)
     buffer = echoed(pair, path, payload).buffers[0]

@@ -4,6 +4,7 @@
 mod handler;
 mod local;
 mod mailbox;
+mod path_hash;
 mod registry;
 
 use std::future::Future;

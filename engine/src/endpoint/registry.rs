@@ -12,6 +12,7 @@ use tensorwire_proto::transport::{
 };
 
 use crate::endpoint::handler::{self, Handler};
+use crate::endpoint::path_hash::PathHash;
 use crate::endpoint::{Incoming, Mailbox, Push, Request};
 use crate::inflight::InFlightCount;
 
@@ -32,7 +33,7 @@ struct Entry {
 
 /// The endpoints of one node.
 pub(crate) struct Registry {
-    endpoints: RwLock<HashMap<String, Arc<Entry>>>,
+    endpoints: RwLock<HashMap<String, Arc<Entry>, PathHash>>,
     mailbox_capacity: usize,
     /// Requests that may wait for space in each mailbox.
     waiting_capacity: usize,
@@ -57,7 +58,7 @@ impl Registry {
     /// that wait for space.
     pub(crate) fn new(mailbox_capacity: usize, waiting_capacity: usize) -> Self {
         Self {
-            endpoints: RwLock::new(HashMap::new()),
+            endpoints: RwLock::new(HashMap::default()),
             mailbox_capacity,
             waiting_capacity,
             closing: AtomicBool::new(false),

@@ -227,7 +227,8 @@ pub struct EncodeError {
 /// [`EncodeError`] if the datagram would exceed [`MAX_DATAGRAM`] (a long path, many parts or
 /// large inline bytes): the sender then moves bytes into shared memory or refuses.
 pub fn encode(control: &Control) -> Result<Vec<u8>, EncodeError> {
-    let mut w = Writer(Vec::with_capacity(128), 0);
+    // Room for the inline bytes up front: the record is allocated once, never grown.
+    let mut w = Writer(Vec::with_capacity(128 + inline_len(control)), 0);
     w.0.extend_from_slice(MAGIC);
     match control {
         Control::Hello(h) => {
@@ -512,6 +513,36 @@ impl Writer {
             }
         }
     }
+}
+
+/// The bytes a control message carries inline (paths, bodies, texts), up to the datagram
+/// limit: what its encoding's size mostly is.
+fn inline_len(control: &Control) -> usize {
+    let body = |body: &Body| match body {
+        Body::Inline(bytes) => bytes.len(),
+        Body::Packed(_) => 0,
+        Body::Parts {
+            metadata, buffers, ..
+        } => std::iter::once(metadata)
+            .chain(buffers)
+            .map(|part| match part {
+                Part::Inline(bytes) => bytes.len().saturating_add(5),
+                Part::Shared(_) | Part::Returned(_) => SHARED_PART_BYTES,
+            })
+            .fold(0usize, usize::saturating_add),
+    };
+    let len = match control {
+        Control::Request { path, body: b, .. } => path.len().saturating_add(body(b)),
+        Control::Reply { reply, .. } => match reply {
+            WireReply::Tensor(b) => body(b),
+            WireReply::Single { msg_type, data } => msg_type.len().saturating_add(data.len()),
+            WireReply::Ack => 0,
+            WireReply::Error(text) => text.len(),
+        },
+        Control::Release { leases } => leases.len().saturating_mul(8),
+        _ => 0,
+    };
+    len.min(MAX_DATAGRAM)
 }
 
 #[cfg(test)]

@@ -15,8 +15,9 @@ use tensorwire_proto::transport::{
 
 use super::Transport;
 use super::conn::{Conn, Delivered};
-use super::outbound::credit;
-use super::packing::layout;
+use super::outbound::{credit, slot_at_once};
+use super::packing::{Layout, layout};
+use crate::shm::segments::SlotMut;
 
 /// A single reply's data travels in the record up to this.
 const INLINE_SINGLE: usize = MAX_DATAGRAM - 4096;
@@ -36,7 +37,7 @@ pub(super) fn deliver(t: &Arc<Transport>, conn: &Arc<Conn>, delivered: Delivered
         kind,
     });
     let mut request = InboundRequest::new(kind, path.clone(), message);
-    request.peer = conn.node.parse().ok();
+    request.peer = conn.node_addr;
     request.local_peer = Some(LocalPeer {
         uid: conn.peer.uid,
         pid: conn.peer.pid,
@@ -107,35 +108,48 @@ impl Responder for ShmResponder {
             Ok(Reply::Single { msg_type, data }) => WireReply::Single { msg_type, data },
             Ok(Reply::Tensor(message)) => {
                 let (t, conn, id) = (self.transport, self.conn, self.id);
-                if super::wake::on_driver_thread() && needs_copy(&t, &conn, &message) {
-                    // A handler that ran on the driver thread: copy on the copy thread.
-                    let job =
-                        Box::new(move |t: &Arc<Transport>| reply_tensor(t, &conn, id, &message));
+                let layout = match layout(&message, &t.limits, 0, &|b| conn.locate(b)) {
+                    Ok(layout) => layout,
+                    Err(e) => {
+                        let text = format!("cannot send the reply: {e}");
+                        return answer(&t, &conn, id, WireReply::Error(text));
+                    }
+                };
+                let slot = slot_at_once(&t, layout.copy);
+                if layout.copy > 0 && slot.is_none() && super::wake::on_driver_thread() {
+                    // A handler that ran on the driver thread, with a large copy or one that
+                    // waits for credit: copy on the copy thread.
+                    stats::global().record_shm_copy_thread_copy();
+                    let job = Box::new(move |t: &Arc<Transport>| {
+                        reply_tensor(t, &conn, id, &message, layout, None);
+                    });
                     if let Err(job) = t.copier.push(job) {
                         drop(job);
                     }
                     return;
                 }
-                return reply_tensor(&t, &conn, id, &message);
+                return reply_tensor(&t, &conn, id, &message, layout, slot);
             }
         };
         answer(&self.transport, &self.conn, self.id, reply);
     }
 }
 
-fn needs_copy(t: &Transport, conn: &Conn, message: &TensorMessage) -> bool {
-    layout(message, &t.limits, 0, &|b| conn.locate(b)).is_ok_and(|l| l.copy > 0)
-}
-
-/// Lays a tensor reply out (copying it into a slot if needed, waiting for credit as a send
-/// would) and sends it; a reply that cannot be sent becomes an error reply.
-fn reply_tensor(t: &Arc<Transport>, conn: &Arc<Conn>, id: u64, message: &TensorMessage) {
+/// Sends a tensor reply as `layout` says (copying it into `slot`, or into a slot it waits for
+/// credit for as a send would, if it needs a copy); a reply that cannot be sent becomes an
+/// error reply.
+fn reply_tensor(
+    t: &Arc<Transport>,
+    conn: &Arc<Conn>,
+    id: u64,
+    message: &TensorMessage,
+    layout: Layout,
+    slot: Option<SlotMut>,
+) {
     let fail = |text: String| answer(t, conn, id, WireReply::Error(text));
-    let layout = match layout(message, &t.limits, 0, &|b| conn.locate(b)) {
-        Ok(layout) => layout,
-        Err(e) => return fail(format!("cannot send the reply: {e}")),
-    };
-    let slot = if layout.copy > 0 {
+    let slot = if slot.is_some() {
+        slot
+    } else if layout.copy > 0 {
         match credit(
             t,
             layout.copy,

@@ -64,22 +64,48 @@ pub(super) fn send(t: &Arc<Transport>, conn: &Arc<Conn>, request: OutboundReques
         // The caller reads the reply itself only within a spin window (`caller::wait_here`);
         // without one, the peer must ring for it as for any other.
         let reading = !t.config.spin.is_zero();
-        return transmit(t, conn, outgoing, reading);
+        return transmit(t, conn, outgoing, reading, None);
     }
     if outgoing.layout.copy == 0 {
-        return transmit(t, conn, outgoing, false);
+        return transmit(t, conn, outgoing, false, None);
     }
+    if let Some(slot) = slot_at_once(t, outgoing.layout.copy) {
+        return transmit(t, conn, outgoing, false, Some(slot));
+    }
+    stats::global().record_shm_copy_thread_copy();
     let conn = Arc::clone(conn);
-    let job = Box::new(move |t: &Arc<Transport>| transmit(t, &conn, outgoing, false));
+    let job = Box::new(move |t: &Arc<Transport>| transmit(t, &conn, outgoing, false, None));
     if let Err(job) = t.copier.push(job) {
         drop(job); // dropping the job drops its completion: the caller sees it abandoned
     }
 }
 
-/// Copies (if needed) and hands one request to the session. `reading`: the calling thread
-/// reads the reply itself next (`caller::wait_here`, which hands the connection back to the
-/// driver when it stops), so the peer need not ring for it.
-fn transmit(t: &Arc<Transport>, conn: &Arc<Conn>, outgoing: Outgoing, reading: bool) {
+/// A copy of up to this many bytes is made on the sending thread (any thread, the driver's
+/// included) when a slot is free at once: it costs less than handing the send to the copy
+/// thread and waking it. Larger copies, and sends that must wait for credit, go to the copy
+/// thread.
+pub(super) const COPY_AT_ONCE: usize = 64 << 10;
+
+/// A slot for a copy of `len` bytes that may be made on this thread: one that is small enough
+/// and free now (never waits for credit).
+pub(super) fn slot_at_once(t: &Transport, len: usize) -> Option<SlotMut> {
+    if len == 0 || len > COPY_AT_ONCE {
+        return None;
+    }
+    t.segments.take(len).ok()
+}
+
+/// Copies (if needed, into `slot` when one was taken already) and hands one request to the
+/// session. `reading`: the calling thread reads the reply itself next (`caller::wait_here`,
+/// which hands the connection back to the driver when it stops), so the peer need not ring
+/// for it.
+fn transmit(
+    t: &Arc<Transport>,
+    conn: &Arc<Conn>,
+    outgoing: Outgoing,
+    reading: bool,
+    slot: Option<SlotMut>,
+) {
     let Outgoing {
         peer,
         path,
@@ -92,7 +118,9 @@ fn transmit(t: &Arc<Transport>, conn: &Arc<Conn>, outgoing: Outgoing, reading: b
     if completion.is_cancelled() {
         return completion.complete(Err(Error::Cancelled));
     }
-    let slot = if layout.copy > 0 {
+    let slot = if let Some(slot) = slot {
+        Some(slot)
+    } else if layout.copy > 0 {
         match credit(t, layout.copy, deadline) {
             Ok(slot) => Some(slot),
             Err(why) => {

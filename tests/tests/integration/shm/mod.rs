@@ -5,6 +5,7 @@ mod cross_process;
 mod data_path;
 mod hostile;
 mod identity;
+mod layout;
 mod manager;
 mod memory_back;
 mod wakeups;

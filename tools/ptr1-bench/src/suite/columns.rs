@@ -17,10 +17,10 @@ use crate::suite::verdict::Transfer;
 use crate::suite::{Case, FixtureMemory, IDLE_WAIT};
 
 /// The largest body the engine's shared memory carries inside a control record of its queue
-/// (the engine's `INLINE_BODY`, 32 KiB with the message's head): such a message is copied into
+/// (the engine's `INLINE_BODY`, 8 KiB with the message's head): such a message is copied into
 /// the queue and out of it, as MPI's eager path copies through its shared-memory queues, and
 /// never handed off, loaned or not.
-pub(crate) const SHM_INLINE_BYTES: usize = 32 << 10;
+pub(crate) const SHM_INLINE_BYTES: usize = 8 << 10;
 use crate::{Handlers, Options, Transport, blocking, engine_side, seed};
 
 /// Stripes per large request in the striped column (its threshold is the node's default).

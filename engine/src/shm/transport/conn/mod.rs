@@ -50,6 +50,8 @@ pub(super) struct Conn {
     pub(super) peer: Credentials,
     /// The peer node's TCP address, as it said.
     pub(super) node: String,
+    /// The same, parsed once (requests carry it as their peer).
+    pub(super) node_addr: Option<SocketAddr>,
     role: Role,
     /// Our doorbell: the driver waits on it.
     bell: OwnedFd,
@@ -120,6 +122,7 @@ impl Conn {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             socket: setup.socket,
             peer: setup.peer,
+            node_addr: setup.node.parse().ok(),
             node: setup.node,
             role,
             bell: setup.bell,

@@ -1,0 +1,94 @@
+//! Where a same-host message travels by its size: inside a record of the queue (small), or
+//! copied into a slot — on the sending thread when the copy is small and a slot is free, on
+//! the copy thread otherwise.
+
+use tensorwire_engine::TensorMessage;
+use tensorwire_proto::stats;
+use tensorwire_tests::*;
+
+use super::data_path::{eventually, shm_builder};
+
+#[test]
+fn a_small_message_travels_in_the_record_and_holds_no_memory() {
+    let _serial = serial();
+    let server = shm_builder().build().unwrap();
+    let inbox = server.endpoint("inbox").unwrap();
+    let client = shm_builder().build().unwrap();
+    let before = stats::global().snapshot();
+    client
+        .tell(server.local_addr(), "inbox", patterned(3, 3, 2048), TIMEOUT)
+        .wait()
+        .unwrap();
+    let incoming = inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap();
+    assert_eq!(incoming.request().message, patterned(3, 3, 2048));
+    assert_eq!(client.stats().shm_leases, 0, "no slot was lent for it");
+    assert!(
+        eventually(|| stats::global().snapshot().shm_messages_sent > before.shm_messages_sent),
+        "it went over shared memory"
+    );
+}
+
+#[test]
+fn a_message_above_8_kib_goes_in_a_slot_copied_by_the_thread_that_sends_it() {
+    let _serial = serial();
+    let server = shm_builder().build().unwrap();
+    let inbox = server.endpoint_with_capacity("inbox", 8).unwrap();
+    let client = shm_builder().build().unwrap();
+    // Once to set up the connection.
+    client
+        .tell(server.local_addr(), "inbox", patterned(1, 1, 16), TIMEOUT)
+        .wait()
+        .unwrap();
+    drop(inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap());
+    // A tell is sent from this thread without waiting for its reply (as an async ask is): a
+    // 36 KiB copy is made here, a 1 MiB one on the copy thread. The counters are the
+    // process's, so a few tries allow for a test running beside this one.
+    let copy_thread_copies = |message: TensorMessage| {
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            let before = stats::global().snapshot().shm_copy_thread_copies;
+            client
+                .tell(server.local_addr(), "inbox", message.clone(), TIMEOUT)
+                .wait()
+                .unwrap();
+            let incoming = inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap();
+            assert_eq!(incoming.request().message, message);
+            seen.push(stats::global().snapshot().shm_copy_thread_copies - before);
+            if seen.last() == Some(&0) {
+                break;
+            }
+        }
+        seen
+    };
+    let seen = copy_thread_copies(patterned(2, 3, 12 << 10));
+    assert_eq!(
+        seen.last(),
+        Some(&0),
+        "copies on the copy thread per try: {seen:?}"
+    );
+    client
+        .tell(server.local_addr(), "inbox", patterned(2, 3, 4096), TIMEOUT)
+        .wait()
+        .unwrap();
+    let held = inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap();
+    assert_eq!(
+        client.stats().shm_leases,
+        1,
+        "the 12 KiB message holds one slot"
+    );
+    drop(held);
+    assert!(eventually(|| client.stats().shm_leases == 0));
+    let before = stats::global().snapshot().shm_copy_thread_copies;
+    client
+        .tell(
+            server.local_addr(),
+            "inbox",
+            patterned(3, 1, 1 << 20),
+            TIMEOUT,
+        )
+        .wait()
+        .unwrap();
+    let incoming = inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap();
+    assert_eq!(incoming.request().message, patterned(3, 1, 1 << 20));
+    assert!(stats::global().snapshot().shm_copy_thread_copies > before);
+}
