@@ -35,7 +35,7 @@ import tensorwire as tw
 
 BENCH = Path(__file__).resolve().parent / "bench.py"
 # Shared memory carries a message whose encoded body is at most 8 KiB inside a record of its
-# queue (the engine's INLINE_BODY): copied into the queue and out, as MPI's eager path copies
+# queue (the engine's INLINE_REQUEST): copied into the queue and out, as MPI's eager path copies
 # through its shared-memory queues, loaned or not.
 SHM_INLINE_BYTES = 8 * KiB
 

@@ -16,7 +16,7 @@ use tensorwire_proto::transport::{
 use super::Transport;
 use super::conn::{Conn, Delivered};
 use super::outbound::{credit, slot_at_once};
-use super::packing::{Layout, layout};
+use super::packing::{INLINE_REPLY, Layout, layout};
 use crate::shm::segments::SlotMut;
 
 /// A single reply's data travels in the record up to this.
@@ -108,7 +108,8 @@ impl Responder for ShmResponder {
             Ok(Reply::Single { msg_type, data }) => WireReply::Single { msg_type, data },
             Ok(Reply::Tensor(message)) => {
                 let (t, conn, id) = (self.transport, self.conn, self.id);
-                let layout = match layout(&message, &t.limits, 0, &|b| conn.locate(b)) {
+                let locate = |b: &[u8]| conn.locate(b);
+                let layout = match layout(&message, &t.limits, 0, INLINE_REPLY, &locate) {
                     Ok(layout) => layout,
                     Err(e) => {
                         let text = format!("cannot send the reply: {e}");

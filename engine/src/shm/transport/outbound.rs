@@ -15,7 +15,7 @@ use tensorwire_proto::transport::{
 };
 
 use super::conn::{Conn, Waiter};
-use super::packing::{Layout, layout};
+use super::packing::{INLINE_REQUEST, Layout, layout};
 use super::{Transport, WhenFull};
 use crate::shm::segments::SlotMut;
 
@@ -45,9 +45,9 @@ pub(super) fn send(t: &Arc<Transport>, conn: &Arc<Conn>, request: OutboundReques
     if completion.is_cancelled() {
         return completion.complete(Err(Error::Cancelled));
     }
-    let layout = match layout(&message, &t.limits, path.as_str().len(), &|b| {
-        conn.locate(b)
-    }) {
+    let locate = |b: &[u8]| conn.locate(b);
+    let path_len = path.as_str().len();
+    let layout = match layout(&message, &t.limits, path_len, INLINE_REQUEST, &locate) {
         Ok(layout) => layout,
         Err(e) => return completion.complete(Err(e)),
     };

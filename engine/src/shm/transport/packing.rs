@@ -18,12 +18,18 @@ use super::lending::Lending;
 use crate::shm::segments::loaned;
 use crate::shm::segments::{Segment, Slot, SlotMut};
 
-/// A whole PTM1 body travels in the record up to this. Above it, one copy into a slot (which
-/// the receiver reads in place, and an echo sends back by reference) costs less than copying
-/// the body into the queue and out again, whose two copies cross between the CPUs: measured
-/// with fresh pairs, a 4 KiB body is as fast either way (faster in flight in the record), an
-/// 8 KiB ask takes 5.6 instead of 7.7 µs in a slot, a 16 KiB one 5.4 instead of 10.7.
-pub(super) const INLINE_BODY: usize = 8 << 10;
+/// A request's whole PTM1 body travels in the record up to this. Above it, one copy into a
+/// slot (which the receiver reads in place, and an echo sends back by reference) costs less
+/// than copying the body into the queue and out again, whose two copies cross between the
+/// CPUs: measured with fresh pairs, a 4 KiB body is as fast either way (faster in flight in
+/// the record), an 8 KiB ask takes 5.6 instead of 7.7 µs in a slot, a 16 KiB one 5.4
+/// instead of 10.7.
+pub(super) const INLINE_REQUEST: usize = 8 << 10;
+/// A reply's whole PTM1 body travels in the record up to this. Higher than for requests: a
+/// reply in a slot holds this node's memory from the moment it is queued, and what bounds a
+/// peer that asks and never reads its replies is the bytes of the records queued for it
+/// (`max_queued_bytes`), which a slot's memory does not count in.
+pub(super) const INLINE_REPLY: usize = 32 << 10;
 /// Metadata travels in the datagram up to this; larger goes into the slot.
 const INLINE_METADATA: usize = 16 << 10;
 /// Copied buffers start at multiples of this in their slot (numpy and torch views align).
@@ -84,7 +90,7 @@ pub(super) struct Packed {
 }
 
 /// Decides how `message` travels to the peer, with a control message whose path takes
-/// `path_len` bytes; `locate` finds bytes that are a view of the peer's own memory (sent back
+/// `path_len` bytes and a whole body of at most `inline_up_to` bytes inside the record; `locate` finds bytes that are a view of the peer's own memory (sent back
 /// by reference). Cheap: no copy, no slot.
 ///
 /// # Errors
@@ -95,6 +101,7 @@ pub(super) fn layout(
     message: &TensorMessage,
     limits: &Limits,
     path_len: usize,
+    inline_up_to: usize,
     locate: &Locate<'_>,
 ) -> Result<Layout, Error> {
     let room = MAX_DATAGRAM
@@ -108,7 +115,15 @@ pub(super) fn layout(
     let encoded = tensorwire_proto::ptm1::encode(message, limits).map_err(Error::Encode)?;
     let wire_len = usize::try_from(encoded.wire_len())
         .map_err(|_| Error::Misuse("message too large".into()))?;
-    if wire_len <= INLINE_BODY.min(room.saturating_sub(8)) {
+    // A small message goes in the record unless it is (partly) a view of the recipient's own
+    // memory, which goes back by reference (an echo: no copy at all).
+    let returns = || {
+        message
+            .buffers
+            .iter()
+            .any(|b| !b.is_empty() && locate(b).is_some())
+    };
+    if wire_len <= inline_up_to.min(room.saturating_sub(8)) && !returns() {
         let mut body = Vec::with_capacity(wire_len);
         for slice in encoded.slices() {
             body.extend_from_slice(slice);

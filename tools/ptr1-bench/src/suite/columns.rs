@@ -17,7 +17,8 @@ use crate::suite::verdict::Transfer;
 use crate::suite::{Case, FixtureMemory, IDLE_WAIT};
 
 /// The largest body the engine's shared memory carries inside a control record of its queue
-/// (the engine's `INLINE_BODY`, 8 KiB with the message's head): such a message is copied into
+/// (the engine's `INLINE_REQUEST`, 8 KiB with the message's head; a reply that is not an echo
+/// by reference goes in a record up to 32 KiB): such a message is copied into
 /// the queue and out of it, as MPI's eager path copies through its shared-memory queues, and
 /// never handed off, loaned or not.
 pub(crate) const SHM_INLINE_BYTES: usize = 8 << 10;
