@@ -90,8 +90,9 @@ pub(super) struct Packed {
 }
 
 /// Decides how `message` travels to the peer, with a control message whose path takes
-/// `path_len` bytes and a whole body of at most `inline_up_to` bytes inside the record; `locate` finds bytes that are a view of the peer's own memory (sent back
-/// by reference). Cheap: no copy, no slot.
+/// `path_len` bytes and a whole body of at most `inline_up_to` bytes inside the record;
+/// `locate` finds bytes that are a view of the peer's own memory (sent back by reference).
+/// Cheap: no copy, no slot.
 ///
 /// # Errors
 ///
