@@ -15,7 +15,7 @@ use tensorwire_proto::transport::{
 
 use super::Transport;
 use super::conn::{Conn, Delivered};
-use super::outbound::{credit, slot_at_once};
+use super::outbound::{slot_at_once, slot_for};
 use super::packing::{INLINE_REPLY, Layout, layout};
 use crate::shm::segments::SlotMut;
 
@@ -148,19 +148,10 @@ fn reply_tensor(
     slot: Option<SlotMut>,
 ) {
     let fail = |text: String| answer(t, conn, id, WireReply::Error(text));
-    let slot = if slot.is_some() {
-        slot
-    } else if layout.copy > 0 {
-        match credit(
-            t,
-            layout.copy,
-            Deadline::after(Instant::now(), Duration::MAX),
-        ) {
-            Ok(slot) => Some(slot),
-            Err(why) => return fail(format!("cannot send the reply over shared memory: {why}")),
-        }
-    } else {
-        None
+    let deadline = Deadline::after(Instant::now(), Duration::MAX);
+    let slot = match slot_for(t, slot, layout.copy, deadline) {
+        Ok(slot) => slot,
+        Err(why) => return fail(format!("cannot send the reply over shared memory: {why}")),
     };
     let packed = match layout.fill(message, &t.limits, slot, &t.lending, conn.peer.pid) {
         Ok(packed) => packed,

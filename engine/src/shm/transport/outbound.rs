@@ -118,18 +118,12 @@ fn transmit(
     if completion.is_cancelled() {
         return completion.complete(Err(Error::Cancelled));
     }
-    let slot = if let Some(slot) = slot {
-        Some(slot)
-    } else if layout.copy > 0 {
-        match credit(t, layout.copy, deadline) {
-            Ok(slot) => Some(slot),
-            Err(why) => {
-                let request = OutboundRequest::new(peer, path, kind, message, deadline, completion);
-                return full(t, request, &why);
-            }
+    let slot = match slot_for(t, slot, layout.copy, deadline) {
+        Ok(slot) => slot,
+        Err(why) => {
+            let request = OutboundRequest::new(peer, path, kind, message, deadline, completion);
+            return full(t, request, &why);
         }
-    } else {
-        None
     };
     let packed = match layout.fill(&message, &t.limits, slot, &t.lending, conn.peer.pid) {
         Ok(packed) => packed,
@@ -193,9 +187,24 @@ fn transmit(
     }
 }
 
+/// The slot a copy of `len` bytes goes into: `taken` if one was taken already, none if
+/// nothing is copied, else one waited for as [`credit`] does. `Err` says why there is none.
+pub(super) fn slot_for(
+    t: &Transport,
+    taken: Option<SlotMut>,
+    len: usize,
+    deadline: Deadline,
+) -> Result<Option<SlotMut>, String> {
+    match taken {
+        Some(slot) => Ok(Some(slot)),
+        None if len > 0 => credit(t, len, deadline).map(Some),
+        None => Ok(None),
+    }
+}
+
 /// A slot of `len` bytes, waiting for credit (within the send's deadline and the configured
 /// wait) when the quota is used up. `Err` says why there is none.
-pub(super) fn credit(t: &Transport, len: usize, deadline: Deadline) -> Result<SlotMut, String> {
+fn credit(t: &Transport, len: usize, deadline: Deadline) -> Result<SlotMut, String> {
     match t.segments.take(len) {
         Ok(slot) => return Ok(slot),
         Err(ShmError::Quota { .. }) => {}
