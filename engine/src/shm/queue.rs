@@ -222,6 +222,24 @@ impl OwnQueue {
         matches!((room(self.head, tail, self.ring), need), (Ok(free), Some(need)) if need <= free)
     }
 
+    /// Bytes produced into this side's ring so far (published or not).
+    pub(crate) fn head(&self) -> u64 {
+        self.head
+    }
+
+    /// How far the peer says it consumed this side's ring (untrusted: a number to compare).
+    pub(crate) fn consumed(&self, peer: &PeerQueue) -> u64 {
+        peer.word(TAIL_AT).load(Ordering::Acquire)
+    }
+
+    /// Says this side waits for the peer to consume (it rings once it did), then reads how
+    /// far it has: the caller compares that with what it waited for.
+    pub(crate) fn await_consumption(&self, peer: &PeerQueue) -> u64 {
+        self.word32(BLOCKED_AT).store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        self.consumed(peer)
+    }
+
     /// This side's producer no longer waits for room.
     pub(crate) fn unblocked(&self) {
         self.word32(BLOCKED_AT).store(0, Ordering::Relaxed);

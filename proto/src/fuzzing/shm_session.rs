@@ -1,8 +1,9 @@
 //! The same-host session driven by the fuzzer: the input picks the role, then is a script of
 //! what a driver can see and do — records from the peer (well-formed messages with fields the
 //! script chooses, or any bytes at all), `Map` datagrams whose descriptor arrives or is lost,
-//! mappings that succeed or fail, sends, replies, releases, retirements, the queue accepting or
-//! refusing transmits, time passing, cancellations and hang-ups.
+//! mappings that succeed or fail, sends, replies (lending slot bytes), releases, retirements,
+//! the queue accepting or refusing transmits, the peer consuming the queue, time passing,
+//! cancellations and hang-ups.
 //!
 //! Checked on every input: no panic; every request the session took gets exactly one outcome
 //! (a reply or a failure), none after it; no outcome for a request it never took; the bytes
@@ -17,7 +18,7 @@ use bytes::Bytes;
 use crate::Limits;
 use crate::shm::{
     Body, CloseReason, ConnEvent, ConnectionConfig, Control, FdArrival, MAX_DATAGRAM, Part, Role,
-    Shared, ShmConnection, WireReply, encode,
+    Shared, ShmConnection, Transmit, WireReply, encode,
 };
 use crate::transport::RequestKind;
 
@@ -33,6 +34,7 @@ pub fn shm_session(data: &[u8]) {
     config.max_in_flight = 16;
     config.max_queued_bytes = 4096;
     config.read_pause_bytes = 1024;
+    config.read_pause_lent_bytes = 1 << 16;
     config.max_peer_segments = 8;
     config.max_segment_bytes = 1 << 20;
     let bound = config.max_queued_bytes + MAX_DATAGRAM as u64;
@@ -43,8 +45,9 @@ pub fn shm_session(data: &[u8]) {
     let mut answered: HashSet<u64> = HashSet::new();
     let mut served: Vec<u64> = Vec::new();
     let mut socket: Vec<Vec<u8>> = Vec::new();
+    let mut head = 0u64;
     while let Some(step) = script.byte() {
-        match step % 13 {
+        match step % 14 {
             0..=2 => {
                 let record = record(&mut script);
                 session.handle_record(Bytes::from(record));
@@ -86,7 +89,8 @@ pub fn shm_session(data: &[u8]) {
                 let at = usize::from(script.byte().unwrap_or(0)) % served.len();
                 let id = served.swap_remove(at);
                 let reply = reply(&mut script);
-                session.send_reply(id, reply, &[(1, 1 << 16)]);
+                let lent = u64::from(script.byte().unwrap_or(0)) << 12;
+                session.send_reply(id, reply, &[(1, 1 << 16)], lent);
             }
             7 => {
                 let lease = u64::from(script.byte().unwrap_or(0));
@@ -96,8 +100,13 @@ pub fn shm_session(data: &[u8]) {
             9 => {
                 if script.byte().unwrap_or(0) % 4 == 0 {
                     session.handle_blocked(now);
-                } else if session.poll_transmit().is_some() {
-                    session.handle_transmitted();
+                } else if let Some(transmit) = session.poll_transmit() {
+                    if matches!(transmit, Transmit::Record(_)) {
+                        head += 64;
+                        session.handle_queued(head);
+                    } else {
+                        session.handle_transmitted();
+                    }
                 }
             }
             10 => {
@@ -112,6 +121,10 @@ pub fn shm_session(data: &[u8]) {
                 }
             }
             12 => session.handle_peer_closed(),
+            13 => {
+                let tail = head.saturating_sub(u64::from(script.byte().unwrap_or(0)) * 8);
+                session.handle_consumed(tail, now);
+            }
             _ => {}
         }
         while let Some(event) = session.poll_event() {

@@ -74,7 +74,7 @@ pub(super) fn deliver(t: &Arc<Transport>, conn: &Arc<Conn>, delivered: Delivered
 
 /// Sends `reply` to request `id` on `conn` (a broken connection fails the asker there).
 fn answer(t: &Arc<Transport>, conn: &Arc<Conn>, id: u64, reply: WireReply) {
-    conn.with(t, |st| st.session.send_reply(id, reply, &[]));
+    conn.with(t, |st| st.session.send_reply(id, reply, &[], 0));
 }
 
 /// Answers one request over the connection it came on.
@@ -164,8 +164,12 @@ fn reply_tensor(
         .collect();
     let sent = conn.with(t, |st| {
         Conn::attach(st, &packed.segments);
-        st.session
-            .send_reply(id, WireReply::Tensor(packed.body.clone()), &segments)
+        st.session.send_reply(
+            id,
+            WireReply::Tensor(packed.body.clone()),
+            &segments,
+            packed.lent,
+        )
     });
     if sent {
         stats::global().record_shm_sent(message.total_bytes(), packed.copied, packed.zero_copy);

@@ -7,8 +7,9 @@
 //!   socket and whether its descriptor arrived), [`ShmConnection::handle_mapped`] (the driver
 //!   mapped a segment, or could not), the sends ([`ShmConnection::send_request`],
 //!   [`ShmConnection::send_reply`], [`ShmConnection::send_releases`],
-//!   [`ShmConnection::retire`]), the driver's progress ([`ShmConnection::handle_transmitted`],
-//!   [`ShmConnection::handle_blocked`]) and time ([`ShmConnection::handle_timeout`]).
+//!   [`ShmConnection::retire`]), the driver's progress ([`ShmConnection::handle_queued`],
+//!   [`ShmConnection::handle_transmitted`], [`ShmConnection::handle_blocked`],
+//!   [`ShmConnection::handle_consumed`]) and time ([`ShmConnection::handle_timeout`]).
 //! - Outputs: [`ShmConnection::poll_transmit`] (the next record for this side's queue, or a
 //!   `Map` datagram with a segment's descriptor for the socket — in the order they must go),
 //!   [`ShmConnection::poll_event`] ([`ConnEvent`]) and [`ShmConnection::poll_timeout`].
@@ -17,12 +18,15 @@
 //! connection (ids are per connection); a segment is announced once and again after the peer
 //! lost its descriptor; a message naming memory is checked against the peer's announced
 //! segments before the node sees it; leases of a message nobody takes go back at once; every
-//! per-connection bound (requests in flight, segments and their bytes, queued bytes, time
-//! without progress) holds, and a peer that breaks the protocol is disconnected with the reason.
+//! per-connection bound (requests in flight, segments and their bytes, queued bytes, slot
+//! bytes of replies not read yet, time without progress) holds, and a peer that breaks the
+//! protocol is disconnected with the reason.
 
 mod body;
+mod failures;
 mod outbox;
 mod receive;
+mod unread;
 
 #[cfg(test)]
 mod tests;
@@ -31,13 +35,13 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::limits::Limits;
-use crate::shm::bounds::OverBound;
-use crate::shm::queue::QueueError;
 use crate::shm::requests::Outstanding;
 use crate::shm::wire::{Body, Control, MAX_DATAGRAM, WireReply, encode};
 use crate::transport::RequestKind;
 use outbox::Outbox;
+use unread::Unread;
 
+pub use failures::{CloseReason, Failure, SendError};
 pub use outbox::Transmit;
 
 /// Which end of the connection this is.
@@ -64,6 +68,12 @@ pub struct ConnectionConfig {
     /// While more than this is queued, a server reads no new requests (the peer is slower
     /// than its own requests).
     pub read_pause_bytes: u64,
+    /// While replies the peer has not read yet (queued, or in the queue past its tail) lend
+    /// it more than this of our slots, a server reads no new requests; a peer that reads
+    /// none of them for `stall_after` meanwhile is disconnected. (A reply in a slot holds
+    /// its memory from the moment it is queued, and its record is small: `read_pause_bytes`
+    /// does not bound it.)
+    pub read_pause_lent_bytes: u64,
     /// Queued messages that made no progress this long mean the peer stalled: disconnect.
     pub stall_after: Duration,
     /// Peer segments mapped on this connection at most.
@@ -84,6 +94,7 @@ impl ConnectionConfig {
             },
             max_queued_bytes: 16 << 20,
             read_pause_bytes: 4 << 20,
+            read_pause_lent_bytes: 16 << 20,
             stall_after: Duration::from_secs(5),
             max_peer_segments: 4096,
             max_segment_bytes: 1 << 40,
@@ -151,78 +162,6 @@ pub enum ConnEvent {
     Closed(CloseReason),
 }
 
-/// Why a request failed without an answer.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Failure {
-    /// Its deadline passed.
-    Deadline,
-    /// The connection closed first.
-    Closed(CloseReason),
-    /// The answer came but names memory this side cannot read (the text says why).
-    Unreadable(String),
-}
-
-/// Why a connection closed.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum CloseReason {
-    /// The peer hung up (or its process exited).
-    #[error("the shared-memory peer closed the connection")]
-    PeerClosed,
-    /// This node shut the connection down.
-    #[error("the connection was shut down")]
-    Shutdown,
-    /// The peer broke the protocol.
-    #[error("the shared-memory peer broke the protocol: {0}")]
-    Protocol(String),
-    /// The peer broke the queue format.
-    #[error("the shared-memory peer broke the queue format: {0}")]
-    Queue(QueueError),
-    /// The peer ran into one of its bounds.
-    #[error("the shared-memory peer passed a bound: {0}")]
-    OverBound(OverBound),
-    /// Messages for the peer waited this long without progress (it stopped reading).
-    #[error("the shared-memory peer read nothing for {after:?} (stalled)")]
-    Stalled {
-        /// How long.
-        after: Duration,
-    },
-    /// The peer stopped reading its replies while this node kept answering.
-    #[error("the shared-memory peer does not read its replies ({queued} bytes queued)")]
-    NotReading {
-        /// Bytes queued when it closed.
-        queued: u64,
-    },
-    /// A local resource failed (the text says which).
-    #[error("{0}")]
-    Local(String),
-}
-
-/// Why a send was refused (nothing was sent).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum SendError {
-    /// The connection is closed.
-    #[error("the shared-memory connection is closed ({0})")]
-    Closed(CloseReason),
-    /// The deadline passed already.
-    #[error("the deadline passed before the request was sent")]
-    Deadline,
-    /// Too many requests are outstanding on this connection.
-    #[error("{0} requests are already outstanding on this shared-memory connection")]
-    TooManyInFlight(usize),
-    /// The peer does not read what is queued for it.
-    #[error("the shared-memory peer is not reading ({0} bytes queued for it)")]
-    PeerNotReading(u64),
-    /// The message does not fit in one control message (the driver lays it out in shared
-    /// memory instead).
-    #[error("a control message of {0} bytes is larger than {MAX_DATAGRAM}")]
-    TooLarge(usize),
-    /// This end's role does not send that (a server sends no requests).
-    #[error("a {0:?} connection does not send that")]
-    WrongRole(Role),
-}
-
 /// How a descriptor that should have come with a datagram arrived.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FdArrival {
@@ -259,6 +198,8 @@ pub struct ShmConnection {
     /// The peer's segments whose descriptor was lost here.
     lost: HashSet<u64>,
     outbox: Outbox,
+    /// Replies in our slots whose records the peer has not consumed yet.
+    unread: Unread,
     /// Messages received and not handled yet: the first names a segment not announced yet.
     parked: VecDeque<Control>,
     /// Whether the socket was drained for the first parked message.
@@ -279,6 +220,7 @@ impl ShmConnection {
             peer_segments: HashMap::new(),
             lost: HashSet::new(),
             outbox: Outbox::default(),
+            unread: Unread::default(),
             parked: VecDeque::new(),
             drained: false,
             events: VecDeque::new(),
@@ -333,7 +275,7 @@ impl ShmConnection {
         .map_err(|e| SendError::TooLarge(e.len))?;
         self.next_id += 1;
         self.announce(segments);
-        self.outbox.push(Transmit::Record(record));
+        self.outbox.push(Transmit::Record(record), 0);
         self.outstanding.insert(id, kind, deadline);
         Ok(id)
     }
@@ -344,15 +286,23 @@ impl ShmConnection {
         self.outstanding.remove(id).is_some()
     }
 
-    /// Answers request `id` (server) with `reply`, whose body names `segments` of ours. A
-    /// reply too large for one message goes as an error saying so. Whether the request was
-    /// being served (an answer for anything else is dropped).
-    pub fn send_reply(&mut self, id: u64, reply: WireReply, segments: &[(u64, u64)]) -> bool {
+    /// Answers request `id` (server) with `reply`, whose body names `segments` of ours and
+    /// lends the peer `lent` bytes of our memory (the capacity of the slots it leases; they
+    /// count against `read_pause_lent_bytes` until the peer reads the reply). A reply too
+    /// large for one message goes as an error saying so. Whether the request was being
+    /// served (an answer for anything else is dropped).
+    pub fn send_reply(
+        &mut self,
+        id: u64,
+        reply: WireReply,
+        segments: &[(u64, u64)],
+        lent: u64,
+    ) -> bool {
         if self.closed.is_some() || self.serving.remove(&id).is_none() {
             return false;
         }
-        let record = match encode(&Control::Reply { id, reply }) {
-            Ok(record) => record,
+        let (record, lent) = match encode(&Control::Reply { id, reply }) {
+            Ok(record) => (record, lent),
             Err(e) => {
                 let text = format!(
                     "the reply's control message of {} bytes is larger than {MAX_DATAGRAM}",
@@ -362,13 +312,13 @@ impl ShmConnection {
                     id,
                     reply: WireReply::Error(text),
                 }) {
-                    Ok(record) => record,
+                    Ok(record) => (record, 0),
                     Err(_) => return false,
                 }
             }
         };
         self.announce(segments);
-        self.outbox.push(Transmit::Record(record));
+        self.outbox.push(Transmit::Record(record), lent);
         if self.outbox.bytes() > self.config.max_queued_bytes {
             let queued = self.outbox.bytes();
             self.close(CloseReason::NotReading { queued });
@@ -386,7 +336,7 @@ impl ShmConnection {
             if let Ok(record) = encode(&Control::Release {
                 leases: chunk.to_vec(),
             }) {
-                self.outbox.push(Transmit::Record(record));
+                self.outbox.push(Transmit::Record(record), 0);
             }
         }
     }
@@ -397,22 +347,68 @@ impl ShmConnection {
             && self.announced.remove(&segment)
             && let Ok(record) = encode(&Control::Retire { segment })
         {
-            self.outbox.push(Transmit::Record(record));
+            self.outbox.push(Transmit::Record(record), 0);
         }
     }
 
     // ---- the driver's progress ----
 
     /// The next thing to send, in order: the driver sends it, then calls
-    /// [`ShmConnection::handle_transmitted`]; if there is no room, it calls
-    /// [`ShmConnection::handle_blocked`] and tries again later.
+    /// [`ShmConnection::handle_queued`] (a record) or [`ShmConnection::handle_transmitted`]
+    /// (a datagram); if there is no room, it calls [`ShmConnection::handle_blocked`] and
+    /// tries again later.
     pub fn poll_transmit(&self) -> Option<&Transmit> {
         self.outbox.front()
     }
 
-    /// The transmit [`ShmConnection::poll_transmit`] gave was sent.
+    /// The record [`ShmConnection::poll_transmit`] gave is in this side's queue, whose head
+    /// (bytes produced into its ring so far) is now `head`: the reply it carries counts as
+    /// unread until [`ShmConnection::handle_consumed`] reports a tail at or past `head`.
+    pub fn handle_queued(&mut self, head: u64) {
+        let lent = self.outbox.pop();
+        self.unread.queued(head, lent);
+    }
+
+    /// The transmit [`ShmConnection::poll_transmit`] gave was sent (a datagram; a record sent
+    /// this way is not tracked until read: a server's driver reports records with
+    /// [`ShmConnection::handle_queued`]).
     pub fn handle_transmitted(&mut self) {
         self.outbox.pop();
+    }
+
+    /// The peer consumed this side's queue up to `tail` (the word in its header, untrusted:
+    /// a tail it claims without reading only makes the replies its own to hold, as reading
+    /// them would). Call it while [`ShmConnection::reads_pending`] and when reading paused
+    /// for them ([`ShmConnection::paused_for_unread`]).
+    pub fn handle_consumed(&mut self, tail: u64, now: Instant) {
+        let read = self.unread.consumed(tail);
+        let paused = self.lent_unread() > self.config.read_pause_lent_bytes;
+        self.unread.note(paused, read, now);
+    }
+
+    /// Whether replies in our slots wait to be read by the peer.
+    pub fn reads_pending(&self) -> bool {
+        !self.unread.is_empty()
+    }
+
+    /// Whether the peer's `tail` passed a reply still counted as unread (the driver then
+    /// calls [`ShmConnection::handle_consumed`]).
+    pub fn read_by(&self, tail: u64) -> bool {
+        self.unread.read_by(tail)
+    }
+
+    /// Whether a server reads no new requests because its replies are not read: too many
+    /// bytes queued, or too many of our slots lent by replies not read yet. The driver asks
+    /// the peer to signal when it consumes, and looks again then.
+    pub fn paused_for_unread(&self) -> bool {
+        self.config.role == Role::Server
+            && (self.outbox.bytes() > self.config.read_pause_bytes
+                || self.lent_unread() > self.config.read_pause_lent_bytes)
+    }
+
+    /// Bytes of our slots lent by replies the peer has not read (queued or in the queue).
+    fn lent_unread(&self) -> u64 {
+        self.outbox.lent() + self.unread.lent()
     }
 
     /// The queue or the socket had no room for the next transmit.
@@ -428,10 +424,7 @@ impl ShmConnection {
     /// Whether the driver should read the peer's queue now: not while a message waits for
     /// the socket to be drained, and (server) not while the peer does not read its replies.
     pub fn wants_records(&self) -> bool {
-        self.closed.is_none()
-            && self.parked.is_empty()
-            && (self.config.role == Role::Client
-                || self.outbox.bytes() <= self.config.read_pause_bytes)
+        self.closed.is_none() && self.parked.is_empty() && !self.paused_for_unread()
     }
 
     /// Whether nothing is owed either way: no request outstanding or being served, nothing
@@ -466,6 +459,15 @@ impl ShmConnection {
         {
             let after = self.config.stall_after;
             self.close(CloseReason::Stalled { after });
+            return;
+        }
+        if self
+            .unread
+            .stuck_since()
+            .is_some_and(|since| now.saturating_duration_since(since) >= self.config.stall_after)
+        {
+            let after = self.config.stall_after;
+            self.close(CloseReason::Stalled { after });
         }
     }
 
@@ -474,10 +476,11 @@ impl ShmConnection {
         if self.closed.is_some() {
             return None;
         }
-        let stall = self
-            .outbox
-            .blocked_since()
-            .map(|since| since + self.config.stall_after);
+        let since = match (self.outbox.blocked_since(), self.unread.stuck_since()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let stall = since.map(|since| since + self.config.stall_after);
         match (self.outstanding.next_deadline(), stall) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -500,6 +503,7 @@ impl ShmConnection {
         }
         self.serving.clear();
         self.outbox.clear();
+        self.unread.clear();
         self.parked.clear();
         self.closed = Some(reason.clone());
         self.events.push_back(ConnEvent::Closed(reason));
@@ -521,7 +525,7 @@ impl ShmConnection {
             if self.announced.insert(segment)
                 && let Ok(datagram) = encode(&Control::Map { segment, len })
             {
-                self.outbox.push(Transmit::Map { datagram, segment });
+                self.outbox.push(Transmit::Map { datagram, segment }, 0);
             }
         }
     }

@@ -1,5 +1,5 @@
-//! What waits to go to the peer, in order, with its bytes counted and the time it last made
-//! no progress.
+//! What waits to go to the peer, in order, with its bytes counted (and the bytes of our slots
+//! each reply lends) and the time it last made no progress.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -32,27 +32,33 @@ impl Transmit {
 
 #[derive(Debug, Default)]
 pub(super) struct Outbox {
-    queue: VecDeque<Transmit>,
+    /// Each transmit with the bytes of our slots it lends (a reply in shared memory).
+    queue: VecDeque<(Transmit, u64)>,
     bytes: u64,
+    lent: u64,
     blocked_since: Option<Instant>,
 }
 
 impl Outbox {
-    pub(super) fn push(&mut self, transmit: Transmit) {
+    pub(super) fn push(&mut self, transmit: Transmit, lent: u64) {
         self.bytes += transmit.bytes().len() as u64;
-        self.queue.push_back(transmit);
+        self.lent += lent;
+        self.queue.push_back((transmit, lent));
     }
 
     pub(super) fn front(&self) -> Option<&Transmit> {
-        self.queue.front()
+        self.queue.front().map(|(transmit, _)| transmit)
     }
 
-    /// The front went out: progress.
-    pub(super) fn pop(&mut self) {
-        if let Some(sent) = self.queue.pop_front() {
-            self.bytes -= sent.bytes().len() as u64;
-        }
+    /// The front went out (progress): the bytes of our slots it lends.
+    pub(super) fn pop(&mut self) -> u64 {
         self.blocked_since = None;
+        let Some((sent, lent)) = self.queue.pop_front() else {
+            return 0;
+        };
+        self.bytes -= sent.bytes().len() as u64;
+        self.lent -= lent;
+        lent
     }
 
     /// The front could not go out (no room).
@@ -70,6 +76,11 @@ impl Outbox {
         self.bytes
     }
 
+    /// Bytes of our slots the queued replies lend.
+    pub(super) fn lent(&self) -> u64 {
+        self.lent
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         self.queue.is_empty()
     }
@@ -77,6 +88,7 @@ impl Outbox {
     pub(super) fn clear(&mut self) {
         self.queue.clear();
         self.bytes = 0;
+        self.lent = 0;
         self.blocked_since = None;
     }
 }

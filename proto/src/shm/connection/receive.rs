@@ -52,7 +52,7 @@ impl ShmConnection {
             // peer announces it again when it next uses it; what names it now fails cleanly.
             self.lost.insert(segment);
             if let Ok(record) = crate::shm::wire::encode(&Control::Unmapped { segment }) {
-                self.outbox.push(Transmit::Record(record));
+                self.outbox.push(Transmit::Record(record), 0);
             }
             return;
         }
@@ -166,7 +166,7 @@ impl ShmConnection {
                 let refuse = |this: &mut Self, body: &Body, text: String| {
                     this.send_releases(&body.leases());
                     this.serving.insert(id, kind);
-                    this.send_reply(id, WireReply::Error(text), &[]);
+                    this.send_reply(id, WireReply::Error(text), &[], 0);
                 };
                 if self.serving.len() >= self.config.max_in_flight {
                     let text = format!(

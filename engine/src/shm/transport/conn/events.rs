@@ -62,8 +62,12 @@ impl Conn {
             } => {
                 if let Err(text) = t.inbound.admit(kind, &path) {
                     st.session.send_releases(&body.leases());
-                    st.session
-                        .send_reply(id, tensorwire_proto::shm::WireReply::Error(text), &[]);
+                    st.session.send_reply(
+                        id,
+                        tensorwire_proto::shm::WireReply::Error(text),
+                        &[],
+                        0,
+                    );
                     return;
                 }
                 match views::unpack(&self.source(t, st), &body) {
@@ -78,6 +82,7 @@ impl Conn {
                             id,
                             tensorwire_proto::shm::WireReply::Error(text),
                             &[],
+                            0,
                         );
                     }
                 }

@@ -104,7 +104,7 @@ impl Conn {
             match transmit {
                 Transmit::Record(record) => match st.queue.push(&self.peer_queue, record) {
                     Ok(Ok(())) => {
-                        st.session.handle_transmitted();
+                        st.session.handle_queued(st.queue.head());
                         pushed = true;
                     }
                     Ok(Err(Full)) => {
@@ -156,7 +156,9 @@ impl Conn {
             st.attach.clear();
             if st.blocked {
                 st.blocked = false;
-                st.queue.unblocked();
+                if !st.awaits_reading {
+                    st.queue.unblocked();
+                }
             }
         }
     }

@@ -82,6 +82,9 @@ pub(super) struct State {
     attach: HashMap<u64, Arc<Segment>>,
     /// Whether our producer told the peer it waits for room.
     blocked: bool,
+    /// Whether we told the peer to ring once it consumes: reading its requests is paused
+    /// until it reads its replies (this side's `blocked` word serves both).
+    awaits_reading: bool,
 }
 
 /// A request the session let through, unpacked, for the node.
@@ -135,6 +138,7 @@ impl Conn {
                 mapped: HashMap::new(),
                 attach: HashMap::new(),
                 blocked: false,
+                awaits_reading: false,
             }),
             releases: Arc::new(Releases::new(Arc::clone(&t.wake))),
             backlog: Mutex::new(Vec::new()),
@@ -176,19 +180,26 @@ impl Conn {
         let mut after = After::default();
         self.take_releases(&mut st);
         let mut read = 0;
-        while st.session.wants_records() {
-            let State { queue, session, .. } = &mut *st;
-            // Each record in memory of its own: what it carries inline is sliced, not copied.
-            let mut record = Vec::new();
-            match queue.pop(&self.peer_queue, &mut record) {
-                Ok(Some(_)) => {
-                    session.handle_record(bytes::Bytes::from(record));
-                    read += 1;
+        for _ in 0..2 {
+            self.look_at_reading(&mut st);
+            while st.session.wants_records() {
+                let State { queue, session, .. } = &mut *st;
+                // Each record in memory of its own: what it carries inline is sliced, not
+                // copied.
+                let mut record = Vec::new();
+                match queue.pop(&self.peer_queue, &mut record) {
+                    Ok(Some(_)) => {
+                        session.handle_record(bytes::Bytes::from(record));
+                        read += 1;
+                    }
+                    Ok(None) => break,
+                    Err(e) => session.close(CloseReason::Queue(e)),
                 }
-                Ok(None) => break,
-                Err(e) => session.close(CloseReason::Queue(e)),
+                self.settle(t, &mut st, &mut after);
             }
-            self.settle(t, &mut st, &mut after);
+            if !self.await_reading(&mut st) {
+                break;
+            }
         }
         if st.queue.commit(&self.peer_queue) {
             after.ring_peer = true;
@@ -205,8 +216,54 @@ impl Conn {
     pub(super) fn has_work(&self) -> bool {
         self.releases.any()
             || self.state.try_lock().is_ok_and(|st| {
-                st.queue.has_input(&self.peer_queue) || st.session.poll_transmit().is_some()
+                let input = st.queue.has_input(&self.peer_queue);
+                self.readable(&st, input) || st.session.poll_transmit().is_some()
             })
+    }
+
+    /// Whether there are records to read, given whether the peer queued input: not while
+    /// reading is paused for its unread replies and it has read none since (the side then
+    /// waits for the peer's doorbell instead of spinning).
+    fn readable(&self, st: &State, input: bool) -> bool {
+        if st.session.paused_for_unread() {
+            st.session.read_by(st.queue.consumed(&self.peer_queue))
+        } else {
+            input
+        }
+    }
+
+    /// Counts the replies the peer read since the last look (by its tail), when there are
+    /// some or reading is paused for them.
+    fn look_at_reading(&self, st: &mut State) {
+        if !st.session.reads_pending() {
+            return;
+        }
+        let tail = st.queue.consumed(&self.peer_queue);
+        if st.session.read_by(tail) || st.session.paused_for_unread() {
+            st.session.handle_consumed(tail, Instant::now());
+        }
+    }
+
+    /// If reading is paused for the peer's unread replies, asks the peer to ring once it
+    /// consumes and looks once more (`true`: it read meanwhile, read again); if not, stops
+    /// asking.
+    fn await_reading(&self, st: &mut State) -> bool {
+        if !st.session.paused_for_unread() {
+            if std::mem::take(&mut st.awaits_reading) && !st.blocked {
+                st.queue.unblocked();
+            }
+            return false;
+        }
+        if st.awaits_reading {
+            return false;
+        }
+        st.awaits_reading = true;
+        let tail = st.queue.await_consumption(&self.peer_queue);
+        if !st.session.read_by(tail) {
+            return false;
+        }
+        st.session.handle_consumed(tail, Instant::now());
+        st.session.wants_records()
     }
 
     /// Receives every datagram waiting on the socket (the driver saw it readable): the
@@ -244,8 +301,14 @@ impl Conn {
     /// The driver is about to sleep: the peer must ring from now on. `true` if something
     /// arrived meanwhile (the driver must not sleep).
     pub(super) fn may_sleep(&self) -> bool {
-        let st = lock(&self.state);
-        st.queue.may_sleep(&self.peer_queue) || st.session.poll_transmit().is_some() && !st.blocked
+        let mut st = lock(&self.state);
+        let input = st.queue.may_sleep(&self.peer_queue);
+        if st.session.paused_for_unread() && !st.awaits_reading {
+            // Paused by a reply sent since the last pump: the peer must ring once it reads.
+            st.awaits_reading = true;
+            st.queue.await_consumption(&self.peer_queue);
+        }
+        self.readable(&st, input) || st.session.poll_transmit().is_some() && !st.blocked
     }
 
     /// The driver woke up: the peer need not ring.

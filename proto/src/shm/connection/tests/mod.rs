@@ -3,6 +3,7 @@
 //! order a real driver can see), and time is virtual.
 
 mod pair;
+mod unread;
 
 use std::time::Duration;
 
@@ -39,7 +40,11 @@ fn an_ask_naming_shared_memory_is_served_and_answered_on_its_connection() {
     let (served, body) = pair.served();
     assert_eq!((served, body.leases()), (id, vec![9]));
     let reply = WireReply::Tensor(parts(vec![shared(2, 0, 64, 77)]));
-    assert!(pair.server.conn.send_reply(id, reply.clone(), &[(2, 4096)]));
+    assert!(
+        pair.server
+            .conn
+            .send_reply(id, reply.clone(), &[(2, 4096)], 0)
+    );
     pair.drive();
     assert_eq!(
         pair.client.take(),
@@ -152,7 +157,7 @@ fn an_ask_fails_at_its_deadline_and_a_late_reply_gives_its_leases_back() {
         }]
     );
     let late = WireReply::Tensor(parts(vec![shared(2, 0, 8, 50)]));
-    pair.server.conn.send_reply(id, late, &[(2, 4096)]);
+    pair.server.conn.send_reply(id, late, &[(2, 4096)], 0);
     pair.drive();
     assert_eq!(pair.client.take(), vec![]);
     assert_eq!(
@@ -189,6 +194,7 @@ fn a_peer_that_stops_reading_is_disconnected_after_the_stall_limit() {
             data: Bytes::new(),
         },
         &[],
+        0,
     );
     pair.drive();
     pair.advance(Duration::from_secs(4));
@@ -235,7 +241,7 @@ fn answer_all(pair: &mut Pair) -> usize {
                 msg_type: "x".into(),
                 data: data.clone(),
             };
-            pair.server.conn.send_reply(id, single, &[]);
+            pair.server.conn.send_reply(id, single, &[], 0);
             answered += 1;
         }
     }
@@ -496,7 +502,11 @@ fn a_tell_is_acknowledged_and_an_error_text_is_cut() {
     let id = pair.ask(Body::Inline(Bytes::new()), &[]);
     pair.served();
     let long = "x".repeat(70 << 10);
-    assert!(pair.server.conn.send_reply(id, WireReply::Error(long), &[]));
+    assert!(
+        pair.server
+            .conn
+            .send_reply(id, WireReply::Error(long), &[], 0)
+    );
     pair.drive();
     let events = pair.client.take();
     assert!(

@@ -8,12 +8,16 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::super::*;
+use crate::shm::queue::record_size;
 
 /// One direction: records for the queue, datagrams for the socket.
 #[derive(Default)]
 pub(super) struct Wire {
     pub(super) queue: VecDeque<Vec<u8>>,
     pub(super) socket: VecDeque<Vec<u8>>,
+    /// Ring bytes produced into the queue and consumed from it (head and tail).
+    pub(super) head: u64,
+    pub(super) tail: u64,
 }
 
 pub(super) struct Side {
@@ -25,6 +29,8 @@ pub(super) struct Side {
     pub(super) refuse_maps: Option<CloseReason>,
     /// Whether the queue to the peer has room.
     pub(super) room: bool,
+    /// Whether this side consumes the records queued for it.
+    pub(super) reads: bool,
 }
 
 pub(super) struct Pair {
@@ -47,6 +53,7 @@ impl Side {
             loses_descriptors: false,
             refuse_maps: None,
             room: true,
+            reads: true,
         }
     }
 
@@ -78,6 +85,8 @@ impl Pair {
             moved |= Self::flush(&mut self.server, &mut self.to_client, self.now);
             moved |= Self::deliver(&mut self.server, &mut self.to_server);
             moved |= Self::deliver(&mut self.client, &mut self.to_client);
+            moved |= Self::consumed(&mut self.client, &self.to_server, self.now);
+            moved |= Self::consumed(&mut self.server, &self.to_client, self.now);
             if !moved {
                 return;
             }
@@ -92,10 +101,16 @@ impl Pair {
                 break;
             }
             match transmit {
-                Transmit::Record(bytes) => wire.queue.push_back(bytes.clone()),
-                Transmit::Map { datagram, .. } => wire.socket.push_back(datagram.clone()),
+                Transmit::Record(bytes) => {
+                    wire.head += record_size(bytes.len());
+                    wire.queue.push_back(bytes.clone());
+                    side.conn.handle_queued(wire.head);
+                }
+                Transmit::Map { datagram, .. } => {
+                    wire.socket.push_back(datagram.clone());
+                    side.conn.handle_transmitted();
+                }
             }
-            side.conn.handle_transmitted();
             moved = true;
         }
         moved
@@ -107,15 +122,27 @@ impl Pair {
         let mut moved = false;
         loop {
             moved |= Self::events(side, wire);
-            if !side.conn.wants_records() {
+            if !side.reads || !side.conn.wants_records() {
                 return moved;
             }
             let Some(record) = wire.queue.pop_front() else {
                 return moved;
             };
+            wire.tail += record_size(record.len());
             side.conn.handle_record(Bytes::from(record));
             moved = true;
         }
+    }
+
+    /// Tells the producer `side` how far its peer consumed `wire` (as a driver reads the
+    /// peer's tail): whether that let it read again.
+    pub(super) fn consumed(side: &mut Side, wire: &Wire, now: Instant) -> bool {
+        if !side.conn.reads_pending() {
+            return false;
+        }
+        let paused = !side.conn.wants_records();
+        side.conn.handle_consumed(wire.tail, now);
+        paused && side.conn.wants_records()
     }
 
     pub(super) fn events(side: &mut Side, wire: &mut Wire) -> bool {

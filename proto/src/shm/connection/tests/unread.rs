@@ -1,0 +1,123 @@
+//! Replies lent in our slots that the peer does not read: they pause reading its requests by
+//! the memory they hold, not by their small records, and a peer that reads none of them for
+//! the stall time is disconnected.
+
+use std::time::Duration;
+
+use super::pair::{Pair, config};
+use super::{parts, shared};
+use crate::shm::connection::{CloseReason, ConnEvent, Role, WireReply};
+use crate::transport::RequestKind;
+use bytes::Bytes;
+
+use crate::shm::wire::Body;
+
+const SLOT: u64 = 64 << 10;
+
+/// A server that pauses past 100,000 lent bytes, and a client that reads nothing.
+fn lending_server() -> Pair {
+    let mut server = config(Role::Server);
+    server.read_pause_lent_bytes = 100_000;
+    let mut pair = Pair::with(config(Role::Client), server);
+    pair.client.reads = false;
+    pair
+}
+
+fn asks(pair: &mut Pair, n: usize) {
+    for _ in 0..n {
+        pair.client
+            .conn
+            .send_request(
+                pair.now,
+                RequestKind::Ask,
+                "/actors/echo".into(),
+                Body::Inline(Bytes::from_static(b"ask")),
+                &[],
+                None,
+            )
+            .unwrap();
+    }
+    pair.drive();
+}
+
+/// Answers every request served so far with a reply in a 64 KiB slot: how many.
+fn answer_in_slots(pair: &mut Pair) -> usize {
+    let mut answered = 0;
+    for event in pair.server.take() {
+        if let ConnEvent::Request { id, .. } = event {
+            let reply = WireReply::Tensor(parts(vec![shared(2, 0, 40 << 10, id)]));
+            assert!(
+                pair.server
+                    .conn
+                    .send_reply(id, reply, &[(2, 1 << 20)], SLOT)
+            );
+            answered += 1;
+        }
+    }
+    pair.drive();
+    answered
+}
+
+#[test]
+fn a_server_reads_no_new_requests_while_replies_in_its_slots_are_not_read() {
+    let mut pair = lending_server();
+    asks(&mut pair, 1);
+    assert_eq!(answer_in_slots(&mut pair), 1);
+    asks(&mut pair, 1);
+    assert_eq!(answer_in_slots(&mut pair), 1);
+    assert!(
+        pair.server.conn.queued_bytes() < 1000,
+        "the records are small"
+    );
+    asks(&mut pair, 3);
+    assert_eq!(
+        answer_in_slots(&mut pair),
+        0,
+        "128 KiB of slots unread: reading paused"
+    );
+    assert_eq!(
+        pair.to_server.queue.len(),
+        3,
+        "the requests wait in the queue"
+    );
+    pair.client.reads = true;
+    pair.drive();
+    assert_eq!(
+        answer_in_slots(&mut pair),
+        3,
+        "the peer read its replies: reading resumes"
+    );
+    assert!(pair.server.conn.closed().is_none());
+}
+
+#[test]
+fn a_peer_that_reads_none_of_its_lent_replies_is_disconnected_after_the_stall_time() {
+    let mut pair = lending_server();
+    for _ in 0..2 {
+        asks(&mut pair, 1);
+        answer_in_slots(&mut pair);
+    }
+    asks(&mut pair, 1);
+    assert!(!pair.server.conn.wants_records());
+    pair.advance(Duration::from_secs(4));
+    assert!(pair.server.conn.closed().is_none());
+    pair.advance(Duration::from_secs(1));
+    assert!(matches!(
+        pair.server.conn.closed(),
+        Some(CloseReason::Stalled { .. })
+    ));
+}
+
+#[test]
+fn a_peer_that_keeps_reading_its_replies_is_never_paused_for_long_nor_disconnected() {
+    let mut pair = lending_server();
+    pair.client.reads = true;
+    for _ in 0..20 {
+        asks(&mut pair, 2);
+        assert_eq!(answer_in_slots(&mut pair), 2);
+        pair.advance(Duration::from_secs(1));
+    }
+    assert!(pair.server.conn.closed().is_none());
+    assert!(pair.server.conn.wants_records());
+    assert!(!pair.server.conn.reads_pending(), "every reply was read");
+}
