@@ -33,6 +33,7 @@ mod body;
 mod config;
 mod encode;
 mod error;
+pub mod fast_hash;
 mod head;
 mod kind;
 mod len;

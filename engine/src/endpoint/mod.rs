@@ -4,7 +4,6 @@
 mod handler;
 mod local;
 mod mailbox;
-mod path_hash;
 mod registry;
 
 use std::future::Future;

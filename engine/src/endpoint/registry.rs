@@ -12,9 +12,9 @@ use tensorwire_proto::transport::{
 };
 
 use crate::endpoint::handler::{self, Handler};
-use crate::endpoint::path_hash::PathHash;
 use crate::endpoint::{Incoming, Mailbox, Push, Request};
 use crate::inflight::InFlightCount;
+use tensorwire_proto::fast_hash::FastHash;
 
 /// How an endpoint's requests are served.
 #[derive(Clone)]
@@ -33,7 +33,7 @@ struct Entry {
 
 /// The endpoints of one node.
 pub(crate) struct Registry {
-    endpoints: RwLock<HashMap<String, Arc<Entry>, PathHash>>,
+    endpoints: RwLock<HashMap<String, Arc<Entry>, FastHash>>,
     mailbox_capacity: usize,
     /// Requests that may wait for space in each mailbox.
     waiting_capacity: usize,

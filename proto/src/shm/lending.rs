@@ -9,10 +9,13 @@
 //! reference ([`Part::Returned`](crate::shm::Part::Returned)) is checked against what it was
 //! lent, never taken on its word.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
-/// A lent slot, as the book sees it.
-pub trait Lent {
+use crate::fast_hash::FastHash;
+
+/// A lent slot, as the book sees it. The slots of one segment have one capacity and start at
+/// multiples of it (a slot that does not is never found by [`LeaseBook::returned`]).
+pub trait Lent: Clone {
     /// The segment it is in.
     fn segment(&self) -> u64;
     /// Where it starts in the segment.
@@ -21,14 +24,19 @@ pub trait Lent {
     fn capacity(&self) -> u64;
 }
 
-/// The leases of a node's slots held by peer processes.
+/// The leases of a node's slots held by peer processes. Every key is this node's own (lease
+/// ids it gave out, its segments, holder pids the kernel reported), so the tables hash fast;
+/// a peer's numbers are only looked up.
 #[derive(Debug)]
 pub struct LeaseBook<S> {
-    leases: HashMap<u64, Lease<S>>,
-    /// Per holder and segment: the leases by slot start (to check returned ranges).
-    by_place: HashMap<(u32, u64), BTreeMap<(u64, u64), ()>>,
+    leases: HashMap<u64, Lease<S>, FastHash>,
+    /// Per holder, segment and slot start: the slot and how many leases the holder has on
+    /// it (to check returned ranges).
+    by_slot: HashMap<(u32, u64, u64), Held<S>, FastHash>,
+    /// Per holder and segment: the capacity of its slots and how many slots are held there.
+    by_segment: HashMap<(u32, u64), (u64, usize), FastHash>,
     /// Leases and bytes lent per holder process.
-    by_holder: HashMap<u32, (usize, u64)>,
+    by_holder: HashMap<u32, (usize, u64), FastHash>,
     next: u64,
 }
 
@@ -38,12 +46,19 @@ struct Lease<S> {
     slot: S,
 }
 
+#[derive(Debug)]
+struct Held<S> {
+    slot: S,
+    leases: usize,
+}
+
 impl<S> Default for LeaseBook<S> {
     fn default() -> Self {
         Self {
-            leases: HashMap::new(),
-            by_place: HashMap::new(),
-            by_holder: HashMap::new(),
+            leases: HashMap::default(),
+            by_slot: HashMap::default(),
+            by_segment: HashMap::default(),
+            by_holder: HashMap::default(),
             next: 0,
         }
     }
@@ -57,10 +72,22 @@ impl<S: Lent> LeaseBook<S> {
         let held = self.by_holder.entry(holder).or_default();
         held.0 += 1;
         held.1 += slot.capacity();
-        self.by_place
-            .entry((holder, slot.segment()))
-            .or_default()
-            .insert((slot.offset(), id), ());
+        let place = (holder, slot.segment(), slot.offset());
+        match self.by_slot.get_mut(&place) {
+            Some(held) => held.leases += 1,
+            None => {
+                let segment = self
+                    .by_segment
+                    .entry((holder, slot.segment()))
+                    .or_insert_with(|| (slot.capacity(), 0));
+                segment.1 += 1;
+                let held = Held {
+                    slot: slot.clone(),
+                    leases: 1,
+                };
+                self.by_slot.insert(place, held);
+            }
+        }
         self.leases.insert(id, Lease { holder, slot });
         id
     }
@@ -69,11 +96,10 @@ impl<S: Lent> LeaseBook<S> {
     /// `segment`, and where that range starts in the slot.
     pub fn returned(&self, holder: u32, segment: u64, offset: u64, len: u64) -> Option<(&S, u64)> {
         let end = offset.checked_add(len)?;
-        let places = self.by_place.get(&(holder, segment))?;
-        let (&(_, lease), ()) = places.range(..=(offset, u64::MAX)).next_back()?;
-        let slot = &self.leases.get(&lease)?.slot;
-        let start = slot.offset();
-        (offset >= start && end <= start.checked_add(slot.capacity())?)
+        let &(capacity, _) = self.by_segment.get(&(holder, segment))?;
+        let start = offset - offset.checked_rem(capacity)?;
+        let slot = &self.by_slot.get(&(holder, segment, start))?.slot;
+        (slot.offset() == start && end <= start.checked_add(slot.capacity())?)
             .then(|| (slot, offset - start))
     }
 
@@ -84,7 +110,7 @@ impl<S: Lent> LeaseBook<S> {
             return None;
         }
         let lease_of = self.leases.remove(&lease)?;
-        self.forget(holder, lease, &lease_of.slot);
+        self.forget(holder, &lease_of.slot);
         Some(lease_of.slot)
     }
 
@@ -102,7 +128,8 @@ impl<S: Lent> LeaseBook<S> {
             .map(|l| l.slot)
             .collect();
         self.by_holder.remove(&holder);
-        self.by_place.retain(|(h, _), _| *h != holder);
+        self.by_slot.retain(|(h, _, _), _| *h != holder);
+        self.by_segment.retain(|(h, _), _| *h != holder);
         slots
     }
 
@@ -119,11 +146,19 @@ impl<S: Lent> LeaseBook<S> {
         )
     }
 
-    fn forget(&mut self, holder: u32, lease: u64, slot: &S) {
-        if let Some(places) = self.by_place.get_mut(&(holder, slot.segment())) {
-            places.remove(&(slot.offset(), lease));
-            if places.is_empty() {
-                self.by_place.remove(&(holder, slot.segment()));
+    fn forget(&mut self, holder: u32, slot: &S) {
+        let place = (holder, slot.segment(), slot.offset());
+        if let Some(held) = self.by_slot.get_mut(&place) {
+            held.leases -= 1;
+            if held.leases == 0 {
+                self.by_slot.remove(&place);
+                let segment = (holder, slot.segment());
+                if let Some(count) = self.by_segment.get_mut(&segment) {
+                    count.1 -= 1;
+                    if count.1 == 0 {
+                        self.by_segment.remove(&segment);
+                    }
+                }
             }
         }
         if let Some(held) = self.by_holder.get_mut(&holder) {
@@ -177,6 +212,27 @@ mod tests {
         );
         assert_eq!(sut.release(7, lease), Some(slot));
         assert_eq!(sut.returned(7, 3, 1 << 20, 100), None, "released");
+    }
+
+    #[test]
+    fn a_slot_lent_twice_to_one_holder_is_found_until_both_leases_are_released() {
+        let mut sut = LeaseBook::default();
+        let slot = Slot(3, 1 << 16, 1 << 16);
+        let first = sut.lend(7, slot);
+        let second = sut.lend(7, slot);
+        let other = sut.lend(7, Slot(3, 0, 1 << 16));
+        assert_eq!(sut.release(7, first), Some(slot));
+        assert_eq!(sut.returned(7, 3, (1 << 16) + 8, 8), Some((&slot, 8)));
+        assert_eq!(sut.release(7, second), Some(slot));
+        assert_eq!(sut.returned(7, 3, (1 << 16) + 8, 8), None, "both released");
+        assert!(
+            sut.returned(7, 3, 8, 8).is_some(),
+            "the other slot still held"
+        );
+        assert_eq!(sut.release(7, other), Some(Slot(3, 0, 1 << 16)));
+        assert_eq!(sut.returned(7, 3, 8, 8), None);
+        assert_eq!(sut.active(), (0, 0));
+        assert!(!sut.holds(7));
     }
 
     #[test]

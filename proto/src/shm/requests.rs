@@ -5,12 +5,14 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
+use crate::fast_hash::FastHash;
 use crate::transport::RequestKind;
 
 /// Requests waiting for their answer.
 #[derive(Debug, Default)]
 pub struct Outstanding {
-    waiting: HashMap<u64, Waiting>,
+    /// By this side's own ids (a peer's id is only looked up).
+    waiting: HashMap<u64, Waiting, FastHash>,
     deadlines: BTreeSet<(Instant, u64)>,
 }
 

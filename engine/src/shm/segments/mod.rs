@@ -458,7 +458,12 @@ impl Slot {
 
     /// A zero-copy `Bytes` of `range` (within the slot) that keeps the slot held.
     pub(crate) fn bytes(self: &Arc<Self>, range: std::ops::Range<usize>) -> Bytes {
-        Bytes::from_owner(SlotBytes(Arc::clone(self))).slice(range)
+        self.whole().slice(range)
+    }
+
+    /// A zero-copy `Bytes` of the whole slot that keeps it held.
+    pub(crate) fn whole(self: &Arc<Self>) -> Bytes {
+        Bytes::from_owner(SlotBytes(Arc::clone(self)))
     }
 }
 

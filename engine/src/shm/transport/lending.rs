@@ -7,7 +7,6 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
 use tensorwire_proto::shm::{LeaseBook, Lent};
 
 use crate::shm::segments::Slot;
@@ -24,6 +23,7 @@ pub(super) struct Lending {
 }
 
 /// A slot as the lease book sees it.
+#[derive(Clone)]
 pub(super) struct LentSlot(pub(super) Arc<Slot>);
 
 impl Lent for LentSlot {
@@ -44,20 +44,20 @@ impl Lending {
         lock(&self.book).lend(holder, LentSlot(slot))
     }
 
-    /// A view of `len` bytes at `offset` of our `segment`, if `holder` holds them under a
-    /// lease: what it sends back by reference is checked, never taken on its word.
-    pub(super) fn returned(
+    /// `f` of the slot holding `len` bytes at `offset` of our `segment` and where they start
+    /// in it, if `holder` holds them under a lease: what it sends back by reference is
+    /// checked, never taken on its word.
+    pub(super) fn returned<R>(
         &self,
         holder: u32,
         segment: u64,
         offset: u64,
         len: u64,
-    ) -> Option<Bytes> {
+        f: impl FnOnce(&Arc<Slot>, usize) -> R,
+    ) -> Option<R> {
         let book = lock(&self.book);
         let (slot, at) = book.returned(holder, segment, offset, len)?;
-        let at = usize::try_from(at).ok()?;
-        let end = at.checked_add(usize::try_from(len).ok()?)?;
-        Some(slot.0.bytes(at..end))
+        Some(f(&slot.0, usize::try_from(at).ok()?))
     }
 
     /// Process `holder` released these leases (others' leases are left alone).

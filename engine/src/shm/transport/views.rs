@@ -18,6 +18,7 @@ use tensorwire_proto::{LimitField, Limits, TensorMessage};
 use super::lending::Lending;
 use super::releases::Releases;
 use crate::shm::os::FileMap;
+use crate::shm::segments::Slot;
 
 /// A peer's segment, mapped read-only here.
 pub(super) struct Mapped {
@@ -118,23 +119,24 @@ fn message(
     held: &[Arc<HeldLease>],
 ) -> Result<TensorMessage, String> {
     let limits = from.limits;
-    let part = |shared: &Shared| view(from.mapped, held, shared);
+    let mut owners = Owners::default();
     match body {
         Body::Inline(bytes) => {
             tensorwire_proto::ptm1::decode(bytes.clone(), limits).map_err(|e| e.to_string())
         }
         Body::Packed(shared) => {
-            tensorwire_proto::ptm1::decode(part(shared)?, limits).map_err(|e| e.to_string())
+            let whole = owners.view(from.mapped, held, shared)?;
+            tensorwire_proto::ptm1::decode(whole, limits).map_err(|e| e.to_string())
         }
         Body::Parts {
             version,
             metadata,
             buffers,
         } => {
-            let bytes = |p: &Part| match p {
+            let mut bytes = |p: &Part| match p {
                 Part::Inline(bytes) => Ok(bytes.clone()),
-                Part::Shared(shared) => part(shared),
-                Part::Returned(returned) => ours(from, returned),
+                Part::Shared(shared) => owners.view(from.mapped, held, shared),
+                Part::Returned(returned) => owners.ours(from, returned),
             };
             let metadata = bytes(metadata)?;
             let buffers = buffers.iter().map(bytes).collect::<Result<Vec<_>, _>>()?;
@@ -147,47 +149,88 @@ fn message(
     }
 }
 
-/// Bytes of our own slot that the peer sent back (it still holds them under our lease, so the
-/// slot is alive and frozen): a view of our memory, no copy.
-fn ours(from: &Source<'_>, returned: &Returned) -> Result<Bytes, String> {
-    let Returned {
-        segment,
-        offset,
-        len,
-    } = *returned;
-    from.lending
-        .returned(from.holder, segment, offset, len)
-        .ok_or_else(|| "a part names memory of ours that the peer does not hold".to_owned())
+/// The `Bytes` owners made for one message's parts so far: consecutive parts of one lease
+/// (a message copied into one slot) or of one slot of ours share one owner, each part a slice
+/// of it (no allocation per part).
+#[derive(Default)]
+struct Owners {
+    /// The last peer lease viewed: its segment, its id, and its whole mapping.
+    shared: Option<(u64, u64, Bytes)>,
+    /// The last slot of ours sent back (its address: `Bytes` of all of it keeps it alive,
+    /// so no other slot can be there meanwhile), and all of it.
+    ours: Option<(*const Slot, Bytes)>,
 }
 
-/// A zero-copy view of one shared range (the session checked it lies within the segment),
-/// holding its lease and its segment's mapping.
-fn view(
-    mapped: &HashMap<u64, Arc<Mapped>>,
-    held: &[Arc<HeldLease>],
-    shared: &Shared,
-) -> Result<Bytes, String> {
-    let mapped = mapped
-        .get(&shared.segment)
-        .cloned()
-        .ok_or_else(|| format!("segment {} is not mapped", shared.segment))?;
-    let lease = held
-        .iter()
-        .find(|h| h.lease == shared.lease)
-        .cloned()
-        .ok_or("a part's lease is not listed")?;
-    let start = usize::try_from(shared.offset).map_err(|_| "a range is too large")?;
-    let end = shared
-        .offset
-        .checked_add(shared.len)
-        .and_then(|end| usize::try_from(end).ok())
-        .filter(|&end| end <= mapped.map.len())
-        .ok_or("a part runs past its segment")?;
-    Ok(Bytes::from_owner(View {
-        mapped,
-        _lease: lease,
-    })
-    .slice(start..end))
+impl Owners {
+    /// A zero-copy view of one shared range (the session checked it lies within the
+    /// segment), holding its lease and its segment's mapping.
+    fn view(
+        &mut self,
+        mapped: &HashMap<u64, Arc<Mapped>>,
+        held: &[Arc<HeldLease>],
+        shared: &Shared,
+    ) -> Result<Bytes, String> {
+        let whole = match &self.shared {
+            Some((segment, lease, whole))
+                if *segment == shared.segment && *lease == shared.lease =>
+            {
+                whole
+            }
+            _ => {
+                let mapped = mapped
+                    .get(&shared.segment)
+                    .cloned()
+                    .ok_or_else(|| format!("segment {} is not mapped", shared.segment))?;
+                let lease = held
+                    .iter()
+                    .find(|h| h.lease == shared.lease)
+                    .cloned()
+                    .ok_or("a part's lease is not listed")?;
+                let whole = Bytes::from_owner(View {
+                    mapped,
+                    _lease: lease,
+                });
+                &self.shared.insert((shared.segment, shared.lease, whole)).2
+            }
+        };
+        let start = usize::try_from(shared.offset).map_err(|_| "a range is too large")?;
+        let end = shared
+            .offset
+            .checked_add(shared.len)
+            .and_then(|end| usize::try_from(end).ok())
+            .filter(|&end| end <= whole.len())
+            .ok_or("a part runs past its segment")?;
+        Ok(whole.slice(start..end))
+    }
+
+    /// Bytes of our own slot that the peer sent back (it still holds them under our lease, so
+    /// the slot is alive and frozen): a view of our memory, no copy.
+    fn ours(&mut self, from: &Source<'_>, returned: &Returned) -> Result<Bytes, String> {
+        let Returned {
+            segment,
+            offset,
+            len,
+        } = *returned;
+        let cache = &mut self.ours;
+        let view = |slot: &Arc<Slot>, at: usize| {
+            let whole = match cache {
+                Some((last, whole)) if std::ptr::eq(*last, Arc::as_ptr(slot)) => whole,
+                _ => {
+                    let whole = slot.whole();
+                    &cache.insert((Arc::as_ptr(slot), whole)).1
+                }
+            };
+            let end = usize::try_from(len)
+                .ok()
+                .and_then(|len| at.checked_add(len))
+                .filter(|&end| end <= whole.len())?;
+            Some(whole.slice(at..end))
+        };
+        from.lending
+            .returned(from.holder, segment, offset, len, view)
+            .flatten()
+            .ok_or_else(|| "a part names memory of ours that the peer does not hold".to_owned())
+    }
 }
 
 /// A peer's lease, held by every view of it; released when the last one drops.

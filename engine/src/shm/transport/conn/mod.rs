@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tensorwire_proto::TensorMessage;
+use tensorwire_proto::fast_hash::FastHash;
 
 use tensorwire_proto::shm::{CloseReason, ConnectionConfig, Credentials, Role, ShmConnection};
 use tensorwire_proto::transport::{Answer, Completion, Deadline, Error, RequestKind};
@@ -74,12 +75,12 @@ pub(super) struct State {
     pub(super) session: ShmConnection,
     queue: OwnQueue,
     /// Requests sent here, by id, and who waits for each.
-    waiters: HashMap<u64, Waiter>,
+    waiters: HashMap<u64, Waiter, FastHash>,
     /// The peer's segments mapped here, by its id for them.
     pub(super) mapped: HashMap<u64, Arc<Mapped>>,
     /// Our segments a send may announce, kept open until its `Map` is sent; emptied whenever
     /// nothing waits to be sent (`Conn::flush`).
-    attach: HashMap<u64, Arc<Segment>>,
+    attach: HashMap<u64, Arc<Segment>, FastHash>,
     /// Whether our producer told the peer it waits for room.
     blocked: bool,
     /// Whether we told the peer to ring once it consumes: reading its requests is paused
@@ -134,9 +135,9 @@ impl Conn {
             state: Mutex::new(State {
                 session,
                 queue: setup.queue,
-                waiters: HashMap::new(),
+                waiters: HashMap::default(),
                 mapped: HashMap::new(),
-                attach: HashMap::new(),
+                attach: HashMap::default(),
                 blocked: false,
                 awaits_reading: false,
             }),

@@ -1,25 +1,27 @@
-//! A fast hasher for the endpoint table's paths. The table holds only paths this node
-//! registered; a peer's path is only looked up, never inserted, so a peer cannot fill a bucket
-//! with colliding keys and the DoS resistance of the standard hasher buys nothing here.
+//! A fast hasher for tables whose keys this node chooses: ids it gave out (leases, requests),
+//! paths it registered. Such a table never inserts a key a peer picked (a peer's key is only
+//! looked up), so a peer cannot fill a bucket with colliding keys and the flooding resistance
+//! of the standard hasher buys nothing there. A table a peer inserts into keeps the standard
+//! hasher.
 
 use std::hash::{BuildHasherDefault, Hasher};
 
-/// Builds [`PathHasher`]s.
-pub(crate) type PathHash = BuildHasherDefault<PathHasher>;
+/// Builds [`FastHasher`]s.
+pub type FastHash = BuildHasherDefault<FastHasher>;
 
 /// A multiply-rotate hash over 8-byte words (the scheme of rustc's `FxHasher`).
 #[derive(Default)]
-pub(crate) struct PathHasher(u64);
+pub struct FastHasher(u64);
 
 const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
 
-impl PathHasher {
+impl FastHasher {
     fn add(&mut self, word: u64) {
         self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(SEED);
     }
 }
 
-impl Hasher for PathHasher {
+impl Hasher for FastHasher {
     fn write(&mut self, bytes: &[u8]) {
         let mut chunks = bytes.chunks_exact(8);
         for chunk in &mut chunks {
@@ -37,6 +39,18 @@ impl Hasher for PathHasher {
 
     fn write_u8(&mut self, byte: u8) {
         self.add(u64::from(byte));
+    }
+
+    fn write_u32(&mut self, word: u32) {
+        self.add(u64::from(word));
+    }
+
+    fn write_u64(&mut self, word: u64) {
+        self.add(word);
+    }
+
+    fn write_usize(&mut self, word: usize) {
+        self.add(word as u64);
     }
 
     fn finish(&self) -> u64 {
@@ -60,7 +74,7 @@ mod tests {
             "",
             "a",
         ];
-        let mut table: HashMap<&str, usize, PathHash> = HashMap::default();
+        let mut table: HashMap<&str, usize, FastHash> = HashMap::default();
         for (i, path) in paths.iter().enumerate() {
             table.insert(path, i);
         }
@@ -73,11 +87,28 @@ mod tests {
     #[test]
     fn a_trailing_partial_word_changes_the_hash() {
         let hash = |s: &str| {
-            let mut h = PathHasher::default();
+            let mut h = FastHasher::default();
             h.write(s.as_bytes());
             h.finish()
         };
         assert_ne!(hash("/actors/echo1"), hash("/actors/echo2"));
         assert_ne!(hash("abcdefgh"), hash("abcdefghi"));
+    }
+
+    #[test]
+    fn ids_and_tuples_of_them_are_told_apart() {
+        let mut table: HashMap<(u32, u64, u64), u64, FastHash> = HashMap::default();
+        let mut n = 0;
+        for holder in [1u32, 7, 4_000_000] {
+            for segment in [0u64, 1, 2, 1 << 40] {
+                for slot in [0u64, 65_536, 131_072] {
+                    table.insert((holder, segment, slot), n);
+                    n += 1;
+                }
+            }
+        }
+        assert_eq!(table.len() as u64, n);
+        assert_eq!(table.get(&(7, 1 << 40, 65_536)), Some(&22));
+        assert_eq!(table.get(&(7, 1 << 40, 65_537)), None);
     }
 }
