@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tensorwire_proto::shm::{LeaseBook, Lent};
 
@@ -39,25 +39,11 @@ impl Lent for LentSlot {
 }
 
 impl Lending {
-    /// Lends `slot` to process `holder`; the lease id (never reused).
-    pub(super) fn lend(&self, holder: u32, slot: Arc<Slot>) -> u64 {
-        lock(&self.book).lend(holder, LentSlot(slot))
-    }
-
-    /// `f` of the slot holding `len` bytes at `offset` of our `segment` and where they start
-    /// in it, if `holder` holds them under a lease: what it sends back by reference is
-    /// checked, never taken on its word.
-    pub(super) fn returned<R>(
-        &self,
-        holder: u32,
-        segment: u64,
-        offset: u64,
-        len: u64,
-        f: impl FnOnce(&Arc<Slot>, usize) -> R,
-    ) -> Option<R> {
-        let book = lock(&self.book);
-        let (slot, at) = book.returned(holder, segment, offset, len)?;
-        Some(f(&slot.0, usize::try_from(at).ok()?))
+    /// The book, locked: to lend every slot of a message, or check every part a peer sent
+    /// back by reference (`LeaseBook::returned`: checked, never taken on its word), under
+    /// one lock.
+    pub(super) fn book(&self) -> MutexGuard<'_, LeaseBook<LentSlot>> {
+        lock(&self.book)
     }
 
     /// Process `holder` released these leases (others' leases are left alone).

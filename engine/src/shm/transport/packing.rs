@@ -14,7 +14,7 @@ use tensorwire_proto::shm::{Body, MAX_DATAGRAM, Part, Returned, SHARED_PART_BYTE
 use tensorwire_proto::transport::Error;
 use tensorwire_proto::{Limits, TensorMessage, len_u64};
 
-use super::lending::Lending;
+use super::lending::{Lending, LentSlot};
 use crate::shm::segments::loaned;
 use crate::shm::segments::{Segment, Slot, SlotMut};
 
@@ -221,11 +221,19 @@ impl Layout {
                 ));
             }
         };
+        // Every lease of the message under one lock of the book (a message of many loans).
+        let mut book = None;
+        let mut lend = |slot: Arc<Slot>| {
+            book.get_or_insert_with(|| lending.book())
+                .lend(holder, LentSlot(slot))
+        };
         let mut fresh_lease = None;
-        let mut lend_fresh = |packed: &mut Packed| -> Option<(u64, Arc<Slot>)> {
+        let mut lend_fresh = |packed: &mut Packed,
+                              lend: &mut dyn FnMut(Arc<Slot>) -> u64|
+         -> Option<(u64, Arc<Slot>)> {
             let slot = fresh.clone()?;
             let lease = *fresh_lease.get_or_insert_with(|| {
-                let lease = lending.lend(holder, Arc::clone(&slot));
+                let lease = lend(Arc::clone(&slot));
                 packed.leases.push(lease);
                 packed.lent += len_u64(slot.capacity());
                 packed.segments.push(Arc::clone(slot.segment()));
@@ -239,7 +247,7 @@ impl Layout {
                 Body::Inline(bytes)
             }
             Shape::Packed => {
-                let (lease, slot) = lend_fresh(&mut packed).ok_or_else(no_slot)?;
+                let (lease, slot) = lend_fresh(&mut packed, &mut lend).ok_or_else(no_slot)?;
                 packed.copied = message.total_bytes();
                 Body::Packed(Shared {
                     segment: slot.segment().id,
@@ -265,7 +273,7 @@ impl Layout {
                             packed.segments.push(Arc::clone(slot.segment()));
                             let segment = slot.segment().id;
                             packed.lent += len_u64(slot.capacity());
-                            let lease = lending.lend(holder, slot);
+                            let lease = lend(slot);
                             packed.leases.push(lease);
                             Part::Shared(Shared {
                                 segment,
@@ -275,7 +283,8 @@ impl Layout {
                             })
                         }
                         Plan::Copy { at, bytes } => {
-                            let (lease, slot) = lend_fresh(packed).ok_or_else(no_slot)?;
+                            let (lease, slot) =
+                                lend_fresh(packed, &mut lend).ok_or_else(no_slot)?;
                             packed.copied += len_u64(bytes.len());
                             Part::Shared(Shared {
                                 segment: slot.segment().id,

@@ -8,14 +8,16 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, MutexGuard, Weak};
 
 use bytes::Bytes;
-use tensorwire_proto::shm::{Body, CloseReason, Failure, Part, Returned, Shared, WireReply};
+use tensorwire_proto::shm::{
+    Body, CloseReason, Failure, LeaseBook, Part, Returned, Shared, WireReply,
+};
 use tensorwire_proto::transport::{Answer, Deadline, Error, Reply, RequestKind};
 use tensorwire_proto::{LimitField, Limits, TensorMessage};
 
-use super::lending::Lending;
+use super::lending::{Lending, LentSlot};
 use super::releases::Releases;
 use crate::shm::os::FileMap;
 use crate::shm::segments::Slot;
@@ -119,7 +121,11 @@ fn message(
     held: &[Arc<HeldLease>],
 ) -> Result<TensorMessage, String> {
     let limits = from.limits;
-    let mut owners = Owners::default();
+    let mut owners = Owners {
+        shared: None,
+        ours: None,
+        book: None,
+    };
     match body {
         Body::Inline(bytes) => {
             tensorwire_proto::ptm1::decode(bytes.clone(), limits).map_err(|e| e.to_string())
@@ -152,16 +158,17 @@ fn message(
 /// The `Bytes` owners made for one message's parts so far: consecutive parts of one lease
 /// (a message copied into one slot) or of one slot of ours share one owner, each part a slice
 /// of it (no allocation per part).
-#[derive(Default)]
-struct Owners {
+struct Owners<'a> {
     /// The last peer lease viewed: its segment, its id, and its whole mapping.
     shared: Option<(u64, u64, Bytes)>,
     /// The last slot of ours sent back (its address: `Bytes` of all of it keeps it alive,
     /// so no other slot can be there meanwhile), and all of it.
     ours: Option<(*const Slot, Bytes)>,
+    /// What this node lent, locked at the first part sent back and for the rest of them.
+    book: Option<MutexGuard<'a, LeaseBook<LentSlot>>>,
 }
 
-impl Owners {
+impl<'a> Owners<'a> {
     /// A zero-copy view of one shared range (the session checked it lies within the
     /// segment), holding its lease and its segment's mapping.
     fn view(
@@ -205,31 +212,28 @@ impl Owners {
 
     /// Bytes of our own slot that the peer sent back (it still holds them under our lease, so
     /// the slot is alive and frozen): a view of our memory, no copy.
-    fn ours(&mut self, from: &Source<'_>, returned: &Returned) -> Result<Bytes, String> {
+    fn ours(&mut self, from: &Source<'a>, returned: &Returned) -> Result<Bytes, String> {
         let Returned {
             segment,
             offset,
             len,
         } = *returned;
-        let cache = &mut self.ours;
-        let view = |slot: &Arc<Slot>, at: usize| {
-            let whole = match cache {
-                Some((last, whole)) if std::ptr::eq(*last, Arc::as_ptr(slot)) => whole,
-                _ => {
-                    let whole = slot.whole();
-                    &cache.insert((Arc::as_ptr(slot), whole)).1
-                }
-            };
-            let end = usize::try_from(len)
-                .ok()
-                .and_then(|len| at.checked_add(len))
-                .filter(|&end| end <= whole.len())?;
-            Some(whole.slice(at..end))
+        let refused = || "a part names memory of ours that the peer does not hold".to_owned();
+        let book = self.book.get_or_insert_with(|| from.lending.book());
+        let (LentSlot(slot), at) = book
+            .returned(from.holder, segment, offset, len)
+            .ok_or_else(refused)?;
+        let whole = match &self.ours {
+            Some((last, whole)) if std::ptr::eq(*last, Arc::as_ptr(slot)) => whole,
+            _ => &self.ours.insert((Arc::as_ptr(slot), slot.whole())).1,
         };
-        from.lending
-            .returned(from.holder, segment, offset, len, view)
-            .flatten()
-            .ok_or_else(|| "a part names memory of ours that the peer does not hold".to_owned())
+        let range = usize::try_from(at)
+            .ok()
+            .zip(usize::try_from(len).ok())
+            .and_then(|(at, len)| Some(at..at.checked_add(len)?))
+            .filter(|range| range.end <= whole.len())
+            .ok_or_else(refused)?;
+        Ok(whole.slice(range))
     }
 }
 
