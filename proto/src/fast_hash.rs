@@ -54,7 +54,10 @@ impl Hasher for FastHasher {
     }
 
     fn finish(&self) -> u64 {
-        self.0
+        // The multiply carries low bits up, never down: keys that differ only in high bits
+        // (slot offsets, multiples of 64 KiB) would share their low bits, which pick the
+        // bucket. Rotating brings the well-mixed high bits down.
+        self.0.rotate_left(26)
     }
 }
 

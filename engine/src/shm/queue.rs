@@ -6,7 +6,8 @@
 //!
 //! Signalling costs no system call while both sides are busy: a producer rings the consumer's
 //! doorbell (an eventfd) only when the consumer said it may sleep, and a consumer rings the
-//! producer's only when the producer said it is blocked for room. Both flags follow the same
+//! producer's only when the producer said it is blocked (it waits for room, or for the peer to
+//! read the replies it queued: [`OwnQueue::await_consumption`]). Both flags follow the same
 //! order — set the flag, full fence, look again — so a wake-up is never lost.
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -240,7 +241,7 @@ impl OwnQueue {
         self.consumed(peer)
     }
 
-    /// This side's producer no longer waits for room.
+    /// This side no longer waits for the peer to consume (for room or for reading).
     pub(crate) fn unblocked(&self) {
         self.word32(BLOCKED_AT).store(0, Ordering::Relaxed);
     }

@@ -30,8 +30,9 @@ pub(super) const INLINE_REQUEST: usize = 8 << 10;
 /// measured faster: with a handler that answers with a fresh copy, replies of 12 and 16 KiB
 /// in slots took 12.8 and 14.1 µs a round trip against 10.7 and 12.4 in the record (p90 19–23
 /// against 13–17 µs), though 64 in flight at 16 KiB did 184k asks/s against 162k. (A reply
-/// in a slot holds this node's memory until the asker reads it: the session pauses reading
-/// the requests of a peer whose unread replies hold too much, `read_pause_lent_bytes`.)
+/// in a slot holds this node's memory until the asker releases it; until the asker has read
+/// its record it also counts against the session's pause on reading that peer's requests,
+/// `read_pause_lent_bytes`.)
 pub(super) const INLINE_REPLY: usize = 32 << 10;
 /// Metadata travels in the datagram up to this; larger goes into the slot.
 const INLINE_METADATA: usize = 16 << 10;
@@ -88,7 +89,8 @@ pub(super) struct Packed {
     pub(super) segments: Vec<Arc<Segment>>,
     /// The leases it went out under (released here if the send fails).
     pub(super) leases: Vec<u64>,
-    /// Bytes of our slots it lends (their capacity).
+    /// Bytes of our slots it lends (their capacity; consecutive views of one slot count it
+    /// once).
     pub(super) lent: u64,
     pub(super) copied: u64,
     pub(super) zero_copy: u64,
@@ -261,6 +263,9 @@ impl Layout {
                 metadata,
                 buffers,
             } => {
+                // The loaned slot counted last: consecutive views of one slot lend its memory
+                // once (`Packed::lent`).
+                let mut last_loaned: *const Slot = std::ptr::null();
                 let mut part = |plan: Plan, packed: &mut Packed| -> Result<Part, Error> {
                     Ok(match plan {
                         Plan::Inline(bytes) => Part::Inline(bytes),
@@ -272,7 +277,10 @@ impl Layout {
                             packed.zero_copy += 1;
                             packed.segments.push(Arc::clone(slot.segment()));
                             let segment = slot.segment().id;
-                            packed.lent += len_u64(slot.capacity());
+                            if !std::ptr::eq(last_loaned, Arc::as_ptr(&slot)) {
+                                packed.lent += len_u64(slot.capacity());
+                                last_loaned = Arc::as_ptr(&slot);
+                            }
                             let lease = lend(slot);
                             packed.leases.push(lease);
                             Part::Shared(Shared {

@@ -39,7 +39,7 @@ pub enum CloseReason {
     #[error("the shared-memory peer passed a bound: {0}")]
     OverBound(OverBound),
     /// Messages for the peer waited this long without progress (it stopped reading).
-    #[error("the shared-memory peer read nothing for {after:?} (stalled)")]
+    #[error("the shared-memory peer made no progress reading for {after:?} (stalled)")]
     Stalled {
         /// How long.
         after: Duration,

@@ -72,7 +72,8 @@ pub struct ConnectionConfig {
     /// it more than this of our slots, a server reads no new requests; a peer that reads
     /// none of them for `stall_after` meanwhile is disconnected. (A reply in a slot holds
     /// its memory from the moment it is queued, and its record is small: `read_pause_bytes`
-    /// does not bound it.)
+    /// does not bound it.) Requests read before the pause are still answered, so the bytes
+    /// lent can pass this by the replies to up to `max_in_flight` requests.
     pub read_pause_lent_bytes: u64,
     /// Queued messages that made no progress this long mean the peer stalled: disconnect.
     pub stall_after: Duration,
@@ -377,9 +378,10 @@ impl ShmConnection {
     }
 
     /// The peer consumed this side's queue up to `tail` (the word in its header, untrusted:
-    /// a tail it claims without reading only makes the replies its own to hold, as reading
-    /// them would). Call it while [`ShmConnection::reads_pending`] and when reading paused
-    /// for them ([`ShmConnection::paused_for_unread`]).
+    /// a tail claimed without reading ends the count as reading would, and the replies are
+    /// then the peer's to hold until it releases them — bounded by the node's quota, not per
+    /// peer). Call it while [`ShmConnection::reads_pending`] and when reading paused for them
+    /// ([`ShmConnection::paused_for_unread`]).
     pub fn handle_consumed(&mut self, tail: u64, now: Instant) {
         let read = self.unread.consumed(tail);
         let paused = self.lent_unread() > self.config.read_pause_lent_bytes;

@@ -113,7 +113,10 @@ impl Conn {
                             after.ring_peer = true;
                         }
                         if st.queue.blocked(&self.peer_queue, len) {
-                            continue; // room came meanwhile
+                            // Room came meanwhile; the word is set, so clear it like any
+                            // other block once everything is out.
+                            st.blocked = true;
+                            continue;
                         }
                         st.blocked = true;
                         st.session.handle_blocked(Instant::now());

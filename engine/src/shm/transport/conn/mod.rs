@@ -212,8 +212,9 @@ impl Conn {
         (read, deliver)
     }
 
-    /// Whether the peer queued something not read yet, releases wait, or our queue waits for
-    /// room (cheap: no lock unless the queue must be looked at).
+    /// Whether releases wait, the peer queued something to read (not while reading is paused
+    /// for its unread replies, unless it read some since), or something waits to go into our
+    /// queue (cheap: no lock unless the queue must be looked at).
     pub(super) fn has_work(&self) -> bool {
         self.releases.any()
             || self.state.try_lock().is_ok_and(|st| {
@@ -320,6 +321,8 @@ impl Conn {
     /// Deadlines and stalls by `now`; when next to look.
     pub(super) fn tick(self: &Arc<Self>, t: &Arc<Transport>, now: Instant) -> Option<Instant> {
         self.with(t, |st| {
+            // What the peer read since the last pump counts before its stall is judged.
+            self.look_at_reading(st);
             st.session.handle_timeout(now);
         });
         lock(&self.state).session.poll_timeout()

@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::pair::{Pair, config};
 use super::{parts, shared};
 use crate::shm::connection::{CloseReason, ConnEvent, Role, WireReply};
+use crate::shm::queue::record_size;
 use crate::transport::RequestKind;
 use bytes::Bytes;
 
@@ -120,4 +121,49 @@ fn a_peer_that_keeps_reading_its_replies_is_never_paused_for_long_nor_disconnect
     assert!(pair.server.conn.closed().is_none());
     assert!(pair.server.conn.wants_records());
     assert!(!pair.server.conn.reads_pending(), "every reply was read");
+}
+
+#[test]
+fn a_peer_that_reads_slowly_restarts_the_stall_time_with_every_reply_it_reads() {
+    let mut pair = lending_server();
+    asks(&mut pair, 4);
+    assert_eq!(answer_in_slots(&mut pair), 4, "read before the pause");
+    assert!(!pair.server.conn.wants_records(), "256 KiB lent: paused");
+    for _ in 0..3 {
+        pair.advance(Duration::from_secs(4));
+        assert!(pair.server.conn.closed().is_none());
+        let record = pair.to_client.queue.pop_front().unwrap();
+        pair.to_client.tail += record_size(record.len());
+        pair.client.conn.handle_record(Bytes::from(record));
+        Pair::consumed(&mut pair.server, &pair.to_client, pair.now);
+    }
+    pair.advance(Duration::from_secs(4));
+    assert!(
+        pair.server.conn.closed().is_none(),
+        "a reply read every 4 s is progress"
+    );
+    assert!(
+        pair.server.conn.wants_records(),
+        "64 KiB lent: reading again"
+    );
+}
+
+#[test]
+fn a_tail_claimed_past_the_head_counts_everything_read_and_nothing_more() {
+    let mut pair = lending_server();
+    for _ in 0..2 {
+        asks(&mut pair, 1);
+        answer_in_slots(&mut pair);
+    }
+    assert!(pair.server.conn.paused_for_unread());
+    pair.server
+        .conn
+        .handle_consumed(u64::MAX, pair.now + Duration::from_secs(1));
+    assert!(!pair.server.conn.reads_pending());
+    assert!(pair.server.conn.wants_records());
+    pair.server.conn.handle_consumed(0, pair.now);
+    assert!(
+        pair.server.conn.wants_records(),
+        "a tail moving back changes nothing"
+    );
 }
