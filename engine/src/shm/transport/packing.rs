@@ -229,33 +229,28 @@ impl Layout {
             book.get_or_insert_with(|| lending.book())
                 .lend(holder, LentSlot(slot))
         };
-        let mut fresh_lease = None;
-        let mut lend_fresh = |packed: &mut Packed,
-                              lend: &mut dyn FnMut(Arc<Slot>) -> u64|
-         -> Option<(u64, Arc<Slot>)> {
-            let slot = fresh.clone()?;
-            let lease = *fresh_lease.get_or_insert_with(|| {
-                let lease = lend(Arc::clone(&slot));
-                packed.leases.push(lease);
-                packed.lent += len_u64(slot.capacity());
-                packed.segments.push(Arc::clone(slot.segment()));
-                lease
-            });
-            Some((lease, slot))
-        };
+        // The fresh slot (given only when something is copied into it) goes out under one
+        // lease, whichever parts it holds.
+        let fresh = fresh.map(|slot| {
+            let lease = lend(Arc::clone(&slot));
+            packed.leases.push(lease);
+            packed.lent += len_u64(slot.capacity());
+            packed.segments.push(Arc::clone(slot.segment()));
+            (lease, slot)
+        });
         packed.body = match self.shape {
             Shape::Inline(bytes) => {
                 packed.copied = message.total_bytes();
                 Body::Inline(bytes)
             }
             Shape::Packed => {
-                let (lease, slot) = lend_fresh(&mut packed, &mut lend).ok_or_else(no_slot)?;
+                let (lease, slot) = fresh.as_ref().ok_or_else(no_slot)?;
                 packed.copied = message.total_bytes();
                 Body::Packed(Shared {
                     segment: slot.segment().id,
                     offset: len_u64(slot.offset()),
                     len: len_u64(self.copy),
-                    lease,
+                    lease: *lease,
                 })
             }
             Shape::Parts {
@@ -291,14 +286,13 @@ impl Layout {
                             })
                         }
                         Plan::Copy { at, bytes } => {
-                            let (lease, slot) =
-                                lend_fresh(packed, &mut lend).ok_or_else(no_slot)?;
+                            let (lease, slot) = fresh.as_ref().ok_or_else(no_slot)?;
                             packed.copied += len_u64(bytes.len());
                             Part::Shared(Shared {
                                 segment: slot.segment().id,
                                 offset: len_u64(slot.offset() + at),
                                 len: len_u64(bytes.len()),
-                                lease,
+                                lease: *lease,
                             })
                         }
                     })

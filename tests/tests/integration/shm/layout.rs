@@ -2,11 +2,20 @@
 //! copied into a slot — on the sending thread when the copy is small and a slot is free, on
 //! the copy thread otherwise.
 
-use tensorwire_engine::TensorMessage;
+use tensorwire_engine::{Endpoint, Incoming, Node, TensorMessage};
 use tensorwire_proto::stats;
 use tensorwire_tests::*;
 
 use super::data_path::{eventually, shm_builder};
+
+/// Tells `message` from `client` to `server`'s inbox and receives it there.
+fn through(client: &Node, server: &Node, inbox: &Endpoint, message: TensorMessage) -> Incoming {
+    client
+        .tell(server.local_addr(), "inbox", message, TIMEOUT)
+        .wait()
+        .unwrap();
+    inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap()
+}
 
 #[test]
 fn a_small_message_travels_in_the_record_and_holds_no_memory() {
@@ -15,11 +24,7 @@ fn a_small_message_travels_in_the_record_and_holds_no_memory() {
     let inbox = server.endpoint("inbox").unwrap();
     let client = shm_builder().build().unwrap();
     let before = stats::global().snapshot();
-    client
-        .tell(server.local_addr(), "inbox", patterned(3, 3, 2048), TIMEOUT)
-        .wait()
-        .unwrap();
-    let incoming = inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap();
+    let incoming = through(&client, &server, &inbox, patterned(3, 3, 2048));
     assert_eq!(incoming.request().message, patterned(3, 3, 2048));
     assert_eq!(client.stats().shm_leases, 0, "no slot was lent for it");
     assert!(
@@ -35,11 +40,7 @@ fn a_message_above_8_kib_goes_in_a_slot_copied_by_the_thread_that_sends_it() {
     let inbox = server.endpoint_with_capacity("inbox", 8).unwrap();
     let client = shm_builder().build().unwrap();
     // Once to set up the connection.
-    client
-        .tell(server.local_addr(), "inbox", patterned(1, 1, 16), TIMEOUT)
-        .wait()
-        .unwrap();
-    drop(inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap());
+    drop(through(&client, &server, &inbox, patterned(1, 1, 16)));
     // A tell is sent from this thread without waiting for its reply (as an async ask is): a
     // 36 KiB copy is made here, a 1 MiB one on the copy thread. The counters are the
     // process's, so a few tries allow for a test running beside this one.
@@ -47,11 +48,7 @@ fn a_message_above_8_kib_goes_in_a_slot_copied_by_the_thread_that_sends_it() {
         let mut seen = Vec::new();
         for _ in 0..5 {
             let before = stats::global().snapshot().shm_copy_thread_copies;
-            client
-                .tell(server.local_addr(), "inbox", message.clone(), TIMEOUT)
-                .wait()
-                .unwrap();
-            let incoming = inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap();
+            let incoming = through(&client, &server, &inbox, message.clone());
             assert_eq!(incoming.request().message, message);
             seen.push(stats::global().snapshot().shm_copy_thread_copies - before);
             if seen.last() == Some(&0) {
@@ -66,11 +63,7 @@ fn a_message_above_8_kib_goes_in_a_slot_copied_by_the_thread_that_sends_it() {
         Some(&0),
         "copies on the copy thread per try: {seen:?}"
     );
-    client
-        .tell(server.local_addr(), "inbox", patterned(2, 3, 4096), TIMEOUT)
-        .wait()
-        .unwrap();
-    let held = inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap();
+    let held = through(&client, &server, &inbox, patterned(2, 3, 4096));
     assert_eq!(
         client.stats().shm_leases,
         1,
@@ -79,16 +72,7 @@ fn a_message_above_8_kib_goes_in_a_slot_copied_by_the_thread_that_sends_it() {
     drop(held);
     assert!(eventually(|| client.stats().shm_leases == 0));
     let before = stats::global().snapshot().shm_copy_thread_copies;
-    client
-        .tell(
-            server.local_addr(),
-            "inbox",
-            patterned(3, 1, 1 << 20),
-            TIMEOUT,
-        )
-        .wait()
-        .unwrap();
-    let incoming = inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap();
+    let incoming = through(&client, &server, &inbox, patterned(3, 1, 1 << 20));
     assert_eq!(incoming.request().message, patterned(3, 1, 1 << 20));
     assert!(stats::global().snapshot().shm_copy_thread_copies > before);
 }

@@ -215,47 +215,27 @@ fn small_server() -> Pair {
     pair
 }
 
-fn asks(pair: &mut Pair, n: usize) {
-    for _ in 0..n {
-        pair.client
-            .conn
-            .send_request(
-                pair.now,
-                RequestKind::Ask,
-                "/actors/echo".into(),
-                Body::Inline(Bytes::new()),
-                &[],
-                None,
-            )
-            .unwrap();
-    }
-    pair.drive();
-}
-
 fn answer_all(pair: &mut Pair) -> usize {
     let data = Bytes::from(vec![0u8; 4000]);
-    let mut answered = 0;
-    for event in pair.server.take() {
-        if let ConnEvent::Request { id, .. } = event {
-            let single = WireReply::Single {
-                msg_type: "x".into(),
-                data: data.clone(),
-            };
-            pair.server.conn.send_reply(id, single, &[], 0);
-            answered += 1;
-        }
+    let ids = pair.served_ids();
+    for &id in &ids {
+        let single = WireReply::Single {
+            msg_type: "x".into(),
+            data: data.clone(),
+        };
+        pair.server.conn.send_reply(id, single, &[], 0);
     }
     pair.drive();
-    answered
+    ids.len()
 }
 
 #[test]
 fn a_server_reads_no_new_requests_while_its_replies_are_not_read() {
     let mut pair = small_server();
-    asks(&mut pair, 3);
+    pair.asks(3);
     assert_eq!(answer_all(&mut pair), 3);
     assert!(pair.server.conn.queued_bytes() > 10_000);
-    asks(&mut pair, 5);
+    pair.asks(5);
     assert_eq!(answer_all(&mut pair), 0, "reading paused");
     assert_eq!(
         pair.to_server.queue.len(),
@@ -268,7 +248,7 @@ fn a_server_reads_no_new_requests_while_its_replies_are_not_read() {
 #[test]
 fn a_server_whose_replies_pass_the_queued_bound_closes_the_connection() {
     let mut pair = small_server();
-    asks(&mut pair, 20);
+    pair.asks(20);
     answer_all(&mut pair);
     assert!(matches!(
         pair.server.conn.closed(),

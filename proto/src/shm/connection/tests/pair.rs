@@ -195,6 +195,36 @@ impl Pair {
         id
     }
 
+    /// `n` asks with a small inline body from the client, moved as far as they go.
+    pub(super) fn asks(&mut self, n: usize) {
+        for _ in 0..n {
+            self.client
+                .conn
+                .send_request(
+                    self.now,
+                    RequestKind::Ask,
+                    "/actors/echo".into(),
+                    Body::Inline(Bytes::new()),
+                    &[],
+                    None,
+                )
+                .unwrap();
+        }
+        self.drive();
+    }
+
+    /// The ids of the requests the server was handed since the last look.
+    pub(super) fn served_ids(&mut self) -> Vec<u64> {
+        self.server
+            .take()
+            .into_iter()
+            .filter_map(|event| match event {
+                ConnEvent::Request { id, .. } => Some(id),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The one request the server got.
     pub(super) fn served(&mut self) -> (u64, Body) {
         let events = self.server.take();

@@ -4,14 +4,12 @@
 
 use std::time::Duration;
 
-use super::pair::{Pair, config};
-use super::{parts, shared};
-use crate::shm::connection::{CloseReason, ConnEvent, Role, WireReply};
-use crate::shm::queue::record_size;
-use crate::transport::RequestKind;
 use bytes::Bytes;
 
-use crate::shm::wire::Body;
+use super::pair::{Pair, config};
+use super::{parts, shared};
+use crate::shm::connection::{CloseReason, Role, WireReply};
+use crate::shm::queue::record_size;
 
 const SLOT: u64 = 64 << 10;
 
@@ -24,53 +22,43 @@ fn lending_server() -> Pair {
     pair
 }
 
-fn asks(pair: &mut Pair, n: usize) {
-    for _ in 0..n {
-        pair.client
-            .conn
-            .send_request(
-                pair.now,
-                RequestKind::Ask,
-                "/actors/echo".into(),
-                Body::Inline(Bytes::from_static(b"ask")),
-                &[],
-                None,
-            )
-            .unwrap();
-    }
-    pair.drive();
-}
-
 /// Answers every request served so far with a reply in a 64 KiB slot: how many.
 fn answer_in_slots(pair: &mut Pair) -> usize {
-    let mut answered = 0;
-    for event in pair.server.take() {
-        if let ConnEvent::Request { id, .. } = event {
-            let reply = WireReply::Tensor(parts(vec![shared(2, 0, 40 << 10, id)]));
-            assert!(
-                pair.server
-                    .conn
-                    .send_reply(id, reply, &[(2, 1 << 20)], SLOT)
-            );
-            answered += 1;
-        }
+    let ids = pair.served_ids();
+    for &id in &ids {
+        let reply = WireReply::Tensor(parts(vec![shared(2, 0, 40 << 10, id)]));
+        assert!(
+            pair.server
+                .conn
+                .send_reply(id, reply, &[(2, 1 << 20)], SLOT)
+        );
     }
     pair.drive();
-    answered
+    ids.len()
+}
+
+/// A lending server paused by two unread replies (128 KiB of slots).
+fn paused_by_two_replies() -> Pair {
+    let mut pair = lending_server();
+    for _ in 0..2 {
+        pair.asks(1);
+        answer_in_slots(&mut pair);
+    }
+    pair
 }
 
 #[test]
 fn a_server_reads_no_new_requests_while_replies_in_its_slots_are_not_read() {
     let mut pair = lending_server();
-    asks(&mut pair, 1);
+    pair.asks(1);
     assert_eq!(answer_in_slots(&mut pair), 1);
-    asks(&mut pair, 1);
+    pair.asks(1);
     assert_eq!(answer_in_slots(&mut pair), 1);
     assert!(
         pair.server.conn.queued_bytes() < 1000,
         "the records are small"
     );
-    asks(&mut pair, 3);
+    pair.asks(3);
     assert_eq!(
         answer_in_slots(&mut pair),
         0,
@@ -93,12 +81,8 @@ fn a_server_reads_no_new_requests_while_replies_in_its_slots_are_not_read() {
 
 #[test]
 fn a_peer_that_reads_none_of_its_lent_replies_is_disconnected_after_the_stall_time() {
-    let mut pair = lending_server();
-    for _ in 0..2 {
-        asks(&mut pair, 1);
-        answer_in_slots(&mut pair);
-    }
-    asks(&mut pair, 1);
+    let mut pair = paused_by_two_replies();
+    pair.asks(1);
     assert!(!pair.server.conn.wants_records());
     pair.advance(Duration::from_secs(4));
     assert!(pair.server.conn.closed().is_none());
@@ -114,7 +98,7 @@ fn a_peer_that_keeps_reading_its_replies_is_never_paused_for_long_nor_disconnect
     let mut pair = lending_server();
     pair.client.reads = true;
     for _ in 0..20 {
-        asks(&mut pair, 2);
+        pair.asks(2);
         assert_eq!(answer_in_slots(&mut pair), 2);
         pair.advance(Duration::from_secs(1));
     }
@@ -126,7 +110,7 @@ fn a_peer_that_keeps_reading_its_replies_is_never_paused_for_long_nor_disconnect
 #[test]
 fn a_peer_that_reads_slowly_restarts_the_stall_time_with_every_reply_it_reads() {
     let mut pair = lending_server();
-    asks(&mut pair, 4);
+    pair.asks(4);
     assert_eq!(answer_in_slots(&mut pair), 4, "read before the pause");
     assert!(!pair.server.conn.wants_records(), "256 KiB lent: paused");
     for _ in 0..3 {
@@ -150,11 +134,7 @@ fn a_peer_that_reads_slowly_restarts_the_stall_time_with_every_reply_it_reads() 
 
 #[test]
 fn a_tail_claimed_past_the_head_counts_everything_read_and_nothing_more() {
-    let mut pair = lending_server();
-    for _ in 0..2 {
-        asks(&mut pair, 1);
-        answer_in_slots(&mut pair);
-    }
+    let mut pair = paused_by_two_replies();
     assert!(pair.server.conn.paused_for_unread());
     pair.server
         .conn
