@@ -32,11 +32,12 @@ pub(crate) fn register(segment: &Arc<Segment>) {
     segments.insert(start, (start + bytes.len(), Arc::downgrade(segment)));
 }
 
-/// The frozen slot holding all of `buffer`, and where in its segment `buffer` starts.
+/// The frozen slot holding all of `buffer`, and where in its segment `buffer` starts — in any
+/// node's pool of this process: [`super::Segments::loaned`] keeps a pool's own.
 ///
 /// Only a frozen slot has `Bytes`, and a live `Bytes` keeps its slot, so a buffer that points
 /// into a slot always finds that slot here.
-pub(crate) fn lookup(buffer: &[u8]) -> Option<(Arc<Slot>, u64)> {
+pub(super) fn lookup(buffer: &[u8]) -> Option<(Arc<Slot>, u64)> {
     if buffer.is_empty() {
         return None;
     }

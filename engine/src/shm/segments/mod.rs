@@ -95,6 +95,14 @@ impl Segments {
         }))
     }
 
+    /// The frozen slot of this pool holding all of `buffer`, and where in its segment `buffer`
+    /// starts. A slot of another node's pool in this process is not ours to name: segment ids
+    /// are per pool, so a peer would read our segment of that id instead.
+    pub(crate) fn loaned(&self, buffer: &[u8]) -> Option<(Arc<Slot>, u64)> {
+        loaned::lookup(buffer)
+            .filter(|(slot, _)| std::ptr::eq(slot.pool.as_ptr(), Arc::as_ptr(&self.0)))
+    }
+
     /// The quota's limit.
     pub(crate) fn quota(&self) -> u64 {
         self.0.config.quota

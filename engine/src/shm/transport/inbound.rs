@@ -109,13 +109,14 @@ impl Responder for ShmResponder {
             Ok(Reply::Tensor(message)) => {
                 let (t, conn, id) = (self.transport, self.conn, self.id);
                 let locate = |b: &[u8]| conn.locate(b);
-                let layout = match layout(&message, &t.limits, 0, INLINE_REPLY, &locate) {
-                    Ok(layout) => layout,
-                    Err(e) => {
-                        let text = format!("cannot send the reply: {e}");
-                        return answer(&t, &conn, id, WireReply::Error(text));
-                    }
-                };
+                let layout =
+                    match layout(&message, &t.limits, 0, INLINE_REPLY, &t.segments, &locate) {
+                        Ok(layout) => layout,
+                        Err(e) => {
+                            let text = format!("cannot send the reply: {e}");
+                            return answer(&t, &conn, id, WireReply::Error(text));
+                        }
+                    };
                 let slot = slot_at_once(&t, layout.copy);
                 if layout.copy > 0 && slot.is_none() && super::wake::on_driver_thread() {
                     // A handler that ran on the driver thread, with a large copy or one that

@@ -47,7 +47,14 @@ pub(super) fn send(t: &Arc<Transport>, conn: &Arc<Conn>, request: OutboundReques
     }
     let locate = |b: &[u8]| conn.locate(b);
     let path_len = path.as_str().len();
-    let layout = match layout(&message, &t.limits, path_len, INLINE_REQUEST, &locate) {
+    let layout = match layout(
+        &message,
+        &t.limits,
+        path_len,
+        INLINE_REQUEST,
+        &t.segments,
+        &locate,
+    ) {
         Ok(layout) => layout,
         Err(e) => return completion.complete(Err(e)),
     };

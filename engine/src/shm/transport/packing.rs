@@ -15,8 +15,7 @@ use tensorwire_proto::transport::Error;
 use tensorwire_proto::{Limits, TensorMessage, len_u64};
 
 use super::lending::{Lending, LentSlot};
-use crate::shm::segments::loaned;
-use crate::shm::segments::{Segment, Slot, SlotMut};
+use crate::shm::segments::{Segment, Segments, Slot, SlotMut};
 
 /// A request's whole PTM1 body travels in the record up to this. Above it, one copy into a
 /// slot (which the receiver reads in place, and an echo sends back by reference) costs less
@@ -98,8 +97,8 @@ pub(super) struct Packed {
 
 /// Decides how `message` travels to the peer, with a control message whose path takes
 /// `path_len` bytes and a whole body of at most `inline_up_to` bytes inside the record;
-/// `locate` finds bytes that are a view of the peer's own memory (sent back by reference).
-/// Cheap: no copy, no slot.
+/// `ours` finds bytes in this node's own frozen slots (named, not copied), `locate` bytes that
+/// are a view of the peer's own memory (sent back by reference). Cheap: no copy, no slot.
 ///
 /// # Errors
 ///
@@ -110,6 +109,7 @@ pub(super) fn layout(
     limits: &Limits,
     path_len: usize,
     inline_up_to: usize,
+    ours: &Segments,
     locate: &Locate<'_>,
 ) -> Result<Layout, Error> {
     let room = MAX_DATAGRAM
@@ -146,7 +146,7 @@ pub(super) fn layout(
         if bytes.len() <= inline_up_to {
             return Plan::Inline(bytes.clone());
         }
-        if let Some((slot, offset)) = loaned::lookup(bytes) {
+        if let Some((slot, offset)) = ours.loaned(bytes) {
             return Plan::Loaned {
                 slot,
                 offset,

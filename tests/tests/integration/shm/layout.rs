@@ -76,3 +76,42 @@ fn a_message_above_8_kib_goes_in_a_slot_copied_by_the_thread_that_sends_it() {
     assert_eq!(incoming.request().message, patterned(3, 1, 1 << 20));
     assert!(stats::global().snapshot().shm_copy_thread_copies > before);
 }
+
+#[test]
+fn a_slot_loaned_by_another_node_of_this_process_is_copied_not_named() {
+    let _serial = serial();
+    let server = shm_builder().build().unwrap();
+    let inbox = server.endpoint("inbox").unwrap();
+    let (lender, sender) = (
+        shm_builder().build().unwrap(),
+        shm_builder().build().unwrap(),
+    );
+    // The sender's own segment 1 holds other bytes: a loan of the lender's segment 1 named by
+    // segment and offset would have the server read those.
+    let own = patterned(1, 1, 1 << 20);
+    drop(through(&sender, &server, &inbox, own));
+    let mut loan = lender.shm().loan(1 << 20).unwrap();
+    loan.as_mut_slice().fill(0xA5);
+    let buffer = loan.freeze();
+    let message = TensorMessage::new(
+        2,
+        bytes::Bytes::from_static(b"{}"),
+        vec![buffer.clone(), buffer.slice(4096..8192)],
+    );
+    let incoming = through(&sender, &server, &inbox, message.clone());
+    let received = &incoming.request().message;
+    assert!(
+        received
+            .buffers
+            .iter()
+            .all(|b| b.iter().all(|&x| x == 0xA5)),
+        "the server read other bytes than the loan's"
+    );
+    assert_eq!(received, &message);
+    assert_eq!(sender.stats().shm_leases, 1, "the sender lent its own copy");
+    assert_eq!(
+        lender.stats().shm_leases,
+        0,
+        "nothing of the lender's was lent"
+    );
+}
