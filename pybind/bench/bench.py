@@ -20,8 +20,8 @@ message's bytes — a zero-copy hand-off, one copy through shared memory, or thr
 - tensorwire (Python): a `tensorwire.Node` asking the ptr1-bench fixture over PTR1 (kernel),
   over shared memory with the buffers copied in (one copy; < 8 KiB inside a record of the
   shared-memory queue, copied in and out as MPI's eager path does: counted as one copy too),
-  and with the buffers in frozen `node.loan()` slots (zero-copy; < 8 KiB: in the queue, a
-  copy); in flight = asyncio asks. "tensorwire into": the echo's reply received over shared
+  and with the buffers as slices of one frozen `node.loan()` per message, as iceoryx2 loans
+  one request slice (zero-copy; < 8 KiB: in the queue, a copy); in flight = asyncio asks. "tensorwire into": the echo's reply received over shared
   memory into arrays allocated once (`ask(msg, into=...)`; counted with the one-copy peers,
   though it copies twice: into the sender's slot and out into the arrays).
 - Rust engine: `ptr1-bench run` against the same fixture (left out with `--skip rust`).

@@ -100,8 +100,9 @@ class Tensorwire(Peer):
         }[transport]
         if transport == "loaned":
             self.note = (
-                "node.loan() slots filled once per cell and frozen; every ask sends the same "
-                "frozen buffers, which reach the fixture without a copy"
+                "one node.loan() per message (as iceoryx2 loans one request slice) filled once "
+                "per cell and frozen, the buffers slices of it; every ask sends the same frozen "
+                "buffers, which reach the fixture without a copy"
             )
         self.node = tw.Node(shared_memory=transport != "raw")
         via = "raw" if transport == "raw" else "shm"
@@ -121,14 +122,19 @@ class Tensorwire(Peer):
     def message(self, data: list[np.ndarray]) -> tw.TensorMessage:
         if self.transport != "loaned":
             return tw.TensorMessage(b"", data)
-        frozen = []
+        # One loan holds every buffer (64-byte aligned), as a producer that writes a step's
+        # tensors into one region would; its slices travel under one lease.
+        starts, end = [], 0
         for array in data:
-            loan = self.node.loan(array.nbytes)
-            view = np.frombuffer(loan, np.uint8)  # type: ignore[call-overload]
-            view[:] = array
-            del view  # freeze() refuses while an export lives
-            frozen.append(loan.freeze())
-        return tw.TensorMessage(b"", frozen)
+            starts.append(end)
+            end = -(-(end + array.nbytes) // 64) * 64
+        loan = self.node.loan(max(end, 1))
+        view = np.frombuffer(loan, np.uint8)  # type: ignore[call-overload]
+        for at, array in zip(starts, data):
+            view[at : at + array.nbytes] = array
+        del view  # freeze() refuses while an export lives
+        whole = memoryview(loan.freeze())
+        return tw.TensorMessage(b"", [whole[at : at + a.nbytes] for at, a in zip(starts, data)])
 
     def measure(self, case: Case, data: list[np.ndarray], seconds: float) -> float:
         msg = self.message(data)

@@ -156,8 +156,8 @@ pub(crate) struct RunArgs {
     /// (`NodeBuilder::stripe_loopback`; without it, as for a node's users, only from 8 MiB).
     #[arg(long = "stripe-loopback", requires = "stripes")]
     stripe_loopback: bool,
-    /// Shared memory: send buffers in loaned slots (filled once, frozen, sent without a copy)
-    /// instead of copying them in (`--transport shm` only).
+    /// Shared memory: send the buffers as slices of one loaned slot per message (filled once,
+    /// frozen, sent without a copy) instead of copying them in (`--transport shm` only).
     #[arg(long)]
     loaned: bool,
     /// TLS: the CA the server's certificate must chain to (PEM).

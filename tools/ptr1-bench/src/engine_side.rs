@@ -134,17 +134,27 @@ pub(crate) fn run(peer: SocketAddr, options: &Options, message: &TensorMessage) 
     measure(&node, peer, options, message)
 }
 
-/// A message of `node`'s loaned, frozen slots with the same version, metadata and buffers.
+/// A message with the same version, metadata and buffers, its buffers slices of one loaned,
+/// frozen slot of `node` (64-byte aligned, as a producer writes a step's tensors into one
+/// region; iceoryx2's in-place peer loans one request slice the same way): they travel without
+/// a copy, under one lease.
 pub(crate) fn loaned_like(node: &Node, message: &TensorMessage) -> Result<TensorMessage> {
-    let buffers = message
-        .buffers
+    let mut starts = Vec::with_capacity(message.buffers.len());
+    let mut end = 0usize;
+    for buffer in &message.buffers {
+        starts.push(end);
+        end = (end + buffer.len()).next_multiple_of(64);
+    }
+    let mut loan = node.shm().loan(end.max(1))?;
+    for (&at, buffer) in starts.iter().zip(&message.buffers) {
+        loan.as_mut_slice()[at..at + buffer.len()].copy_from_slice(buffer);
+    }
+    let whole = loan.freeze();
+    let buffers = starts
         .iter()
-        .map(|buffer| {
-            let mut loan = node.shm().loan(buffer.len())?;
-            loan.as_mut_slice().copy_from_slice(buffer);
-            Ok(loan.freeze())
-        })
-        .collect::<Result<Vec<Bytes>>>()?;
+        .zip(&message.buffers)
+        .map(|(&at, buffer)| whole.slice(at..at + buffer.len()))
+        .collect::<Vec<Bytes>>();
     Ok(TensorMessage::new(
         message.version,
         message.metadata.clone(),

@@ -40,8 +40,18 @@ const ALIGN: usize = 64;
 /// Room a datagram keeps for its header (tag, id, kind, lengths) besides the path.
 const HEADER_ROOM: usize = 64;
 
-/// Finds bytes that lie in one of the peer's segments mapped here: `(segment, offset)`.
-pub(super) type Locate<'a> = dyn Fn(&[u8]) -> Option<(u64, u64)> + 'a;
+/// Finds bytes that lie in one of the peer's segments mapped here.
+pub(super) type Locate<'a> = dyn Fn(&[u8]) -> Option<Located> + 'a;
+
+/// Where bytes lie in one of the peer's segments mapped here.
+pub(super) struct Located {
+    /// The peer's id for the segment.
+    pub(super) segment: u64,
+    /// Where the bytes start in it.
+    pub(super) offset: u64,
+    /// The addresses of its whole mapping here.
+    pub(super) mapping: std::ops::Range<usize>,
+}
 
 /// How a message will travel.
 pub(super) struct Layout {
@@ -142,22 +152,25 @@ pub(super) fn layout(
         });
     }
     let mut copy = 0usize;
+    // The slot or peer segment the last part was found in: the next part of one loan or of
+    // one received message is usually there too, found without another lookup.
+    let mut recent = Recent::default();
     let mut plan = |bytes: &Bytes, inline_up_to: usize| -> Plan {
         if bytes.len() <= inline_up_to {
             return Plan::Inline(bytes.clone());
         }
-        if let Some((slot, offset)) = ours.loaned(bytes) {
-            return Plan::Loaned {
-                slot,
-                offset,
-                len: len_u64(bytes.len()),
-            };
+        let len = len_u64(bytes.len());
+        if let Some((slot, offset)) = recent.loaned(bytes).or_else(|| ours.loaned(bytes)) {
+            recent.slot = Some(Arc::clone(&slot));
+            return Plan::Loaned { slot, offset, len };
         }
-        if let Some((segment, offset)) = locate(bytes) {
+        if let Some(located) = recent.returned(bytes).or_else(|| locate(bytes)) {
+            let (segment, offset) = (located.segment, located.offset);
+            recent.peer = Some(located);
             return Plan::Returned(Returned {
                 segment,
                 offset,
-                len: len_u64(bytes.len()),
+                len,
             });
         }
         let at = copy.next_multiple_of(ALIGN);
@@ -190,6 +203,42 @@ pub(super) fn layout(
         },
         copy,
     })
+}
+
+/// The last slot of ours and segment of the peer's that a part of the message lay in.
+#[derive(Default)]
+struct Recent {
+    slot: Option<Arc<Slot>>,
+    peer: Option<Located>,
+}
+
+impl Recent {
+    /// `bytes` within the slot of ours the last loaned part lay in (held by this `Arc`, so
+    /// still frozen there): that slot, and where `bytes` start in its segment.
+    fn loaned(&self, bytes: &[u8]) -> Option<(Arc<Slot>, u64)> {
+        let slot = self.slot.as_ref()?;
+        let base = slot.as_slice().as_ptr() as usize;
+        let at = within(bytes, base..base + slot.capacity())?;
+        Some((Arc::clone(slot), len_u64(slot.offset() + at)))
+    }
+
+    /// `bytes` within the peer's segment the last returned part lay in.
+    fn returned(&self, bytes: &[u8]) -> Option<Located> {
+        let peer = self.peer.as_ref()?;
+        let at = within(bytes, peer.mapping.clone())?;
+        Some(Located {
+            segment: peer.segment,
+            offset: len_u64(at),
+            mapping: peer.mapping.clone(),
+        })
+    }
+}
+
+/// Where `bytes` start within the addresses `range`, if they lie wholly inside it.
+fn within(bytes: &[u8], range: std::ops::Range<usize>) -> Option<usize> {
+    let start = bytes.as_ptr() as usize;
+    let end = start.checked_add(bytes.len())?;
+    (start >= range.start && end <= range.end).then(|| start - range.start)
 }
 
 impl Layout {
@@ -258,9 +307,10 @@ impl Layout {
                 metadata,
                 buffers,
             } => {
-                // The loaned slot counted last: consecutive views of one slot lend its memory
+                // The loaned slot lent last, and its lease: consecutive views of one slot (a
+                // loan holding several buffers) go out under one lease and lend its memory
                 // once (`Packed::lent`).
-                let mut last_loaned: *const Slot = std::ptr::null();
+                let mut last_loaned: Option<(*const Slot, u64)> = None;
                 let mut part = |plan: Plan, packed: &mut Packed| -> Result<Part, Error> {
                     Ok(match plan {
                         Plan::Inline(bytes) => Part::Inline(bytes),
@@ -272,12 +322,19 @@ impl Layout {
                             packed.zero_copy += 1;
                             packed.segments.push(Arc::clone(slot.segment()));
                             let segment = slot.segment().id;
-                            if !std::ptr::eq(last_loaned, Arc::as_ptr(&slot)) {
-                                packed.lent += len_u64(slot.capacity());
-                                last_loaned = Arc::as_ptr(&slot);
-                            }
-                            let lease = lend(slot);
-                            packed.leases.push(lease);
+                            let lease = match last_loaned {
+                                Some((last, lease)) if std::ptr::eq(last, Arc::as_ptr(&slot)) => {
+                                    lease
+                                }
+                                _ => {
+                                    packed.lent += len_u64(slot.capacity());
+                                    let at = Arc::as_ptr(&slot);
+                                    let lease = lend(slot);
+                                    packed.leases.push(lease);
+                                    last_loaned = Some((at, lease));
+                                    lease
+                                }
+                            };
                             Part::Shared(Shared {
                                 segment,
                                 offset,

@@ -115,3 +115,40 @@ fn a_slot_loaned_by_another_node_of_this_process_is_copied_not_named() {
         "nothing of the lender's was lent"
     );
 }
+
+#[test]
+fn buffers_of_one_loan_travel_under_one_lease_until_the_last_view_drops() {
+    let _serial = serial();
+    let server = shm_builder().build().unwrap();
+    let inbox = server.endpoint("inbox").unwrap();
+    let client = shm_builder().build().unwrap();
+    let mut loan = client.shm().loan(64 << 10).unwrap();
+    for (i, b) in loan.as_mut_slice().iter_mut().enumerate() {
+        *b = (i / 1024) as u8;
+    }
+    let whole = loan.freeze();
+    let parts: Vec<_> = (0..16)
+        .map(|i| whole.slice(i * 4096..(i + 1) * 4096))
+        .collect();
+    let message = TensorMessage::new(3, bytes::Bytes::from_static(b"{}"), parts);
+    let before = stats::global().snapshot().shm_zero_copy_buffers;
+    let incoming = through(&client, &server, &inbox, message.clone());
+    let mut received = incoming.request().message.clone();
+    drop(incoming);
+    assert_eq!(received, message);
+    assert!(stats::global().snapshot().shm_zero_copy_buffers >= before + 16);
+    assert_eq!(
+        client.stats().shm_leases,
+        1,
+        "16 views of one loan, one lease"
+    );
+    // Views dropped out of order: the lease holds until the last one goes.
+    let last = received.buffers.swap_remove(7);
+    drop(received);
+    // Releases travel asynchronously: give a wrongly released lease time to show.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(client.stats().shm_leases, 1, "a view still holds the loan");
+    assert_eq!(last[..], message.buffers[7][..]);
+    drop(last);
+    assert!(eventually(|| client.stats().shm_leases == 0));
+}

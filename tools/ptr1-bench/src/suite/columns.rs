@@ -32,7 +32,7 @@ pub(crate) const SUITE_STRIPES: u16 = 4;
 pub(crate) enum Column {
     /// Both nodes in the suite's process: the receiver aliases the sender's buffers.
     Local,
-    /// Same host, buffers in sealed loaned slots (no copy).
+    /// Same host, the buffers slices of one sealed loaned slot per message (no copy).
     ShmLoaned,
     /// Same host, buffers copied into a slot (one copy).
     ShmCopied,
@@ -375,8 +375,8 @@ impl Lane {
         measure::peak_rss(pid)
     }
 
-    /// Measures `options.mode` with `message` (loaned columns send a message of loaned slots
-    /// of the same shape instead); the figures with the CPU both processes spent.
+    /// Measures `options.mode` with `message` (loaned columns send the same shape with its
+    /// buffers in one loaned slot instead); the figures with the CPU both processes spent.
     pub(crate) fn measure(
         &mut self,
         options: &Options,
