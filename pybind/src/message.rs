@@ -1,5 +1,7 @@
 //! `TensorMessage` in Python: a version, opaque metadata bytes and buffers held as exports.
 
+use std::sync::OnceLock;
+
 use bytes::Bytes;
 use pyo3::PyTraverseError;
 use pyo3::buffer::PyUntypedBuffer;
@@ -19,11 +21,14 @@ use crate::buffers::{Buffer, drain_releases, export, export_to_send};
 #[pyclass(frozen, weakref, module = "tensorwire._native", name = "TensorMessage")]
 pub(crate) struct PyTensorMessage {
     pub(crate) inner: TensorMessage,
-    /// The Python objects behind `buffers` (what the caller passed, or received `Buffer`s).
-    objects: Py<PyList>,
+    /// The Python objects behind `buffers`: what the caller passed, or for a received message
+    /// its `Buffer` views, made at the first look (a reply that is only counted or sent on
+    /// never makes them).
+    objects: OnceLock<Py<PyList>>,
     /// The path a received reply came over (`None` for messages built here, and requests).
     route: Option<&'static str>,
-    /// Indices of the buffers whose bytes their owner may change after the send (writable).
+    /// Indices of the buffers whose bytes their owner may change after the send (writable
+    /// exports, and writable received buffers), ascending.
     mutable: Box<[usize]>,
     /// The sender lends even those to an in-process receiver, and keeps them unchanged.
     lend: bool,
@@ -60,7 +65,7 @@ impl PyTensorMessage {
         }
         Ok(Self {
             inner: TensorMessage::new(version, metadata, bytes),
-            objects: objects.unbind(),
+            objects: OnceLock::from(objects.unbind()),
             route: None,
             mutable: mutable.into_boxed_slice(),
             lend,
@@ -87,8 +92,8 @@ impl PyTensorMessage {
 
     /// The buffers, as passed (sent messages) or as `Buffer` views (received messages).
     #[getter]
-    fn buffers<'py>(&self, py: Python<'py>) -> Bound<'py, PyTuple> {
-        PyTuple::new(py, self.objects.bind(py).iter()).unwrap_or_else(|_| PyTuple::empty(py))
+    fn buffers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.objects(py)?.bind(py).iter())
     }
 
     /// The path a received reply came over (`local`, `shm`, `raw`, `http2`); `None` for a
@@ -111,12 +116,15 @@ impl PyTensorMessage {
     /// The same message in memory of this process alone, with writable buffers: no other
     /// process — not even a same-user sender whose shared memory a received buffer views —
     /// can change its bytes.
-    fn copy(&self, py: Python<'_>) -> PyResult<Self> {
-        Self::received(py, self.inner.private_copy(), true, self.route)
+    fn copy(&self) -> PyResult<Self> {
+        Self::received(self.inner.private_copy(), true, self.route)
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.objects)
+        match self.objects.get() {
+            Some(objects) => visit.call(objects),
+            None => Ok(()),
+        }
     }
 
     fn __repr__(&self) -> String {
@@ -143,24 +151,37 @@ impl PyTensorMessage {
     /// Wraps a received message; its buffers become `Buffer` views. `route` is the path a
     /// reply came over.
     pub(crate) fn received(
-        py: Python<'_>,
         inner: TensorMessage,
         writable: bool,
         route: Option<&'static str>,
     ) -> PyResult<Self> {
-        let objects = PyList::empty(py);
-        for bytes in &inner.buffers {
-            // Memory nobody else holds (a copy made for this receiver) is writable too.
-            let writable = writable || bytes.is_unique();
-            objects.append(Py::new(py, Buffer::new(bytes.clone(), writable))?)?;
-        }
+        // Memory nobody else holds (a copy made for this receiver) is writable too. Writable
+        // buffers count as mutable: sent on to a receiver in this process they are copied for
+        // it, since their holder here may still write them.
+        let mutable = (0..inner.buffers.len())
+            .filter(|&i| writable || inner.buffers[i].is_unique())
+            .collect();
         Ok(Self {
             inner,
-            objects: objects.unbind(),
+            objects: OnceLock::new(),
             route,
-            mutable: Box::new([]),
+            mutable,
             lend: false,
         })
+    }
+
+    /// The Python objects behind the buffers, made now for a received message.
+    fn objects(&self, py: Python<'_>) -> PyResult<&Py<PyList>> {
+        if let Some(objects) = self.objects.get() {
+            return Ok(objects);
+        }
+        let objects = PyList::empty(py);
+        for (index, bytes) in self.inner.buffers.iter().enumerate() {
+            let writable = self.mutable.binary_search(&index).is_ok();
+            objects.append(Py::new(py, Buffer::new(bytes.clone(), writable))?)?;
+        }
+        // Another thread may have made them meanwhile (the list this one made is dropped).
+        Ok(self.objects.get_or_init(|| objects.unbind()))
     }
 
     /// A message of `objects` (the caller's own buffers, filled by a receive `into=`), with
@@ -182,7 +203,7 @@ impl PyTensorMessage {
         }
         Ok(Self {
             inner: TensorMessage::new(version, metadata, bytes),
-            objects: objects.clone().unbind(),
+            objects: OnceLock::from(objects.clone().unbind()),
             route,
             mutable: mutable.into_boxed_slice(),
             lend: false,

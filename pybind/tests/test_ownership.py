@@ -187,3 +187,27 @@ def test_a_handlers_reply_reaches_a_local_asker_as_a_copy_unless_lent(node: tw.N
     lent = node.ref(node.address, "lent").ask(tw.TensorMessage(b"", []))
     assert not np.shares_memory(np.frombuffer(copied.buffers[0], np.float32), weights)
     assert np.shares_memory(np.frombuffer(lent.buffers[0], np.float32), weights)
+
+
+@pytest.mark.parametrize("path", ["local", "raw"])
+def test_a_received_writable_buffer_sent_on_in_process_reaches_its_receiver_as_a_copy(
+    node: tw.Node, path: str
+) -> None:
+    """A receiver that forwards what it got to another endpoint of its process still holds a
+    writable view: its later writes must not reach the next receiver."""
+    first, second = node.endpoint("first"), node.endpoint("second")
+    with tw.Node() as sender:
+        sender.ref(node.address, "first", transport=path).tell(
+            tw.TensorMessage(b"", [np.arange(4096, dtype=np.uint8)])
+        )
+    request = first.recv(timeout=10)
+    assert request is not None
+    held = np.frombuffer(request.message.buffers[0], np.uint8)
+    assert held.flags.writeable, f"{path}: received memory of its own is writable"
+    node.ref(node.address, "second").tell(request.message)
+    forwarded = second.recv(timeout=10)
+    assert forwarded is not None
+    got = np.frombuffer(forwarded.message.buffers[0], np.uint8)
+    assert not np.shares_memory(got, held)
+    held[:] = 99
+    assert np.array_equal(got, np.arange(4096, dtype=np.uint8))
