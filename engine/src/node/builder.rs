@@ -17,6 +17,12 @@ use crate::uring::ZeroCopy;
 
 mod start;
 
+/// How long an idle shared-memory segment beyond the idle cache stays mapped: 8 asks of
+/// 64 MiB in bursts 3 s apart took 267–353 ms a burst with 2 s (every burst faulted fresh
+/// segments in) against 86–97 ms with bursts 0.5 s apart (`docs/benchmarks.md`, "A working set
+/// kept between bursts").
+const DEFAULT_SHM_IDLE_AFTER: Duration = Duration::from_secs(30);
+
 /// Builds a [`Node`](crate::Node). Every setting has a default; explicit values win over the environment.
 #[derive(Clone)]
 pub struct NodeBuilder {
@@ -39,6 +45,7 @@ pub struct NodeBuilder {
     shm_credit_wait: Duration,
     shm_when_full: WhenFull,
     shm_idle_keep: u64,
+    shm_idle_after: Duration,
     shm_hello_timeout: Duration,
     shm_spin: Duration,
     shm_queue_bytes: u32,
@@ -93,6 +100,7 @@ impl NodeBuilder {
             shm_credit_wait: Duration::from_secs(1),
             shm_when_full: WhenFull::FallBack,
             shm_idle_keep: 128 << 20,
+            shm_idle_after: DEFAULT_SHM_IDLE_AFTER,
             shm_hello_timeout: Duration::from_secs(1),
             shm_spin: default_shm_spin(),
             shm_queue_bytes: QueueShape::DEFAULT.bytes,
@@ -316,10 +324,20 @@ impl NodeBuilder {
         self
     }
 
-    /// Bytes of idle shared-memory segments kept for reuse (default 128 MiB); beyond that a
-    /// segment idle for 2 s is given back to the system.
+    /// Bytes of idle shared-memory segments kept for reuse however long they stay idle
+    /// (default 128 MiB); beyond that a segment is given back to the system once idle for
+    /// [`NodeBuilder::shm_idle_after`].
     pub fn shm_idle_keep(mut self, bytes: u64) -> Self {
         self.shm_idle_keep = bytes;
+        self
+    }
+
+    /// How long a shared-memory segment beyond the idle cache stays mapped after its last
+    /// slot came back (default 30 s): a working set used again within it — a training step's
+    /// messages, step after step — reuses memory already faulted in instead of paying for
+    /// fresh pages each time; a burst not repeated gives its memory back after it.
+    pub fn shm_idle_after(mut self, idle: Duration) -> Self {
+        self.shm_idle_after = idle;
         self
     }
 

@@ -77,7 +77,7 @@ impl NodeBuilder {
         let segments = Segments::new(SegmentsConfig {
             quota: shm_quota,
             idle_keep: self.shm_idle_keep,
-            idle_after: Duration::from_secs(2),
+            idle_after: self.shm_idle_after,
         });
         let shm_manager = ShmManager::with_segments(self.shm_backend, segments.clone());
         let strict = require_tls

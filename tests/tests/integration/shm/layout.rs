@@ -124,7 +124,7 @@ fn buffers_of_one_loan_travel_under_one_lease_until_the_last_view_drops() {
     let client = shm_builder().build().unwrap();
     let mut loan = client.shm().loan(64 << 10).unwrap();
     for (i, b) in loan.as_mut_slice().iter_mut().enumerate() {
-        *b = (i / 1024) as u8;
+        *b = (i / 1024).to_le_bytes()[0];
     }
     let whole = loan.freeze();
     let parts: Vec<_> = (0..16)

@@ -33,7 +33,11 @@ fn segments_that_carried_several_messages_are_given_back_once_idle() {
         .serve("echo", 2, |r| Ok(Reply::Tensor(r.message)))
         .unwrap();
     // No idle cache: every segment idle for 2 s is retired.
-    let client = shm_builder().shm_idle_keep(0).build().unwrap();
+    let client = shm_builder()
+        .shm_idle_keep(0)
+        .shm_idle_after(Duration::from_secs(2))
+        .build()
+        .unwrap();
     for round in 0..3 {
         let message = patterned(round, 1, 8 << 20);
         let reply = tensor(
