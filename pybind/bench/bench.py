@@ -21,9 +21,10 @@ message's bytes — a zero-copy hand-off, one copy through shared memory, or thr
   over shared memory with the buffers copied in (one copy; < 8 KiB inside a record of the
   shared-memory queue, copied in and out as MPI's eager path does: counted as one copy too),
   and with the buffers as slices of one frozen `node.loan()` per message, as iceoryx2 loans
-  one request slice (zero-copy; < 8 KiB: in the queue, a copy); in flight = asyncio asks. "tensorwire into": the echo's reply received over shared
-  memory into arrays allocated once (`ask(msg, into=...)`; counted with the one-copy peers,
-  though it copies twice: into the sender's slot and out into the arrays).
+  one request slice (zero-copy; < 8 KiB: in the queue, a copy); in flight = asyncio asks.
+  "tensorwire into": the echo's reply received over shared memory into arrays allocated once
+  (`ask(msg, into=...)`; counted with the one-copy peers, though it copies twice: into the
+  sender's slot and out into the arrays).
 - Rust engine: `ptr1-bench run` against the same fixture (left out with `--skip rust`).
 - pyzmq: ROUTER/DEALER, `copy=False` both ways (kernel).
 - gRPC (Python): unary generic-bytes handlers, one `bytes` per call, so 16-buffer cases are not

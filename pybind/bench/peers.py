@@ -130,11 +130,12 @@ class Tensorwire(Peer):
             end = -(-(end + array.nbytes) // 64) * 64
         loan = self.node.loan(max(end, 1))
         view = np.frombuffer(loan, np.uint8)  # type: ignore[call-overload]
-        for at, array in zip(starts, data):
+        for at, array in zip(starts, data, strict=True):
             view[at : at + array.nbytes] = array
         del view  # freeze() refuses while an export lives
         whole = memoryview(loan.freeze())
-        return tw.TensorMessage(b"", [whole[at : at + a.nbytes] for at, a in zip(starts, data)])
+        parts = [whole[at : at + a.nbytes] for at, a in zip(starts, data, strict=True)]
+        return tw.TensorMessage(b"", parts)
 
     def measure(self, case: Case, data: list[np.ndarray], seconds: float) -> float:
         msg = self.message(data)

@@ -85,7 +85,7 @@ pub(crate) fn reply_to_py(
     match reply {
         Reply::Tensor(message) => {
             let (writable, route) = (writable(route), route.map(route_name));
-            Ok(Py::new(py, PyTensorMessage::received(message, writable, route)?)?.into_any())
+            Ok(Py::new(py, PyTensorMessage::received(message, writable, route))?.into_any())
         }
         Reply::Single { msg_type, data } => match msg_type.as_str() {
             ACK if data.is_empty() => Ok(py.None()),

@@ -199,13 +199,13 @@ impl PyRequest {
         let credentials = request.local_peer.map(|p| (p.uid, p.pid));
         let (message, refused) = match targets {
             None => (
-                PyTensorMessage::received(request.message, writable, None)?,
+                PyTensorMessage::received(request.message, writable, None),
                 None,
             ),
             Some(targets) => match targets.fill(py, request.message, None) {
                 Ok(filled) => (filled, None),
                 Err(refused) => (
-                    PyTensorMessage::received(refused.message, writable, None)?,
+                    PyTensorMessage::received(refused.message, writable, None),
                     Some(refused.error),
                 ),
             },

@@ -109,8 +109,7 @@ fn answer(py: Python<'_>, slot: &HandlerSlot, incoming: Incoming, pickle: bool) 
         let handler = slot
             .handler(py)
             .ok_or_else(|| format!("the handler of {path} was collected"))?;
-        let message = PyTensorMessage::received(request.message, writable, None)
-            .map_err(|e| failure(py, &e))?;
+        let message = PyTensorMessage::received(request.message, writable, None);
         let value = handler.call1(py, (message,)).map_err(|e| failure(py, &e))?;
         reply_from_py(value.bind(py), pickle, in_process).map_err(|e| failure(py, &e))
     })();

@@ -1,6 +1,7 @@
 //! `TensorMessage` in Python: a version, opaque metadata bytes and buffers held as exports.
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use pyo3::PyTraverseError;
@@ -32,6 +33,9 @@ pub(crate) struct PyTensorMessage {
     mutable: Box<[usize]>,
     /// The sender lends even those to an in-process receiver, and keeps them unchanged.
     lend: bool,
+    /// A received message sent on in this process before its buffers were looked at: its
+    /// views were made read-only then, so nothing here can write what that receiver holds.
+    sealed: AtomicBool,
 }
 
 /// Copies at least this many bytes with the GIL released.
@@ -69,6 +73,7 @@ impl PyTensorMessage {
             route: None,
             mutable: mutable.into_boxed_slice(),
             lend,
+            sealed: AtomicBool::new(false),
         })
     }
 
@@ -117,7 +122,7 @@ impl PyTensorMessage {
     /// process — not even a same-user sender whose shared memory a received buffer views —
     /// can change its bytes.
     fn copy(&self) -> PyResult<Self> {
-        Self::received(self.inner.private_copy(), true, self.route)
+        Ok(Self::received(self.inner.private_copy(), true, self.route))
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -154,20 +159,21 @@ impl PyTensorMessage {
         inner: TensorMessage,
         writable: bool,
         route: Option<&'static str>,
-    ) -> PyResult<Self> {
+    ) -> Self {
         // Memory nobody else holds (a copy made for this receiver) is writable too. Writable
         // buffers count as mutable: sent on to a receiver in this process they are copied for
         // it, since their holder here may still write them.
         let mutable = (0..inner.buffers.len())
             .filter(|&i| writable || inner.buffers[i].is_unique())
             .collect();
-        Ok(Self {
+        Self {
             inner,
             objects: OnceLock::new(),
             route,
             mutable,
             lend: false,
-        })
+            sealed: AtomicBool::new(false),
+        }
     }
 
     /// The Python objects behind the buffers, made now for a received message.
@@ -175,13 +181,40 @@ impl PyTensorMessage {
         if let Some(objects) = self.objects.get() {
             return Ok(objects);
         }
-        let objects = PyList::empty(py);
-        for (index, bytes) in self.inner.buffers.iter().enumerate() {
-            let writable = self.mutable.binary_search(&index).is_ok();
-            objects.append(Py::new(py, Buffer::new(bytes.clone(), writable))?)?;
-        }
+        let views = self.views(py, true)?;
         // Another thread may have made them meanwhile (the list this one made is dropped).
-        Ok(self.objects.get_or_init(|| objects.unbind()))
+        Ok(self.objects.get_or_init(|| views))
+    }
+
+    /// `Buffer` views of the received buffers, writable where the memory is ours alone
+    /// (`may_write`) or all read-only.
+    fn views(&self, py: Python<'_>, may_write: bool) -> PyResult<Py<PyList>> {
+        let views = PyList::empty(py);
+        for (index, bytes) in self.inner.buffers.iter().enumerate() {
+            let writable = may_write && self.mutable.binary_search(&index).is_ok();
+            views.append(Py::new(py, Buffer::new(bytes.clone(), writable))?)?;
+        }
+        Ok(views.unbind())
+    }
+
+    /// Whether nothing here can write the buffers any more: a received message nobody looked
+    /// at yet gets read-only views now, so sent on in this process it needs no copy (and its
+    /// holder reads, never writes, what the next receiver holds).
+    fn seal(&self, py: Python<'_>) -> bool {
+        if self.sealed.load(Ordering::Acquire) {
+            return true;
+        }
+        if self.objects.get().is_some() {
+            return false;
+        }
+        let Ok(views) = self.views(py, false) else {
+            return false;
+        };
+        let sealed = self.objects.set(views).is_ok();
+        if sealed {
+            self.sealed.store(true, Ordering::Release);
+        }
+        sealed
     }
 
     /// A message of `objects` (the caller's own buffers, filled by a receive `into=`), with
@@ -207,6 +240,7 @@ impl PyTensorMessage {
             route,
             mutable: mutable.into_boxed_slice(),
             lend: false,
+            sealed: AtomicBool::new(false),
         })
     }
 
@@ -218,7 +252,7 @@ impl PyTensorMessage {
         py: Python<'_>,
         in_process: impl FnOnce() -> bool,
     ) -> TensorMessage {
-        if self.lend || self.mutable.is_empty() || !in_process() {
+        if self.lend || self.mutable.is_empty() || !in_process() || self.seal(py) {
             return self.inner.clone();
         }
         let mut message = self.inner.clone();

@@ -116,6 +116,7 @@ impl PyNode {
         bind = "127.0.0.1:0", *, transport = None, shared_memory = None, cores = None,
         mailbox_capacity = None, cert = None, key = None, ca = None,
         require_client_cert = false, require_tls = None, server_name = None,
+        shm_idle_keep = None, shm_idle_after = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -131,6 +132,8 @@ impl PyNode {
         require_client_cert: bool,
         require_tls: Option<bool>,
         server_name: Option<String>,
+        shm_idle_keep: Option<u64>,
+        shm_idle_after: Option<f64>,
     ) -> PyResult<Self> {
         drain_releases(py);
         let bind = resolve(bind)?;
@@ -160,6 +163,17 @@ impl PyNode {
         }
         if let Some(capacity) = mailbox_capacity {
             builder = builder.mailbox_capacity(capacity);
+        }
+        if let Some(bytes) = shm_idle_keep {
+            builder = builder.shm_idle_keep(bytes);
+        }
+        if let Some(seconds) = shm_idle_after {
+            let idle = Duration::try_from_secs_f64(seconds).map_err(|_| {
+                InvalidArgument::new_err(format!(
+                    "shm_idle_after must be a finite number of seconds ≥ 0, not {seconds}"
+                ))
+            })?;
+            builder = builder.shm_idle_after(idle);
         }
         let node = py
             .detach(move || builder.build())

@@ -211,3 +211,41 @@ def test_a_received_writable_buffer_sent_on_in_process_reaches_its_receiver_as_a
     assert not np.shares_memory(got, held)
     held[:] = 99
     assert np.array_equal(got, np.arange(4096, dtype=np.uint8))
+
+
+def test_a_received_message_sent_on_before_it_was_looked_at_goes_without_a_copy(
+    node: tw.Node,
+) -> None:
+    """Nobody here can write it yet, so it is shared as it is — and its buffers are read-only
+    for its holder from then on."""
+    first, second = node.endpoint("first"), node.endpoint("second")
+    with tw.Node() as sender:
+        sender.ref(node.address, "first", transport="raw").tell(
+            tw.TensorMessage(b"", [np.arange(4096, dtype=np.uint8)])
+        )
+    request = first.recv(timeout=10)
+    assert request is not None
+    message = request.message
+    node.ref(node.address, "second").tell(message)
+    forwarded = second.recv(timeout=10)
+    assert forwarded is not None
+    got = np.frombuffer(forwarded.message.buffers[0], np.uint8)
+    held = np.frombuffer(message.buffers[0], np.uint8)
+    assert np.shares_memory(got, held), "no copy"
+    assert not held.flags.writeable, "sent on unseen: read-only for its holder too"
+    with pytest.raises(ValueError):
+        held[0] = 1
+    assert np.array_equal(got, np.arange(4096, dtype=np.uint8))
+
+
+def test_a_read_only_received_buffer_sent_on_in_process_stays_zero_copy(node: tw.Node) -> None:
+    first, second = node.endpoint("first"), node.endpoint("second")
+    weights = np.arange(16384, dtype=np.uint8)
+    node.ref(node.address, "first").tell(tw.TensorMessage(b"", [weights], lend=True))
+    request = first.recv(timeout=10)
+    assert request is not None
+    assert not request.message.buffers[0].writable
+    node.ref(node.address, "second").tell(request.message)
+    forwarded = second.recv(timeout=10)
+    assert forwarded is not None
+    assert np.shares_memory(np.frombuffer(forwarded.message.buffers[0], np.uint8), weights)

@@ -208,6 +208,8 @@ class Node:
         require_client_cert: bool = False,
         require_tls: bool | None = None,
         server_name: str | None = None,
+        shm_idle_keep: int | None = None,
+        shm_idle_after: float | None = None,
     ) -> Node: ...
     @property
     def address(self) -> str: ...

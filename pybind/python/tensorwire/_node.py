@@ -130,6 +130,9 @@ class Node:
     ``shared_memory`` is ``True`` (same-host peers of this user get shared memory, unless the
     node requires TLS or client certificates), ``"same-user"`` (them even then: an explicit
     opt-in; handlers see the peer's ``Request.credentials``) or ``False``.
+    Shared-memory segments beyond an idle cache of ``shm_idle_keep`` bytes (default 128 MiB)
+    go back to the system once idle for ``shm_idle_after`` seconds (default 30: a training
+    step's messages, step after step, reuse memory already faulted in).
     Use it as a context manager, or call :meth:`close`.
     """
 
@@ -147,6 +150,8 @@ class Node:
         require_client_cert: bool = False,
         require_tls: bool | None = None,
         server_name: str | None = None,
+        shm_idle_keep: int | None = None,
+        shm_idle_after: float | None = None,
     ) -> None:
         self._native = _native.Node(
             bind,
@@ -160,6 +165,8 @@ class Node:
             require_client_cert=require_client_cert,
             require_tls=require_tls,
             server_name=server_name,
+            shm_idle_keep=shm_idle_keep,
+            shm_idle_after=shm_idle_after,
         )
         #: The tasks serving coroutine handlers.
         self._serving: set[asyncio.Task[None]] = set()

@@ -160,18 +160,22 @@ pub(super) fn layout(
             return Plan::Inline(bytes.clone());
         }
         let len = len_u64(bytes.len());
-        if let Some((slot, offset)) = recent.loaned(bytes).or_else(|| ours.loaned(bytes)) {
+        // Our slots and the peer's mappings never share an address, so the order of the
+        // looks changes nothing but their cost.
+        if let Some((slot, offset)) = recent.loaned(bytes) {
+            return Plan::Loaned { slot, offset, len };
+        }
+        if let Some(part) = recent.returned(bytes) {
+            return Plan::Returned(part);
+        }
+        if let Some((slot, offset)) = ours.loaned(bytes) {
             recent.slot = Some(Arc::clone(&slot));
             return Plan::Loaned { slot, offset, len };
         }
-        if let Some(located) = recent.returned(bytes).or_else(|| locate(bytes)) {
-            let (segment, offset) = (located.segment, located.offset);
+        if let Some(located) = locate(bytes) {
+            let part = located.part(len);
             recent.peer = Some(located);
-            return Plan::Returned(Returned {
-                segment,
-                offset,
-                len,
-            });
+            return Plan::Returned(part);
         }
         let at = copy.next_multiple_of(ALIGN);
         copy = at + bytes.len();
@@ -222,20 +226,31 @@ impl Recent {
         Some((Arc::clone(slot), len_u64(slot.offset() + at)))
     }
 
-    /// `bytes` within the peer's segment the last returned part lay in.
-    fn returned(&self, bytes: &[u8]) -> Option<Located> {
+    /// `bytes` within the peer's segment the last returned part lay in, as a part.
+    fn returned(&self, bytes: &[u8]) -> Option<Returned> {
         let peer = self.peer.as_ref()?;
         let at = within(bytes, peer.mapping.clone())?;
-        Some(Located {
+        Some(Returned {
             segment: peer.segment,
             offset: len_u64(at),
-            mapping: peer.mapping.clone(),
+            len: len_u64(bytes.len()),
         })
     }
 }
 
+impl Located {
+    /// The part of `len` bytes from here.
+    fn part(&self, len: u64) -> Returned {
+        Returned {
+            segment: self.segment,
+            offset: self.offset,
+            len,
+        }
+    }
+}
+
 /// Where `bytes` start within the addresses `range`, if they lie wholly inside it.
-fn within(bytes: &[u8], range: std::ops::Range<usize>) -> Option<usize> {
+pub(super) fn within(bytes: &[u8], range: std::ops::Range<usize>) -> Option<usize> {
     let start = bytes.as_ptr() as usize;
     let end = start.checked_add(bytes.len())?;
     (start >= range.start && end <= range.end).then(|| start - range.start)

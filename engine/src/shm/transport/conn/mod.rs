@@ -24,7 +24,7 @@ use tensorwire_proto::shm::{CloseReason, ConnectionConfig, Credentials, Role, Sh
 use tensorwire_proto::transport::{Answer, Completion, Deadline, Error, RequestKind};
 
 use super::Transport;
-use super::packing::Located;
+use super::packing::{Located, within};
 use super::releases::Releases;
 use super::views::Mapped;
 use crate::shm::queue::{OwnQueue, PeerQueue};
@@ -403,14 +403,13 @@ impl Conn {
     /// Where `bytes` lie in one of the peer's segments mapped here, if they do: such bytes
     /// (a view of a message the peer sent) go back to it by reference.
     pub(super) fn locate(&self, bytes: &[u8]) -> Option<Located> {
-        let start = bytes.as_ptr() as usize;
-        let end = start.checked_add(bytes.len())?;
         lock(&self.state).mapped.iter().find_map(|(&id, mapped)| {
             let base = mapped.map.as_slice().as_ptr() as usize;
             let mapping = base..base + mapped.map.len();
-            (start >= mapping.start && end <= mapping.end).then(|| Located {
+            let offset = within(bytes, mapping.clone())?;
+            Some(Located {
                 segment: id,
-                offset: (start - base) as u64,
+                offset: offset as u64,
                 mapping,
             })
         })
