@@ -118,3 +118,28 @@ def test_an_object_with_receive_tensor_serves(node: tw.Node) -> None:
 
     node.serve("actor", Actor())
     assert node.ref(node.address, "actor").ask(tw.TensorMessage(b"it", [])) == b"got it"
+
+
+def test_a_late_completion_wakes_a_sleeping_loop(node: tw.Node, server: tw.Node) -> None:
+    """A completion that comes long after a burst of fast ones, while the loop sleeps, still
+    wakes it (its eventfd), and asks go on after it."""
+    echo = node.ref(server.address, "echo", transport="raw")
+    slow = node.ref(server.address, "slow", transport="raw")
+    msg = tw.TensorMessage(b"", [b"x" * 4096])
+
+    async def main() -> int:
+        late = asyncio.ensure_future(slow.ask_async(tw.TensorMessage(b"0.2", [])))
+        fast = 0
+        while not late.done():
+            reply = await echo.ask_async(msg)
+            assert reply.total_bytes == 4096
+            fast += 1
+            if fast >= 50:
+                break
+        await late  # comes ~0.2 s later, long after the polling window of the fast ones
+        await asyncio.sleep(0.05)
+        again = await asyncio.gather(*(echo.ask_async(msg) for _ in range(8)))
+        assert all(r.total_bytes == 4096 for r in again)
+        return fast
+
+    assert run(main()) == 50
