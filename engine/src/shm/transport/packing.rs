@@ -335,13 +335,13 @@ impl Layout {
                         }
                         Plan::Loaned { slot, offset, len } => {
                             packed.zero_copy += 1;
-                            packed.segments.push(Arc::clone(slot.segment()));
                             let segment = slot.segment().id;
                             let lease = match last_loaned {
                                 Some((last, lease)) if std::ptr::eq(last, Arc::as_ptr(&slot)) => {
                                     lease
                                 }
                                 _ => {
+                                    packed.segments.push(Arc::clone(slot.segment()));
                                     packed.lent += len_u64(slot.capacity());
                                     let at = Arc::as_ptr(&slot);
                                     let lease = lend(slot);

@@ -8,6 +8,13 @@ use tensorwire_tests::*;
 
 use super::data_path::{eventually, shm_builder};
 
+/// A server with an `inbox` endpoint, and a client node.
+fn server_inbox_client() -> (Node, Endpoint, Node) {
+    let server = shm_builder().build().unwrap();
+    let inbox = server.endpoint("inbox").unwrap();
+    (server, inbox, shm_builder().build().unwrap())
+}
+
 /// Tells `message` from `client` to `server`'s inbox and receives it there.
 fn through(client: &Node, server: &Node, inbox: &Endpoint, message: TensorMessage) -> Incoming {
     client
@@ -20,9 +27,7 @@ fn through(client: &Node, server: &Node, inbox: &Endpoint, message: TensorMessag
 #[test]
 fn a_small_message_travels_in_the_record_and_holds_no_memory() {
     let _serial = serial();
-    let server = shm_builder().build().unwrap();
-    let inbox = server.endpoint("inbox").unwrap();
-    let client = shm_builder().build().unwrap();
+    let (server, inbox, client) = server_inbox_client();
     let before = stats::global().snapshot();
     let incoming = through(&client, &server, &inbox, patterned(3, 3, 2048));
     assert_eq!(incoming.request().message, patterned(3, 3, 2048));
@@ -115,9 +120,7 @@ fn a_slot_loaned_by_another_node_of_this_process_is_copied_not_named() {
 #[test]
 fn buffers_of_one_loan_travel_under_one_lease_until_the_last_view_drops() {
     let _serial = serial();
-    let server = shm_builder().build().unwrap();
-    let inbox = server.endpoint("inbox").unwrap();
-    let client = shm_builder().build().unwrap();
+    let (server, inbox, client) = server_inbox_client();
     let mut loan = client.shm().loan(64 << 10).unwrap();
     for (i, b) in loan.as_mut_slice().iter_mut().enumerate() {
         *b = (i / 1024).to_le_bytes()[0];
