@@ -21,7 +21,9 @@ message's bytes — a zero-copy hand-off, one copy through shared memory, or thr
   over shared memory with the buffers copied in (one copy; < 8 KiB inside a record of the
   shared-memory queue, copied in and out as MPI's eager path does: counted as one copy too),
   and with the buffers as slices of one frozen `node.loan()` per message, as iceoryx2 loans
-  one request slice (zero-copy; < 8 KiB: in the queue, a copy); in flight = asyncio asks.
+  one request slice (zero-copy; < 8 KiB: in the queue, a copy); in flight = a window of
+  `ask_nowait()` whose oldest `result()` the calling thread waits for, as the iceoryx2 and MPI
+  peers keep theirs (`--tw-inflight asyncio`: `ask_async` tasks on one event loop instead).
   "tensorwire into": the echo's reply received over shared memory into arrays allocated once
   (`ask(msg, into=...)`; counted with the one-copy peers, though it copies twice: into the
   sender's slot and out into the arrays).
@@ -323,6 +325,13 @@ def main() -> None:
     parser.add_argument("--buffers", default="1")
     parser.add_argument("--inflight", type=int, default=64)
     parser.add_argument("--inflight-bytes", type=parse_size, default=512 * MiB)
+    parser.add_argument(
+        "--tw-inflight",
+        choices=["nowait", "asyncio"],
+        default="nowait",
+        help="how tensorwire keeps asks in flight: a window of ask_nowait() on the calling "
+        "thread, or asyncio tasks (ask_async)",
+    )
     parser.add_argument("--skip", default="", help=f"peers to leave out: {KEYS}")
     parser.add_argument("--only", default="", help="only these peers (same keys as --skip)")
     parser.add_argument(
@@ -351,7 +360,11 @@ def main() -> None:
     PTR1_BENCH = args.fixture
     if not PTR1_BENCH.exists():
         raise SystemExit(f"{PTR1_BENCH} is missing: cargo build --release -p ptr1-bench")
+    from peers import Tensorwire
+
     import tensorwire  # noqa: F401  (fails here, early, when the package is missing)
+
+    Tensorwire.inflight_api = args.tw_inflight
 
     def out_of_time(signum: int, frame: object) -> None:
         raise TimeoutError(f"no result within --cell-timeout {args.cell_timeout} s")

@@ -90,6 +90,10 @@ class Tensorwire(Peer):
     module = "tensorwire"
     ours = True
     spins = True  # the engine's bounded busy-polling (NodeBuilder::busy_poll, core_busy_poll)
+    #: How the in-flight cells keep asks outstanding: "nowait" — a window of
+    #: `ref.ask_nowait()` whose oldest `result()` the calling thread waits for, as the
+    #: iceoryx2 and MPI peers keep theirs — or "asyncio" (`ask_async` tasks on one loop).
+    inflight_api = "nowait"
 
     def __init__(self, fixture: Fixture, transport: str, owns_fixture: bool = False) -> None:
         self.fixture, self.owns_fixture, self.transport = fixture, owns_fixture, transport
@@ -152,7 +156,14 @@ class Tensorwire(Peer):
                 seconds,
                 lambda: expect(self.echo.ask(msg, timeout=TIMEOUT).total_bytes, case.size, "echo"),
             )
-        return asyncio.run(self._in_flight(case, msg, seconds))
+        if self.inflight_api == "asyncio":
+            return asyncio.run(self._in_flight(case, msg, seconds))
+        return windowed(
+            case,
+            seconds,
+            lambda: self.echo.ask_nowait(msg, timeout=TIMEOUT),
+            lambda pending: expect(pending.result().total_bytes, case.size, "echo"),
+        )
 
     async def _in_flight(self, case: Case, msg: tw.TensorMessage, seconds: float) -> float:
         """`case.inflight` asks outstanding (each worker asks at least twice); timed until the
@@ -208,10 +219,27 @@ class TensorwireInto(Tensorwire):
                     self.echo.ask(msg, timeout=TIMEOUT, into=into).total_bytes, case.size, "echo"
                 ),
             )
-        # Each worker's arrays, allocated once and touched before the clock starts (as a
-        # training loop's would be after its first step).
+        # Each outstanding ask's arrays, allocated once and touched before the clock starts
+        # (as a training loop's would be after its first step).
         intos = [[np.full_like(a, 0) for a in data] for _ in range(case.inflight)]
-        return asyncio.run(self._in_flight_into(case, msg, intos, seconds))
+        if self.inflight_api == "asyncio":
+            return asyncio.run(self._in_flight_into(case, msg, intos, seconds))
+        # The window holds `case.inflight` asks; the next one reuses the arrays of the one
+        # just finished (the oldest), which nothing receives into any more.
+        sent = 0
+
+        def send() -> tw.Pending[tw.Answer]:
+            nonlocal sent
+            into = intos[sent % len(intos)]
+            sent += 1
+            return self.echo.ask_nowait(msg, timeout=TIMEOUT, into=into)
+
+        return windowed(
+            case,
+            seconds,
+            send,
+            lambda pending: expect(pending.result().total_bytes, case.size, "echo"),
+        )
 
     async def _in_flight_into(
         self, case: Case, msg: tw.TensorMessage, intos: list[list[np.ndarray]], seconds: float

@@ -20,6 +20,7 @@ mod into;
 mod loan;
 mod message;
 mod node;
+mod pending;
 mod pump;
 mod reference;
 mod shm;
@@ -45,6 +46,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<endpoint::PyEndpoint>()?;
     m.add_class::<endpoint::PyRequest>()?;
     m.add_class::<pump::Pump>()?;
+    m.add_class::<pending::PyPending>()?;
     m.add_class::<loan::PyLoan>()?;
     m.add_class::<shm::PyShm>()?;
     m.add_class::<shm::PyDescriptor>()?;

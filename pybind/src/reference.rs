@@ -17,6 +17,7 @@ use crate::convert::{reply_to_py, route_name};
 use crate::errors::{InvalidArgument, to_py};
 use crate::into::{Targets, reply_into};
 use crate::message::PyTensorMessage;
+use crate::pending::PyPending;
 use crate::pump::{Outcome, Pump};
 use crate::sync::{into_inner, lock};
 use crate::tells;
@@ -165,6 +166,31 @@ impl PyRef {
         })))
     }
 
+    /// Starts an ask without waiting for it: its `result()` waits on the calling thread the
+    /// way [`PyRef::ask`] does. `into` and `check` as for [`PyRef::ask`].
+    #[pyo3(signature = (message, timeout = 30.0, *, into = None, check = None))]
+    fn ask_nowait(
+        &self,
+        py: Python<'_>,
+        message: &Bound<'_, PyTensorMessage>,
+        timeout: f64,
+        into: Option<&Bound<'_, PyAny>>,
+        check: Option<Py<PyAny>>,
+    ) -> PyResult<PyPending> {
+        drain_releases(py);
+        let targets = into.map(|into| Targets::take(into, check)).transpose()?;
+        let (message, timeout) = (self.outgoing(py, message), seconds(timeout)?);
+        let pending = self.node.ask_to(&self.to, message, timeout);
+        Ok(PyPending::new(
+            self.node.clone(),
+            self.to.clone(),
+            self.pickle,
+            ContextLater::of(self, "ask"),
+            pending,
+            targets,
+        ))
+    }
+
     /// Starts a tell whose completion `pump` delivers; returns its token.
     #[pyo3(signature = (pump, message, timeout = 30.0))]
     fn tell_start(
@@ -204,7 +230,7 @@ async fn finish<T>(mut pending: Pending<T>) -> (Result<T, Error>, Option<Route>)
 }
 
 /// The parts of an error's context, kept to format only if the call fails.
-struct ContextLater {
+pub(crate) struct ContextLater {
     what: &'static str,
     path: String,
     peer: std::net::SocketAddr,
@@ -212,7 +238,7 @@ struct ContextLater {
 }
 
 impl ContextLater {
-    fn of(r: &PyRef, what: &'static str) -> Self {
+    pub(crate) fn of(r: &PyRef, what: &'static str) -> Self {
         Self {
             what,
             path: r.to.path().to_owned(),
@@ -221,7 +247,7 @@ impl ContextLater {
         }
     }
 
-    fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         format!(
             "{} {} at {} (transport={})",
             self.what, self.path, self.peer, self.transport
@@ -231,7 +257,7 @@ impl ContextLater {
 
 /// Asked every 100 ms of a blocking call with the GIL released: whether a signal handler
 /// raised (Ctrl+C), keeping its exception to re-raise.
-fn interrupt(raised: &Mutex<Option<PyErr>>) -> bool {
+pub(crate) fn interrupt(raised: &Mutex<Option<PyErr>>) -> bool {
     Python::attach(|py| match py.check_signals() {
         Ok(()) => false,
         Err(e) => {

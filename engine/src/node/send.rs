@@ -69,30 +69,76 @@ impl Node {
             Target::Local(target) => C::local(&target, &to.path, message, deadline),
             target => self.dispatch::<C>(target, to, message, deadline, true),
         };
+        self.wait_here(shm_peer, &mut pending, None, interrupt)
+            .unwrap_or(Err(Error::Cancelled))
+    }
+
+    /// Waits on the calling thread for `pending`, as the blocking calls wait: over shared
+    /// memory to `shm_peer` the caller reads that connection itself within the spin window,
+    /// otherwise it polls for the node's busy-poll budget, then it sleeps. `None` once `limit`
+    /// (if any) passed first; `interrupt` is asked every 100 ms and ends the wait with
+    /// [`Error::Cancelled`] (the request goes on until `pending` is dropped).
+    pub(super) fn wait_here<T>(
+        &self,
+        shm_peer: Option<SocketAddr>,
+        pending: &mut Pending<T>,
+        limit: Option<Duration>,
+        interrupt: Option<&dyn Fn() -> bool>,
+    ) -> Option<Result<(T, Route), Error>> {
         match (shm_peer, &self.inner.shm) {
             (Some(peer), Some(shm)) => shm.wait_here(peer, &|| pending.spin(Duration::ZERO)),
             _ => {
                 pending.spin(self.inner.busy_poll);
             }
         }
+        let until = limit.map(|limit| Deadline::after(Instant::now(), limit));
         loop {
-            let slice = if interrupt.is_some() {
+            let mut slice = if interrupt.is_some() {
                 INTERRUPT_SLICE
             } else {
                 Duration::MAX
             };
+            if let Some(at) = until.as_ref().and_then(Deadline::at) {
+                slice = slice.min(at.saturating_duration_since(Instant::now()));
+            }
             if let Some(result) = pending.wait_timeout(slice) {
                 let route = pending.route().unwrap_or(Route::LocalMailbox);
-                return result.map(|out| (out, route));
+                return Some(result.map(|out| (out, route)));
             }
             if interrupt.is_some_and(|stop| stop()) {
-                return Err(Error::Cancelled); // dropping `pending` cancels the request
+                return Some(Err(Error::Cancelled));
+            }
+            if until
+                .as_ref()
+                .is_some_and(|until| until.has_passed(Instant::now()))
+            {
+                return None;
             }
         }
     }
 }
 
 impl Node {
+    /// Waits on the calling thread for a send to `to` started with [`Node::ask_to`] or
+    /// [`Node::tell_to`] — several may be in flight, waited for in any order — the way
+    /// [`Node::ask_blocking_to`] waits: over shared memory the caller reads the connection
+    /// itself within the spin window ([`NodeBuilder::shm_spin`](crate::NodeBuilder::shm_spin)),
+    /// otherwise it polls for the busy-poll budget, then it sleeps. Returns the result and the
+    /// path that carried it, or `None` once `limit` (if any) passed first: the request goes on
+    /// (its own timeout still applies) and can be waited for again. `interrupt` is asked every
+    /// 100 ms; when it says stop, the wait ends with [`Error::Cancelled`] and the request goes
+    /// on until `pending` is dropped.
+    pub fn wait_for<T>(
+        &self,
+        to: &Destination,
+        pending: &mut Pending<T>,
+        limit: Option<Duration>,
+        interrupt: Option<&dyn Fn() -> bool>,
+    ) -> Option<Result<(T, Route), Error>> {
+        let shm_peer = (pending.route() == Some(Route::SharedMemory)).then_some(to.peer);
+        self.wait_here(shm_peer, pending, limit, interrupt)
+    }
+
     /// Hands one send to the path `target` and returns what its caller waits on.
     fn dispatch<C: Call>(
         &self,

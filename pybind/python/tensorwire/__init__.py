@@ -39,7 +39,7 @@ from ._native import (
     io_uring_unavailable,
     tensor_transport_stats,
 )
-from ._node import Answer, Endpoint, Node, Ref, Route
+from ._node import Answer, Endpoint, Node, Pending, Ref, Route
 
 __all__ = [
     "Answer",
@@ -61,6 +61,7 @@ __all__ = [
     "Node",
     "OutOfMemory",
     "Overloaded",
+    "Pending",
     "ProtocolError",
     "Ref",
     "RemoteError",

@@ -13,6 +13,7 @@ __all__ = [
     "Endpoint",
     "Request",
     "Pump",
+    "Pending",
     "Loan",
     "Shm",
     "Descriptor",
@@ -188,7 +189,23 @@ class Ref:
         check: Callable[[bytes], None] | None = None,
     ) -> int: ...
     def tell_start(self, pump: Pump, message: TensorMessage, timeout: float = 30.0) -> int: ...
+    def ask_nowait(
+        self,
+        message: TensorMessage,
+        timeout: float = 30.0,
+        *,
+        into: Any | None = None,
+        check: Callable[[bytes], None] | None = None,
+    ) -> Pending: ...
     def route(self) -> tuple[str, str]: ...
+
+@final
+class Pending:
+    """An ask in flight, waited for on the calling thread (native)."""
+
+    def result(self, timeout: float | None = None) -> Any: ...
+    def done(self) -> bool: ...
+    def cancel(self) -> bool: ...
 
 @final
 class Node:

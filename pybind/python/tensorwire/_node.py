@@ -369,6 +369,22 @@ class Ref(Generic[Reply]):
         ``tensorwire`` logger; do not change the message's buffers until it has been sent."""
         self._native.tell_nowait(message, timeout)
 
+    def ask_nowait(
+        self, message: TensorMessage, timeout: float = 30.0, *, into: Sequence[Any] | None = None
+    ) -> Pending[Reply]:
+        """Sends ``message`` and returns at once; :meth:`Pending.result` waits for the reply
+        on the calling thread as :meth:`ask` does. One thread keeps several asks in flight
+        this way without an event loop (start a window of them, then take the oldest's result
+        and start the next). ``into`` as for :meth:`ask`. Do not change the message's
+        buffers until its result is there. Dropping the :class:`Pending` unwaited cancels the
+        ask."""
+        if into is None:
+            return Pending(self._native.ask_nowait(message, timeout))
+        targets = _into.views(into)
+        return Pending(
+            self._native.ask_nowait(message, timeout, into=targets, check=_into.checker(targets))
+        )
+
     async def ask_async(
         self, message: TensorMessage, timeout: float = 30.0, *, into: Sequence[Any] | None = None
     ) -> Reply:
@@ -397,6 +413,38 @@ class Ref(Generic[Reply]):
 
     def __repr__(self) -> str:
         return f"<tensorwire.Ref {self.name} at {self.address} transport={self.transport}>"
+
+
+class Pending(Generic[Reply]):
+    """An ask in flight, from :meth:`Ref.ask_nowait`."""
+
+    __slots__ = ("_native",)
+
+    def __init__(self, native: _native.Pending) -> None:
+        self._native = native
+
+    def result(self, timeout: float | None = None) -> Reply:
+        """Waits for the reply on this thread (GIL released; over shared memory this thread
+        reads the connection itself for a short spin window, then sleeps) and returns it, or
+        raises the ask's error; later calls give the same. ``timeout``: seconds to wait at
+        most (``None``: until the ask's own timeout), after which :class:`DeadlineExceeded`
+        is raised and the ask goes on. One thread at a time may wait for it (another gets
+        :class:`InvalidArgument`); Ctrl+C interrupts the wait, not the ask."""
+        reply: Reply = self._native.result(timeout)
+        return reply
+
+    def done(self) -> bool:
+        """Whether :meth:`result` would return without waiting."""
+        return self._native.done()
+
+    def cancel(self) -> bool:
+        """Cancels the ask unless it finished or a thread waits for it; ``True`` if it was
+        cancelled (:meth:`result` then raises :class:`Cancelled`; a request already sent
+        may still be acted on by the peer)."""
+        return self._native.cancel()
+
+    def __repr__(self) -> str:
+        return f"<tensorwire.Pending {'done' if self.done() else 'in flight'}>"
 
 
 async def _serve_coroutines(

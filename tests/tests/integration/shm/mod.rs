@@ -9,3 +9,4 @@ mod layout;
 mod manager;
 mod memory_back;
 mod wakeups;
+mod window;
