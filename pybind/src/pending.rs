@@ -1,8 +1,8 @@
 //! `Pending`: an ask started without waiting (`Ref.ask_nowait`) and waited for later on the
-//! calling thread, the way a blocking ask waits — over shared memory the waiting thread reads
-//! the connection itself within the spin window, elsewhere it polls briefly, then sleeps — so
-//! one thread keeps several asks in flight without an event loop and without a wake-up per
-//! reply.
+//! calling thread (`Node::wait_for`): over shared memory the waiting thread reads the
+//! connection itself within the spin window, so a reply that comes meanwhile costs no wake-up;
+//! over PTR1 the ask goes through the driver and the thread polls for the busy-poll budget,
+//! then sleeps. One thread keeps several asks in flight this way without an event loop.
 //!
 //! What it does not do: run callbacks or wake anything when the reply comes (asyncio's
 //! `ask_async` does that), or let two threads wait for the same ask at once.
@@ -61,6 +61,7 @@ impl PyPending {
 
     /// Takes the ask out to wait for it, or the finished result.
     fn take(&self, py: Python<'_>) -> Result<InFlight, PyResult<Py<PyAny>>> {
+        self.inherited().map_err(Err)?;
         match &mut *lock(&self.state) {
             State::Done(result) => Err(copy(py, result)),
             State::Waiting(waiting) => waiting.take().ok_or_else(|| {
@@ -70,6 +71,13 @@ impl PyPending {
                 )))
             }),
         }
+    }
+
+    /// `Err(ShutDown)` in a child made by `fork()`: the ask is the parent's.
+    fn inherited(&self) -> PyResult<()> {
+        self.node
+            .check_process()
+            .map_err(|e| to_py(&e, &self.context.text()))
     }
 
     fn put_back(&self, in_flight: InFlight) {
@@ -123,25 +131,44 @@ impl PyPending {
     }
 
     /// Whether the reply (or the ask's error) is there: `result()` would not wait.
-    fn done(&self) -> bool {
-        match &*lock(&self.state) {
+    fn done(&self) -> PyResult<bool> {
+        self.inherited()?;
+        Ok(match &*lock(&self.state) {
             State::Done(_) => true,
             State::Waiting(Some(in_flight)) => in_flight.pending.is_ready(),
             State::Waiting(None) => false,
-        }
+        })
     }
 
     /// Cancels the ask if it has not finished and no thread waits for it: `True` if it was
     /// cancelled (`result()` then raises `Cancelled`). A request already sent may still be
     /// acted on by the peer.
-    fn cancel(&self) -> bool {
+    fn cancel(&self) -> PyResult<bool> {
+        self.inherited()?;
         let mut state = lock(&self.state);
-        match &mut *state {
-            State::Waiting(Some(in_flight)) if !in_flight.pending.is_ready() => {
-                *state = State::Done(Err(to_py(&Error::Cancelled, &self.context.text())));
-                true
-            }
-            _ => false,
+        let cancellable =
+            matches!(&*state, State::Waiting(Some(in_flight)) if !in_flight.pending.is_ready());
+        if !cancellable {
+            return Ok(false);
+        }
+        let cancelled = Error::Cancelled;
+        let dropped = std::mem::replace(
+            &mut *state,
+            State::Done(Err(to_py(&cancelled, &self.context.text()))),
+        );
+        drop(state);
+        drop(dropped); // the engine cancels the ask; its Python objects go, outside the lock
+        Ok(true)
+    }
+}
+
+impl Drop for PyPending {
+    fn drop(&mut self) {
+        if self.node.check_process().is_err() {
+            // Inherited by a child made by fork(): dropping the ask would cancel it on the
+            // parent's connections.
+            let state = std::mem::replace(&mut *lock(&self.state), State::Waiting(None));
+            std::mem::forget(state);
         }
     }
 }

@@ -35,6 +35,9 @@ def _child(parent_address: str, results: Any) -> None:
             "ref": lambda: node.ref(parent_address, "echo"),
             "endpoint": lambda: node.endpoint("more"),
             "recv": lambda: INHERITED["endpoint"].recv(timeout=3),
+            "ask_nowait": lambda: INHERITED["ref"].ask_nowait(tw.TensorMessage(b"x", [])).result(3),
+            "pending": lambda: INHERITED["pending"].result(timeout=3),
+            "pending_cancel": lambda: INHERITED["pending"].cancel(),
             "stats": node.stats,
         }
         for name, call in calls.items():

@@ -34,8 +34,18 @@ def parent() -> Iterator[tw.Node]:
         node.ref(node.address, "echo").ask(
             tw.TensorMessage(b"warm", [])
         )  # threads and timers exist
-        yield node
-        forked.INHERITED.clear()
+        # An ask in flight at the fork, over shared memory to another node (nobody receives
+        # from its mailbox).
+        with tw.Node() as other:
+            mailbox = other.endpoint("mailbox")  # kept: an endpoint dropped is removed
+            pending = node.ref(other.address, "mailbox", transport="shm").ask_nowait(
+                tw.TensorMessage(b"", []), timeout=60
+            )
+            forked.INHERITED["pending"] = pending
+            yield node
+            assert pending.cancel() is True, "the child left the parent's ask alone"
+            del mailbox
+            forked.INHERITED.clear()
 
 
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
@@ -58,7 +68,17 @@ def test_a_child_process_fails_at_once_on_inherited_nodes_and_makes_its_own(
     assert report["own_route_to_parent"] in ("shm", "raw"), report
     assert report["own_deadline"] == "DeadlineExceeded", "the child's deadlines fire"
     if method == "fork":
-        for call in ("ask", "tell", "ref", "endpoint", "recv", "stats"):
+        for call in (
+            "ask",
+            "tell",
+            "ref",
+            "endpoint",
+            "recv",
+            "stats",
+            "ask_nowait",
+            "pending",
+            "pending_cancel",
+        ):
             assert report[call] == "ShutDown: fork", (call, report[call])
         # Every call failed at once, well within the 3 s timeouts given.
         assert report["inherited_seconds"] < 2.0, report

@@ -2,6 +2,7 @@
 //! mailbox, the PTR1 driver, the HTTP/2 transport or shared memory; the blocking form runs a
 //! PTR1 exchange on the caller's thread. Asks and tells share this code through [`Call`].
 
+use std::cell::Cell;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -85,13 +86,45 @@ impl Node {
         limit: Option<Duration>,
         interrupt: Option<&dyn Fn() -> bool>,
     ) -> Option<Result<(T, Route), Error>> {
+        let until = limit.map(|limit| Deadline::after(Instant::now(), limit));
+        let stopped = Cell::new(false);
         match (shm_peer, &self.inner.shm) {
-            (Some(peer), Some(shm)) => shm.wait_here(peer, &|| pending.spin(Duration::ZERO)),
+            (Some(peer), Some(shm)) => {
+                // Reading the connection goes on while messages keep coming: a limit or an
+                // interrupt ends it too (the clock is read every 64 looks, and only for them).
+                let (looks, asked) = (Cell::new(0u32), Cell::new(Instant::now()));
+                let done = || {
+                    if pending.spin(Duration::ZERO) {
+                        return true;
+                    }
+                    if until.is_none() && interrupt.is_none() {
+                        return false;
+                    }
+                    looks.set(looks.get().wrapping_add(1));
+                    if looks.get() % 64 != 0 {
+                        return false;
+                    }
+                    let now = Instant::now();
+                    if until.is_some_and(|until| until.has_passed(now)) {
+                        return true;
+                    }
+                    if let Some(stop) = interrupt {
+                        if now.duration_since(asked.get()) >= INTERRUPT_SLICE {
+                            asked.set(now);
+                            stopped.set(stop());
+                        }
+                    }
+                    stopped.get()
+                };
+                shm.wait_here(peer, &done);
+            }
             _ => {
                 pending.spin(self.inner.busy_poll);
             }
         }
-        let until = limit.map(|limit| Deadline::after(Instant::now(), limit));
+        if stopped.get() {
+            return Some(Err(Error::Cancelled));
+        }
         loop {
             let mut slice = if interrupt.is_some() {
                 INTERRUPT_SLICE
@@ -127,7 +160,7 @@ impl Node {
     /// path that carried it, or `None` once `limit` (if any) passed first: the request goes on
     /// (its own timeout still applies) and can be waited for again. `interrupt` is asked every
     /// 100 ms; when it says stop, the wait ends with [`Error::Cancelled`] and the request goes
-    /// on until `pending` is dropped.
+    /// on until `pending` is dropped. In a child made by `fork()`, [`Error::Forked`] at once.
     pub fn wait_for<T>(
         &self,
         to: &Destination,
@@ -135,6 +168,10 @@ impl Node {
         limit: Option<Duration>,
         interrupt: Option<&dyn Fn() -> bool>,
     ) -> Option<Result<(T, Route), Error>> {
+        if let Err(e) = self.check_process() {
+            // Inherited by a child made by fork(): the connections are the parent's.
+            return Some(Err(e));
+        }
         let shm_peer = (pending.route() == Some(Route::SharedMemory)).then_some(to.peer);
         self.wait_here(shm_peer, pending, limit, interrupt)
     }

@@ -373,11 +373,11 @@ class Ref(Generic[Reply]):
         self, message: TensorMessage, timeout: float = 30.0, *, into: Sequence[Any] | None = None
     ) -> Pending[Reply]:
         """Sends ``message`` and returns at once; :meth:`Pending.result` waits for the reply
-        on the calling thread as :meth:`ask` does. One thread keeps several asks in flight
-        this way without an event loop (start a window of them, then take the oldest's result
-        and start the next). ``into`` as for :meth:`ask`. Do not change the message's
-        buffers until its result is there. Dropping the :class:`Pending` unwaited cancels the
-        ask."""
+        on the calling thread. One thread keeps several asks in flight this way without an
+        event loop (start a window of them, then take the oldest's result and start the
+        next). ``into`` as for :meth:`ask`. Do not change the message's buffers until its
+        result is there (after :meth:`Pending.cancel`, until its timeout: the transport may
+        still be copying them). Dropping the :class:`Pending` unwaited cancels the ask."""
         if into is None:
             return Pending(self._native.ask_nowait(message, timeout))
         targets = _into.views(into)
@@ -425,11 +425,14 @@ class Pending(Generic[Reply]):
 
     def result(self, timeout: float | None = None) -> Reply:
         """Waits for the reply on this thread (GIL released; over shared memory this thread
-        reads the connection itself for a short spin window, then sleeps) and returns it, or
-        raises the ask's error; later calls give the same. ``timeout``: seconds to wait at
-        most (``None``: until the ask's own timeout), after which :class:`DeadlineExceeded`
-        is raised and the ask goes on. One thread at a time may wait for it (another gets
-        :class:`InvalidArgument`); Ctrl+C interrupts the wait, not the ask."""
+        reads the connection itself for a short spin window, over PTR1 it polls briefly, then
+        it sleeps) and returns it, or raises the ask's error; later calls give the same.
+        ``timeout``: seconds to wait at most (``None``: until the ask's own timeout), after
+        which :class:`DeadlineExceeded` is raised with :meth:`done` still ``False`` and the
+        ask goes on (once :meth:`done` is ``True``, a ``DeadlineExceeded`` is the ask's own
+        timeout). One thread at a time may wait for it (another gets
+        :class:`InvalidArgument`); Ctrl+C interrupts the wait, not the ask. In a child made by
+        ``fork()``, :class:`ShutDown` at once."""
         reply: Reply = self._native.result(timeout)
         return reply
 
@@ -440,7 +443,8 @@ class Pending(Generic[Reply]):
     def cancel(self) -> bool:
         """Cancels the ask unless it finished or a thread waits for it; ``True`` if it was
         cancelled (:meth:`result` then raises :class:`Cancelled`; a request already sent
-        may still be acted on by the peer)."""
+        may still be acted on by the peer, and the message's buffers may still be read by
+        the transport until the ask's timeout)."""
         return self._native.cancel()
 
     def __repr__(self) -> str:
