@@ -10,6 +10,7 @@
 
 mod allocator;
 mod buffers;
+mod calls;
 mod config;
 mod convert;
 mod dlpack;

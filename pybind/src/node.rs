@@ -302,7 +302,7 @@ impl PyNode {
     /// Idempotent; does nothing to a node inherited through `fork()`.
     #[pyo3(signature = (timeout = 5.0))]
     fn close(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
-        let timeout = crate::reference::seconds(timeout)?;
+        let timeout = crate::calls::seconds(timeout)?;
         let threads = std::mem::take(&mut *lock(&self.threads));
         if self.node.check_process().is_err() {
             std::mem::forget(threads); // a fork's copy: its threads are not in this process

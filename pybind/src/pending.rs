@@ -13,10 +13,10 @@ use pyo3::prelude::*;
 use tensorwire_engine::{Destination, Error, Node, Pending, Reply};
 
 use crate::buffers::drain_releases;
+use crate::calls::{ContextLater, interrupt, seconds};
 use crate::convert::reply_to_py;
 use crate::errors::{DeadlineExceeded, InvalidArgument, to_py};
 use crate::into::{Targets, reply_into};
-use crate::reference::{ContextLater, interrupt, seconds};
 use crate::sync::{into_inner, lock};
 
 /// An ask in flight, started by `Ref.ask_nowait` (native half of `tensorwire.Pending`).

@@ -7,19 +7,19 @@
 //! before it sleeps. Nothing is formatted or looked up again on the way unless it fails.
 
 use std::sync::Mutex;
-use std::time::Duration;
 
 use pyo3::prelude::*;
 use tensorwire_engine::{Destination, Error, Node, Pending, Route, TensorMessage, Via};
 
 use crate::buffers::drain_releases;
+use crate::calls::{ContextLater, interrupt, seconds};
 use crate::convert::{reply_to_py, route_name};
 use crate::errors::{InvalidArgument, to_py};
 use crate::into::{Targets, reply_into};
 use crate::message::PyTensorMessage;
 use crate::pending::PyPending;
 use crate::pump::{Outcome, Pump};
-use crate::sync::{into_inner, lock};
+use crate::sync::into_inner;
 use crate::tells;
 
 /// A reference to an endpoint on some node (native half of `tensorwire.Ref`).
@@ -155,7 +155,10 @@ impl PyRef {
         // Starting never waits (a copy, a connection or a hello happens on the transport's
         // threads): no need to let go of the GIL for it.
         let pending = self.node.ask_to(&self.to, message, timeout);
-        let (pickle, context) = (self.pickle, ContextLater::of(self, "ask"));
+        let (pickle, context) = (
+            self.pickle,
+            ContextLater::of(&self.to, "ask", self.transport),
+        );
         Ok(pump.get().start(Box::pin(async move {
             let (result, route) = finish(pending).await;
             Box::new(move |py: Python<'_>| match (result, targets) {
@@ -185,7 +188,7 @@ impl PyRef {
             self.node.clone(),
             self.to.clone(),
             self.pickle,
-            ContextLater::of(self, "ask"),
+            ContextLater::of(&self.to, "ask", self.transport),
             pending,
             targets,
         ))
@@ -203,7 +206,7 @@ impl PyRef {
         drain_releases(py);
         let (message, timeout) = (self.outgoing(py, message), seconds(timeout)?);
         let pending = self.node.tell_to(&self.to, message, timeout);
-        let context = ContextLater::of(self, "tell");
+        let context = ContextLater::of(&self.to, "tell", self.transport);
         Ok(pump.get().start(Box::pin(async move {
             let (result, _) = finish(pending).await;
             Box::new(move |py: Python<'_>| match result {
@@ -229,44 +232,6 @@ async fn finish<T>(mut pending: Pending<T>) -> (Result<T, Error>, Option<Route>)
     (result, pending.route())
 }
 
-/// The parts of an error's context, kept to format only if the call fails.
-pub(crate) struct ContextLater {
-    what: &'static str,
-    path: String,
-    peer: std::net::SocketAddr,
-    transport: &'static str,
-}
-
-impl ContextLater {
-    pub(crate) fn of(r: &PyRef, what: &'static str) -> Self {
-        Self {
-            what,
-            path: r.to.path().to_owned(),
-            peer: r.to.peer(),
-            transport: r.transport,
-        }
-    }
-
-    pub(crate) fn text(&self) -> String {
-        format!(
-            "{} {} at {} (transport={})",
-            self.what, self.path, self.peer, self.transport
-        )
-    }
-}
-
-/// Asked every 100 ms of a blocking call with the GIL released: whether a signal handler
-/// raised (Ctrl+C), keeping its exception to re-raise.
-pub(crate) fn interrupt(raised: &Mutex<Option<PyErr>>) -> bool {
-    Python::attach(|py| match py.check_signals() {
-        Ok(()) => false,
-        Err(e) => {
-            *lock(raised) = Some(e);
-            true
-        }
-    })
-}
-
 /// `transport=` to the paths a send may take (`auto`: the node's preference).
 pub(crate) fn via(transport: &str) -> PyResult<(Via, &'static str)> {
     Ok(match transport {
@@ -280,13 +245,5 @@ pub(crate) fn via(transport: &str) -> PyResult<(Via, &'static str)> {
                 "unknown transport {other:?}: expected auto, local, shm, raw or http2"
             )));
         }
-    })
-}
-
-pub(crate) fn seconds(timeout: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(timeout).map_err(|_| {
-        InvalidArgument::new_err(format!(
-            "timeout must be a finite number of seconds >= 0, not {timeout}"
-        ))
     })
 }

@@ -64,7 +64,7 @@ def test_cancelling_the_task_cancels_the_ask(node: tw.Node, server: tw.Node) -> 
         with pytest.raises(asyncio.CancelledError):
             await task
         # Nothing left in the loop's completion queue.
-        from tensorwire._node import _pumps
+        from tensorwire._aio import _pumps
 
         pump = _pumps[asyncio.get_running_loop()]
         assert len(pump.pump) == 0 and not pump.futures
