@@ -143,8 +143,22 @@ impl Targets {
     }
 }
 
+/// An ask's reply as its caller asked for it: received into `targets` if it gave any.
+pub(crate) fn reply_for_caller(
+    py: Python<'_>,
+    reply: Reply,
+    targets: Option<Targets>,
+    route: Option<Route>,
+    pickle: bool,
+) -> PyResult<Py<PyAny>> {
+    match targets {
+        None => reply_to_py(py, reply, route, pickle),
+        Some(targets) => reply_into(py, targets, reply, route, pickle),
+    }
+}
+
 /// An ask's reply received into `targets`.
-pub(crate) fn reply_into(
+fn reply_into(
     py: Python<'_>,
     targets: Targets,
     reply: Reply,

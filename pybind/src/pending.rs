@@ -14,9 +14,8 @@ use tensorwire_engine::{Destination, Error, Node, Pending, Reply};
 
 use crate::buffers::drain_releases;
 use crate::calls::{ContextLater, interrupt, seconds};
-use crate::convert::reply_to_py;
 use crate::errors::{DeadlineExceeded, InvalidArgument, to_py};
-use crate::into::{Targets, reply_into};
+use crate::into::{Targets, reply_for_caller};
 use crate::sync::{into_inner, lock};
 
 /// An ask in flight, started by `Ref.ask_nowait` (native half of `tensorwire.Pending`).
@@ -105,7 +104,7 @@ impl PyPending {
             self.node
                 .wait_for(&self.to, &mut in_flight.pending, limit, Some(&stop))
         });
-        let (result, route) = match outcome {
+        let value = match outcome {
             None => {
                 self.put_back(in_flight);
                 return Err(DeadlineExceeded::new_err(format!(
@@ -114,17 +113,17 @@ impl PyPending {
                     timeout.unwrap_or_default()
                 )));
             }
-            Some(Err(Error::Cancelled)) if lock(&interrupted).is_some() => {
-                self.put_back(in_flight);
-                return Err(into_inner(interrupted).expect("checked above"));
+            Some(Ok((reply, route))) => {
+                reply_for_caller(py, reply, in_flight.targets, Some(route), self.pickle)
             }
-            Some(Ok((reply, route))) => (Ok(reply), Some(route)),
-            Some(Err(e)) => (Err(e), in_flight.pending.route()),
-        };
-        let value = match (result, in_flight.targets) {
-            (Ok(reply), None) => reply_to_py(py, reply, route, self.pickle),
-            (Ok(reply), Some(targets)) => reply_into(py, targets, reply, route, self.pickle),
-            (Err(e), _) => Err(to_py(&e, &self.context.text())),
+            Some(Err(e)) => match (e, into_inner(interrupted)) {
+                // Ctrl+C ended the wait, not the ask.
+                (Error::Cancelled, Some(raised)) => {
+                    self.put_back(in_flight);
+                    return Err(raised);
+                }
+                (e, _) => Err(to_py(&e, &self.context.text())),
+            },
         };
         *lock(&self.state) = State::Done(copy(py, &value));
         value

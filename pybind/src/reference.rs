@@ -7,15 +7,16 @@
 //! before it sleeps. Nothing is formatted or looked up again on the way unless it fails.
 
 use std::sync::Mutex;
+use std::time::Duration;
 
 use pyo3::prelude::*;
 use tensorwire_engine::{Destination, Error, Node, Pending, Route, TensorMessage, Via};
 
 use crate::buffers::drain_releases;
 use crate::calls::{ContextLater, interrupt, seconds};
-use crate::convert::{reply_to_py, route_name};
+use crate::convert::route_name;
 use crate::errors::{InvalidArgument, to_py};
-use crate::into::{Targets, reply_into};
+use crate::into::{Targets, reply_for_caller};
 use crate::message::PyTensorMessage;
 use crate::pending::PyPending;
 use crate::pump::{Outcome, Pump};
@@ -48,6 +49,21 @@ impl PyRef {
             .outgoing(py, || self.node.delivers_in_process(&self.to))
     }
 
+    /// What every ask does before it starts: buffers Python let go of are released, `into`
+    /// is checked, the message made ready for this reference and the timeout checked.
+    fn prepare_ask(
+        &self,
+        py: Python<'_>,
+        message: &Bound<'_, PyTensorMessage>,
+        timeout: f64,
+        into: Option<&Bound<'_, PyAny>>,
+        check: Option<Py<PyAny>>,
+    ) -> PyResult<(TensorMessage, Duration, Option<Targets>)> {
+        drain_releases(py);
+        let targets = into.map(|into| Targets::take(into, check)).transpose()?;
+        Ok((self.outgoing(py, message), seconds(timeout)?, targets))
+    }
+
     /// What a failed call was doing (formatted only when it failed).
     fn context(&self, what: &str) -> String {
         format!(
@@ -72,21 +88,16 @@ impl PyRef {
         into: Option<&Bound<'_, PyAny>>,
         check: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        drain_releases(py);
-        let targets = into.map(|into| Targets::take(into, check)).transpose()?;
-        let (message, timeout) = (self.outgoing(py, message), seconds(timeout)?);
+        let (message, timeout, targets) = self.prepare_ask(py, message, timeout, into, check)?;
         let interrupted = Mutex::new(None);
         let result = py.detach(|| {
             let stop = || interrupt(&interrupted);
             self.node
                 .ask_blocking_to(&self.to, message, timeout, Some(&stop))
         });
-        match (result, targets) {
-            (Ok((reply, route)), None) => reply_to_py(py, reply, Some(route), self.pickle),
-            (Ok((reply, route)), Some(targets)) => {
-                reply_into(py, targets, reply, Some(route), self.pickle)
-            }
-            (Err(e), _) => {
+        match result {
+            Ok((reply, route)) => reply_for_caller(py, reply, targets, Some(route), self.pickle),
+            Err(e) => {
                 Err(into_inner(interrupted).unwrap_or_else(|| to_py(&e, &self.context("ask"))))
             }
         }
@@ -149,9 +160,7 @@ impl PyRef {
         into: Option<&Bound<'_, PyAny>>,
         check: Option<Py<PyAny>>,
     ) -> PyResult<u64> {
-        drain_releases(py);
-        let targets = into.map(|into| Targets::take(into, check)).transpose()?;
-        let (message, timeout) = (self.outgoing(py, message), seconds(timeout)?);
+        let (message, timeout, targets) = self.prepare_ask(py, message, timeout, into, check)?;
         // Starting never waits (a copy, a connection or a hello happens on the transport's
         // threads): no need to let go of the GIL for it.
         let pending = self.node.ask_to(&self.to, message, timeout);
@@ -161,10 +170,9 @@ impl PyRef {
         );
         Ok(pump.get().start(Box::pin(async move {
             let (result, route) = finish(pending).await;
-            Box::new(move |py: Python<'_>| match (result, targets) {
-                (Ok(reply), None) => reply_to_py(py, reply, route, pickle),
-                (Ok(reply), Some(targets)) => reply_into(py, targets, reply, route, pickle),
-                (Err(e), _) => Err(to_py(&e, &context.text())),
+            Box::new(move |py: Python<'_>| match result {
+                Ok(reply) => reply_for_caller(py, reply, targets, route, pickle),
+                Err(e) => Err(to_py(&e, &context.text())),
             }) as Outcome
         })))
     }
@@ -180,9 +188,7 @@ impl PyRef {
         into: Option<&Bound<'_, PyAny>>,
         check: Option<Py<PyAny>>,
     ) -> PyResult<PyPending> {
-        drain_releases(py);
-        let targets = into.map(|into| Targets::take(into, check)).transpose()?;
-        let (message, timeout) = (self.outgoing(py, message), seconds(timeout)?);
+        let (message, timeout, targets) = self.prepare_ask(py, message, timeout, into, check)?;
         let pending = self.node.ask_to(&self.to, message, timeout);
         Ok(PyPending::new(
             self.node.clone(),
