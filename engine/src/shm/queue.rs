@@ -32,6 +32,13 @@ pub(crate) struct OwnQueue {
     tail: u64,
 }
 
+/// Sets a flag word of ours to 0 unless it is 0 already.
+fn clear(word: &AtomicU32) {
+    if word.load(Ordering::Relaxed) != 0 {
+        word.store(0, Ordering::Relaxed);
+    }
+}
+
 /// The peer's queue file, mapped read-only.
 pub(crate) struct PeerQueue {
     map: FileMap,
@@ -88,14 +95,32 @@ impl OwnQueue {
     /// # Errors
     ///
     /// `Ok(Err(Full))` when there is no room now; `Err` when the peer's tail is impossible.
+    #[cfg(test)]
     pub(crate) fn push(
         &mut self,
         peer: &PeerQueue,
         record: &[u8],
     ) -> Result<Result<(), Full>, QueueError> {
-        let Some(placement) = place(self.head, self.ring, record.len()) else {
+        self.push_with(peer, record.len(), |out| out.copy_from_slice(record))
+    }
+
+    /// Places a record of `len` bytes at the head, if the peer has consumed enough, and has
+    /// `write` fill it in place (`write` gets exactly `len` bytes of the ring; what it leaves
+    /// is zeros from before or older records, never another process's bytes); it is visible
+    /// to the peer after [`OwnQueue::publish`].
+    ///
+    /// # Errors
+    ///
+    /// As [`OwnQueue::push`].
+    pub(crate) fn push_with(
+        &mut self,
+        peer: &PeerQueue,
+        len: usize,
+        write: impl FnOnce(&mut [u8]),
+    ) -> Result<Result<(), Full>, QueueError> {
+        let Some(placement) = place(self.head, self.ring, len) else {
             return Err(QueueError::BadRecord {
-                len: u32::try_from(record.len()).unwrap_or(u32::MAX),
+                len: u32::try_from(len).unwrap_or(u32::MAX),
             });
         };
         let free = room(
@@ -107,20 +132,23 @@ impl OwnQueue {
             return Ok(Err(Full));
         }
         let ring = self.ring_ptr();
-        let len = u32::try_from(record.len()).unwrap_or(u32::MAX);
+        let len32 = u32::try_from(len).unwrap_or(u32::MAX);
         // SAFETY: `place` put the record (header, bytes, padding) and any wrap marker inside
-        // the ring, in bytes the peer has consumed (`room`): this side is their only writer and
-        // the peer does not read them before the head is published past them.
-        unsafe {
+        // the ring, in bytes the peer has consumed (`room`): this side is their only writer
+        // (the peer maps the file read-only, sealed against new writable mappings), the peer
+        // does not read them before the head is published past them, and `&mut self` keeps
+        // every other writer of this process out while `write` holds the slice.
+        let record = unsafe {
             if let Some(at) = placement.wrap_at {
                 let at = usize::try_from(at % u64::from(self.ring)).unwrap_or(0);
                 std::ptr::copy_nonoverlapping(WRAP.to_le_bytes().as_ptr(), ring.add(at), 4);
             }
             let at = ring.add(placement.start);
-            std::ptr::copy_nonoverlapping(len.to_le_bytes().as_ptr(), at, 4);
+            std::ptr::copy_nonoverlapping(len32.to_le_bytes().as_ptr(), at, 4);
             std::ptr::write_bytes(at.add(4), 0, 4);
-            std::ptr::copy_nonoverlapping(record.as_ptr(), at.add(RECORD_HEADER), record.len());
-        }
+            std::slice::from_raw_parts_mut(at.add(RECORD_HEADER), len)
+        };
+        write(record);
         self.head = placement.next_head;
         Ok(Ok(()))
     }
@@ -200,6 +228,11 @@ impl OwnQueue {
         peer.word(HEAD_AT).load(Ordering::Acquire) != self.tail
     }
 
+    /// Bytes of the peer's ring consumed here (published to the peer by `commit`).
+    pub(crate) fn tail(&self) -> u64 {
+        self.tail
+    }
+
     /// Says this side's consumer may sleep (the peer rings it from now on), then looks once
     /// more: `true` if input arrived meanwhile (the caller must not sleep).
     pub(crate) fn may_sleep(&self, peer: &PeerQueue) -> bool {
@@ -208,9 +241,11 @@ impl OwnQueue {
         self.has_input(peer)
     }
 
-    /// This side's consumer is awake again (the peer stops ringing it).
+    /// This side's consumer is awake again (the peer stops ringing it). Written only when it
+    /// changes: a store of the same value would still take the line from the peer, whose
+    /// next publish then reads it across the CPUs.
     pub(crate) fn awake(&self) {
-        self.word32(SLEEPING_AT).store(0, Ordering::Relaxed);
+        clear(self.word32(SLEEPING_AT));
     }
 
     /// Says this side's producer waits for room (the peer rings it once it consumed), then
@@ -241,9 +276,10 @@ impl OwnQueue {
         self.consumed(peer)
     }
 
-    /// This side no longer waits for the peer to consume (for room or for reading).
+    /// This side no longer waits for the peer to consume (for room or for reading); written
+    /// only when it changes, as in `awake`.
     pub(crate) fn unblocked(&self) {
-        self.word32(BLOCKED_AT).store(0, Ordering::Relaxed);
+        clear(self.word32(BLOCKED_AT));
     }
 
     fn ring_ptr(&self) -> *mut u8 {
@@ -264,6 +300,12 @@ impl OwnQueue {
 }
 
 impl PeerQueue {
+    /// Bytes the peer has published into its ring (a look, not a check: compare it with what
+    /// was consumed, never use it as an index).
+    pub(crate) fn published(&self) -> u64 {
+        self.word(HEAD_AT).load(Ordering::Acquire)
+    }
+
     /// Maps the peer's queue file read-only after checking it: a sealed memfd of exactly the
     /// size its ring of `ring` bytes needs, whose pages are all allocated (a sparse file would
     /// make this side commit memory by reading it), with the right header.

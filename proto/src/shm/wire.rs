@@ -47,8 +47,10 @@ use bytes::Bytes;
 use crate::transport::RequestKind;
 
 mod reader;
+mod writer;
 
 use reader::Reader;
+pub use writer::{Record, encode};
 
 /// The largest datagram either side sends or accepts.
 pub const MAX_DATAGRAM: usize = 64 << 10;
@@ -139,6 +141,10 @@ pub struct Hello {
 pub enum Body {
     /// A small PTM1 body carried in the datagram itself.
     Inline(Bytes),
+    /// A small PTM1 body given as the slices of its encoding, as a sender builds it: written
+    /// one after another they are an `Inline` body on the wire, with no copy into one buffer
+    /// first. Decoding never gives it.
+    InlineSlices(Vec<Bytes>),
     /// A whole PTM1 body in shared memory (messages with more parts than a datagram lists).
     Packed(Shared),
     /// The message part by part: each buffer in the datagram or in shared memory.
@@ -218,92 +224,6 @@ pub struct DecodeError(pub &'static str);
 pub struct EncodeError {
     /// The size it would have had.
     pub len: usize,
-}
-
-/// Encodes a message.
-///
-/// # Errors
-///
-/// [`EncodeError`] if the datagram would exceed [`MAX_DATAGRAM`] (a long path, many parts or
-/// large inline bytes): the sender then moves bytes into shared memory or refuses.
-pub fn encode(control: &Control) -> Result<Vec<u8>, EncodeError> {
-    // Room for the inline bytes up front: the record is allocated once, never grown.
-    let mut w = Writer(Vec::with_capacity(128 + inline_len(control)), 0);
-    w.0.extend_from_slice(MAGIC);
-    match control {
-        Control::Hello(h) => {
-            w.u8(1);
-            w.str(&h.boot_id);
-            w.u64(h.user_ns);
-            w.u32(h.uid);
-            w.u32(h.pid);
-            w.str(&h.node);
-            w.u64(h.ticket);
-            w.str(&h.via);
-            w.0.extend_from_slice(&h.proof);
-            w.u32(h.queue);
-        }
-        Control::Request {
-            id,
-            kind,
-            path,
-            body,
-        } => {
-            w.u8(2);
-            w.u64(*id);
-            w.u8(match kind {
-                RequestKind::Ask => 0,
-                RequestKind::Tell => 1,
-            });
-            w.str(path);
-            w.body(body);
-        }
-        Control::Reply { id, reply } => {
-            w.u8(3);
-            w.u64(*id);
-            match reply {
-                WireReply::Tensor(body) => {
-                    w.u8(0);
-                    w.body(body);
-                }
-                WireReply::Single { msg_type, data } => {
-                    w.u8(1);
-                    w.str(msg_type);
-                    w.bytes(data);
-                }
-                WireReply::Ack => w.u8(2),
-                WireReply::Error(text) => {
-                    w.u8(3);
-                    w.str(truncated(text, MAX_ERROR_TEXT));
-                }
-            }
-        }
-        Control::Release { leases } => {
-            w.u8(4);
-            w.len(leases.len());
-            for lease in leases {
-                w.u64(*lease);
-            }
-        }
-        Control::Map { segment, len } => {
-            w.u8(5);
-            w.u64(*segment);
-            w.u64(*len);
-        }
-        Control::Retire { segment } => {
-            w.u8(6);
-            w.u64(*segment);
-        }
-        Control::Unmapped { segment } => {
-            w.u8(7);
-            w.u64(*segment);
-        }
-    }
-    let len = w.0.len().max(w.1);
-    if len > MAX_DATAGRAM {
-        return Err(EncodeError { len });
-    }
-    Ok(w.0)
 }
 
 /// Decodes one datagram.
@@ -397,7 +317,7 @@ impl Body {
     /// The shared ranges it refers to, in order.
     pub fn shared(&self) -> Vec<Shared> {
         match self {
-            Self::Inline(_) => Vec::new(),
+            Self::Inline(_) | Self::InlineSlices(_) => Vec::new(),
             Self::Packed(shared) => vec![*shared],
             Self::Parts {
                 metadata, buffers, ..
@@ -430,119 +350,6 @@ fn truncated(text: &str, max: usize) -> &str {
         end -= 1;
     }
     &text[..end]
-}
-
-/// The bytes so far, and the length the datagram would have had if it overflowed.
-struct Writer(Vec<u8>, usize);
-
-impl Writer {
-    fn u8(&mut self, v: u8) {
-        self.0.push(v);
-    }
-    fn u32(&mut self, v: u32) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn u64(&mut self, v: u64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn len(&mut self, n: usize) {
-        self.u32(u32::try_from(n).unwrap_or(u32::MAX));
-    }
-    fn bytes(&mut self, b: &[u8]) {
-        self.len(b.len());
-        // Past the datagram limit the encoding fails anyway: count, do not copy.
-        if self.0.len() + b.len() <= MAX_DATAGRAM {
-            self.0.extend_from_slice(b);
-        } else {
-            self.1 = self.1.max(self.0.len() + b.len());
-        }
-    }
-    fn str(&mut self, s: &str) {
-        self.bytes(s.as_bytes());
-    }
-    fn shared(&mut self, s: &Shared) {
-        self.u64(s.segment);
-        self.u64(s.offset);
-        self.u64(s.len);
-        self.u64(s.lease);
-    }
-    fn part(&mut self, part: &Part) {
-        match part {
-            Part::Inline(bytes) => {
-                self.u8(0);
-                self.bytes(bytes);
-            }
-            Part::Shared(shared) => {
-                self.u8(1);
-                self.shared(shared);
-            }
-            Part::Returned(returned) => {
-                self.u8(2);
-                self.u64(returned.segment);
-                self.u64(returned.offset);
-                self.u64(returned.len);
-            }
-        }
-    }
-    fn body(&mut self, body: &Body) {
-        match body {
-            Body::Inline(body) => {
-                self.u8(0);
-                self.bytes(body);
-            }
-            Body::Packed(shared) => {
-                self.u8(1);
-                self.shared(shared);
-            }
-            Body::Parts {
-                version,
-                metadata,
-                buffers,
-            } => {
-                self.u8(2);
-                self.u32(*version);
-                self.part(metadata);
-                self.len(buffers.len());
-                for part in buffers {
-                    self.part(part);
-                    if self.0.len().max(self.1) > MAX_DATAGRAM {
-                        self.1 = self.1.max(self.0.len());
-                        return; // too large already: the caller reports it
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// The bytes a control message carries inline (paths, bodies, texts), up to the datagram
-/// limit: what its encoding's size mostly is.
-fn inline_len(control: &Control) -> usize {
-    let body = |body: &Body| match body {
-        Body::Inline(bytes) => bytes.len(),
-        Body::Packed(_) => 0,
-        Body::Parts {
-            metadata, buffers, ..
-        } => std::iter::once(metadata)
-            .chain(buffers)
-            .map(|part| match part {
-                Part::Inline(bytes) => bytes.len().saturating_add(5),
-                Part::Shared(_) | Part::Returned(_) => SHARED_PART_BYTES,
-            })
-            .fold(0usize, usize::saturating_add),
-    };
-    let len = match control {
-        Control::Request { path, body: b, .. } => path.len().saturating_add(body(b)),
-        Control::Reply { reply, .. } => match reply {
-            WireReply::Tensor(b) => body(b),
-            WireReply::Single { msg_type, data } => msg_type.len().saturating_add(data.len()),
-            WireReply::Ack => 0,
-            WireReply::Error(text) => text.len(),
-        },
-        Control::Release { leases } => leases.len().saturating_mul(8),
-        _ => 0,
-    };
-    len.min(MAX_DATAGRAM)
 }
 
 #[cfg(test)]

@@ -192,6 +192,64 @@ fn a_message_too_large_for_a_datagram_is_an_error_not_a_datagram() {
 }
 
 #[test]
+fn a_record_written_in_place_is_the_encoding_byte_for_byte() {
+    for control in samples() {
+        let encoded = encode(&control).unwrap();
+        let record = Record::new(control.clone()).unwrap();
+        assert_eq!(record.len(), encoded.len(), "{control:?}");
+        // Written over stale bytes, as in a ring that wrapped: every byte is overwritten.
+        let mut ring = vec![0xa5u8; record.len()];
+        record.write_to(&mut ring);
+        assert_eq!(ring, encoded, "{control:?}");
+        assert_eq!(record.to_vec(), encoded);
+    }
+    // A slice of the wrong length gets what fits, and nothing panics.
+    let record = Record::new(samples().remove(3)).unwrap();
+    let mut short = vec![0u8; record.len() - 5];
+    record.write_to(&mut short);
+    assert_eq!(short, encode(record.control()).unwrap()[..record.len() - 5]);
+}
+
+#[test]
+fn a_body_given_in_slices_is_an_inline_body_on_the_wire() {
+    let slices = vec![
+        Bytes::from_static(b"PTM1-head"),
+        Bytes::new(),
+        Bytes::from(vec![7u8; 4096]),
+    ];
+    let joined = Bytes::from(slices.concat());
+    let request = |body| Control::Request {
+        id: 3,
+        kind: RequestKind::Ask,
+        path: "/actors/echo".into(),
+        body,
+    };
+    let sliced = encode(&request(Body::InlineSlices(slices.clone()))).unwrap();
+    assert_eq!(
+        sliced,
+        encode(&request(Body::Inline(joined.clone()))).unwrap()
+    );
+    assert_eq!(decode(&sliced), Ok(request(Body::Inline(joined))));
+    assert!(Body::InlineSlices(slices).shared().is_empty());
+}
+
+#[test]
+fn a_record_too_large_for_the_queue_is_refused_when_it_is_made() {
+    let reply = Control::Reply {
+        id: 1,
+        reply: WireReply::Tensor(Body::InlineSlices(vec![Bytes::from(vec![
+            0u8;
+            MAX_DATAGRAM
+        ])])),
+    };
+    assert!(matches!(
+        Record::new(reply.clone()),
+        Err(EncodeError { len }) if len > MAX_DATAGRAM
+    ));
+    assert!(encode(&reply).is_err());
+}
+
+#[test]
 fn a_body_lists_each_lease_once() {
     let body = Body::Parts {
         version: 1,

@@ -64,6 +64,8 @@ struct Driver {
     /// Orphaned holders' pidfds registered, by pid, and the lending's version they were read at.
     orphans: HashMap<u32, RawFd>,
     orphans_version: Option<u64>,
+    /// Looks at the connections so far (one in `FULL_LOOK_EVERY` takes each one's lock).
+    looks: u32,
     events: Vec<libc::epoll_event>,
 }
 
@@ -150,6 +152,7 @@ impl Driver {
             next_greeting: 1,
             orphans: HashMap::new(),
             orphans_version: None,
+            looks: 0,
             // SAFETY: epoll_event is plain old data; all-zero is a valid value.
             events: vec![unsafe { std::mem::zeroed::<libc::epoll_event>() }; MAX_EVENTS],
         })
@@ -160,8 +163,11 @@ impl Driver {
     fn pump_all(&mut self, t: &Arc<Transport>) -> usize {
         let mut read = 0;
         let mut closed = Vec::new();
+        self.looks = self.looks.wrapping_add(1);
+        let full = self.looks % super::caller::FULL_LOOK_EVERY == 0;
         for conn in self.conns.values() {
-            if !conn.has_callers() && conn.has_work() {
+            // The lock is taken to look only when input came, or now and then.
+            if !conn.has_callers() && (full || conn.input_published()) && conn.has_work() {
                 read += pump(t, conn).max(1);
             }
             if conn.is_closed() {

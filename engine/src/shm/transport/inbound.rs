@@ -6,8 +6,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use tensorwire_proto::TensorMessage;
-use tensorwire_proto::shm::{MAX_DATAGRAM, WireReply};
+use tensorwire_proto::shm::{Body, MAX_DATAGRAM, WireReply};
 use tensorwire_proto::stats;
 use tensorwire_proto::transport::{
     Deadline, Delivery, InboundRequest, LocalPeer, Reply, RequestKind, Responder,
@@ -154,7 +155,7 @@ fn reply_tensor(
         Ok(slot) => slot,
         Err(why) => return fail(format!("cannot send the reply over shared memory: {why}")),
     };
-    let packed = match layout.fill(message, &t.limits, slot, &t.lending, conn.peer.pid) {
+    let mut packed = match layout.fill(message, &t.limits, slot, &t.lending, conn.peer.pid) {
         Ok(packed) => packed,
         Err(e) => return fail(format!("cannot send the reply: {e}")),
     };
@@ -167,7 +168,10 @@ fn reply_tensor(
         Conn::attach(st, &packed.segments);
         st.session.send_reply(
             id,
-            WireReply::Tensor(packed.body.clone()),
+            WireReply::Tensor(std::mem::replace(
+                &mut packed.body,
+                Body::Inline(Bytes::new()),
+            )),
             &segments,
             packed.lent,
         )

@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
+use bytes::Bytes;
 use tensorwire_proto::TensorMessage;
-use tensorwire_proto::shm::{SendError, ShmError};
+use tensorwire_proto::shm::{Body, SendError, ShmError};
 use tensorwire_proto::stats;
 use tensorwire_proto::transport::{
     ActorPath, Completion, Deadline, Error, OutboundRequest, RequestKind,
@@ -132,7 +133,7 @@ fn transmit(
             return full(t, request, &why);
         }
     };
-    let packed = match layout.fill(&message, &t.limits, slot, &t.lending, conn.peer.pid) {
+    let mut packed = match layout.fill(&message, &t.limits, slot, &t.lending, conn.peer.pid) {
         Ok(packed) => packed,
         Err(e) => return completion.complete(Err(e)),
     };
@@ -157,7 +158,7 @@ fn transmit(
             now,
             kind,
             path.as_str().to_owned(),
-            packed.body.clone(),
+            std::mem::replace(&mut packed.body, Body::Inline(Bytes::new())),
             &segments,
             deadline.at(),
         );

@@ -61,8 +61,9 @@ pub(super) struct Layout {
 }
 
 enum Shape {
-    /// The PTM1 body in the datagram.
-    Inline(Bytes),
+    /// The PTM1 body in the datagram, as the slices of its encoding (written straight into
+    /// the queue with the record).
+    Inline(Vec<Bytes>),
     /// Part by part.
     Parts {
         version: u32,
@@ -142,12 +143,11 @@ pub(super) fn layout(
             .any(|b| !b.is_empty() && locate(b).is_some())
     };
     if wire_len <= inline_up_to.min(room.saturating_sub(8)) && !returns() {
-        let mut body = Vec::with_capacity(wire_len);
-        for slice in encoded.slices() {
-            body.extend_from_slice(slice);
-        }
+        let (head, parts) = encoded.into_parts();
+        let mut slices = parts;
+        slices.insert(0, head);
         return Ok(Layout {
-            shape: Shape::Inline(Bytes::from(body)),
+            shape: Shape::Inline(slices),
             copy: 0,
         });
     }
@@ -303,9 +303,9 @@ impl Layout {
             (lease, slot)
         });
         packed.body = match self.shape {
-            Shape::Inline(bytes) => {
+            Shape::Inline(slices) => {
                 packed.copied = message.total_bytes();
-                Body::Inline(bytes)
+                Body::InlineSlices(slices)
             }
             Shape::Packed => {
                 let (lease, slot) = fresh.as_ref().ok_or_else(no_slot)?;

@@ -130,6 +130,11 @@ fn message(
         Body::Inline(bytes) => {
             tensorwire_proto::ptm1::decode(bytes.clone(), limits).map_err(|e| e.to_string())
         }
+        // A sender's form, never decoded from a record: joined, it is an inline body.
+        Body::InlineSlices(slices) => {
+            tensorwire_proto::ptm1::decode(Bytes::from(slices.concat()), limits)
+                .map_err(|e| e.to_string())
+        }
         Body::Packed(shared) => {
             let whole = owners.view(from.mapped, held, shared)?;
             tensorwire_proto::ptm1::decode(whole, limits).map_err(|e| e.to_string())

@@ -29,7 +29,7 @@ pub(super) enum Check {
 impl ShmConnection {
     pub(super) fn check_body(&self, body: &Body) -> Check {
         match body {
-            Body::Inline(_) => Check::Fine,
+            Body::Inline(_) | Body::InlineSlices(_) => Check::Fine,
             Body::Packed(shared) => self.check_shared(shared),
             Body::Parts {
                 metadata, buffers, ..

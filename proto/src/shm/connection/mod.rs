@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use crate::limits::Limits;
 use crate::shm::requests::Outstanding;
-use crate::shm::wire::{Body, Control, MAX_DATAGRAM, WireReply, encode};
+use crate::shm::wire::{Body, Control, MAX_DATAGRAM, Record, WireReply, encode};
 use crate::transport::RequestKind;
 use outbox::Outbox;
 use unread::Unread;
@@ -267,7 +267,7 @@ impl ShmConnection {
             return Err(SendError::PeerNotReading(self.outbox.bytes()));
         }
         let id = self.next_id;
-        let record = encode(&Control::Request {
+        let record = Record::new(Control::Request {
             id,
             kind,
             path,
@@ -302,14 +302,14 @@ impl ShmConnection {
         if self.closed.is_some() || self.serving.remove(&id).is_none() {
             return false;
         }
-        let (record, lent) = match encode(&Control::Reply { id, reply }) {
+        let (record, lent) = match Record::new(Control::Reply { id, reply }) {
             Ok(record) => (record, lent),
             Err(e) => {
                 let text = format!(
                     "the reply's control message of {} bytes is larger than {MAX_DATAGRAM}",
                     e.len
                 );
-                match encode(&Control::Reply {
+                match Record::new(Control::Reply {
                     id,
                     reply: WireReply::Error(text),
                 }) {
@@ -334,7 +334,7 @@ impl ShmConnection {
             return;
         }
         for chunk in leases.chunks((MAX_DATAGRAM - 64) / 8) {
-            if let Ok(record) = encode(&Control::Release {
+            if let Ok(record) = Record::new(Control::Release {
                 leases: chunk.to_vec(),
             }) {
                 self.outbox.push(Transmit::Record(record), 0);
@@ -346,7 +346,7 @@ impl ShmConnection {
     pub fn retire(&mut self, segment: u64) {
         if self.closed.is_none()
             && self.announced.remove(&segment)
-            && let Ok(record) = encode(&Control::Retire { segment })
+            && let Ok(record) = Record::new(Control::Retire { segment })
         {
             self.outbox.push(Transmit::Record(record), 0);
         }

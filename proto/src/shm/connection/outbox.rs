@@ -4,11 +4,13 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
+use crate::shm::wire::Record;
+
 /// One thing to send.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Transmit {
-    /// A control message for this side's queue.
-    Record(Vec<u8>),
+    /// A control message for this side's queue, written straight into it.
+    Record(Record),
     /// A `Map` datagram for the socket, with the read-only descriptor of our segment
     /// `segment` beside it. Records after it wait until it is sent, so the peer always has
     /// the segment before a message names it.
@@ -21,11 +23,25 @@ pub enum Transmit {
 }
 
 impl Transmit {
-    /// The message's bytes.
-    pub fn bytes(&self) -> &[u8] {
+    /// The message's length in bytes.
+    pub fn len(&self) -> usize {
         match self {
-            Self::Record(bytes) => bytes,
-            Self::Map { datagram, .. } => datagram,
+            Self::Record(record) => record.len(),
+            Self::Map { datagram, .. } => datagram.len(),
+        }
+    }
+
+    /// Never: every message has a magic and a tag.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The message's bytes, in a vector of their own (a record is otherwise written straight
+    /// into the queue: [`Record::write_to`]).
+    pub fn to_vec(&self) -> Vec<u8> {
+        match self {
+            Self::Record(record) => record.to_vec(),
+            Self::Map { datagram, .. } => datagram.clone(),
         }
     }
 }
@@ -41,7 +57,7 @@ pub(super) struct Outbox {
 
 impl Outbox {
     pub(super) fn push(&mut self, transmit: Transmit, lent: u64) {
-        self.bytes += transmit.bytes().len() as u64;
+        self.bytes += transmit.len() as u64;
         self.lent += lent;
         self.queue.push_back((transmit, lent));
     }
@@ -56,7 +72,7 @@ impl Outbox {
         let Some((sent, lent)) = self.queue.pop_front() else {
             return 0;
         };
-        self.bytes -= sent.bytes().len() as u64;
+        self.bytes -= sent.len() as u64;
         self.lent -= lent;
         lent
     }

@@ -51,7 +51,7 @@ impl ShmConnection {
             // At the descriptor limit (or sent without one): the segment never arrived. The
             // peer announces it again when it next uses it; what names it now fails cleanly.
             self.lost.insert(segment);
-            if let Ok(record) = crate::shm::wire::encode(&Control::Unmapped { segment }) {
+            if let Ok(record) = crate::shm::wire::Record::new(Control::Unmapped { segment }) {
                 self.outbox.push(Transmit::Record(record), 0);
             }
             return;

@@ -102,28 +102,33 @@ impl Conn {
         let mut pushed = false;
         while let Some(transmit) = st.session.poll_transmit() {
             match transmit {
-                Transmit::Record(record) => match st.queue.push(&self.peer_queue, record) {
-                    Ok(Ok(())) => {
-                        st.session.handle_queued(st.queue.head());
-                        pushed = true;
-                    }
-                    Ok(Err(Full)) => {
-                        let len = record.len();
-                        if pushed && st.queue.publish(&self.peer_queue) {
-                            after.ring_peer = true;
+                Transmit::Record(record) => {
+                    match st
+                        .queue
+                        .push_with(&self.peer_queue, record.len(), |out| record.write_to(out))
+                    {
+                        Ok(Ok(())) => {
+                            st.session.handle_queued(st.queue.head());
+                            pushed = true;
                         }
-                        if st.queue.blocked(&self.peer_queue, len) {
-                            // Room came meanwhile; the word is set, so clear it like any
-                            // other block once everything is out.
+                        Ok(Err(Full)) => {
+                            let len = record.len();
+                            if pushed && st.queue.publish(&self.peer_queue) {
+                                after.ring_peer = true;
+                            }
+                            if st.queue.blocked(&self.peer_queue, len) {
+                                // Room came meanwhile; the word is set, so clear it like any
+                                // other block once everything is out.
+                                st.blocked = true;
+                                continue;
+                            }
                             st.blocked = true;
-                            continue;
+                            st.session.handle_blocked(Instant::now());
+                            break;
                         }
-                        st.blocked = true;
-                        st.session.handle_blocked(Instant::now());
-                        break;
+                        Err(e) => st.session.close(CloseReason::Queue(e)),
                     }
-                    Err(e) => st.session.close(CloseReason::Queue(e)),
-                },
+                }
                 Transmit::Map { datagram, segment } => {
                     let Some(fd) = st.attach.get(segment).map(|s| s.read_only_fd().as_raw_fd())
                     else {
@@ -156,7 +161,9 @@ impl Conn {
             // No `Map` waits to be sent: the segments kept for one are not needed. (A send
             // over a segment the peer has mapped already announces nothing, so its entry
             // would otherwise keep the segment, retired or not, for the connection's life.)
-            st.attach.clear();
+            if !st.attach.is_empty() {
+                st.attach.clear();
+            }
             if st.blocked {
                 st.blocked = false;
                 if !st.awaits_reading {

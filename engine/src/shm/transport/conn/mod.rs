@@ -66,6 +66,9 @@ pub(super) struct Conn {
     backlog: Mutex<Vec<Delivered>>,
     /// Callers reading this connection's queue themselves now (the driver leaves it alone).
     callers: AtomicUsize,
+    /// How far the last pump read the peer's ring: what a look without the lock compares the
+    /// peer's published head with ([`Conn::input_published`]).
+    read_to: AtomicU64,
     closed: AtomicBool,
     /// A descriptor of the peer process (its exit is how held memory comes back).
     pidfd: Mutex<Option<OwnedFd>>,
@@ -145,6 +148,7 @@ impl Conn {
             releases: Arc::new(Releases::new(Arc::clone(&t.wake))),
             backlog: Mutex::new(Vec::new()),
             callers: AtomicUsize::new(0),
+            read_to: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             pidfd: Mutex::new(pidfd),
         }
@@ -206,11 +210,20 @@ impl Conn {
         if st.queue.commit(&self.peer_queue) {
             after.ring_peer = true;
         }
+        self.read_to.store(st.queue.tail(), Ordering::Release);
         self.settle(t, &mut st, &mut after);
         drop(st);
         let mut deliver = std::mem::take(&mut *lock(&self.backlog));
         deliver.extend(self.finish(t, after));
         (read, deliver)
+    }
+
+    /// Without the lock, cheap enough for every look of a spin: whether the peer published
+    /// records past what the last pump read, or releases wait to be sent. `false` does not
+    /// mean there is nothing to do (a send may wait for room): a spinning thread still makes a
+    /// full look ([`Conn::has_work`] or a pump) now and then.
+    pub(super) fn input_published(&self) -> bool {
+        self.releases.any() || self.peer_queue.published() != self.read_to.load(Ordering::Acquire)
     }
 
     /// Whether releases wait, the peer queued something to read (not while reading is paused

@@ -101,9 +101,9 @@ impl Pair {
                 break;
             }
             match transmit {
-                Transmit::Record(bytes) => {
-                    wire.head += record_size(bytes.len());
-                    wire.queue.push_back(bytes.clone());
+                Transmit::Record(record) => {
+                    wire.head += record_size(record.len());
+                    wire.queue.push_back(record.to_vec());
                     side.conn.handle_queued(wire.head);
                 }
                 Transmit::Map { datagram, .. } => {
