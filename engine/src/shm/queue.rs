@@ -30,6 +30,10 @@ pub(crate) struct OwnQueue {
     head: u64,
     /// Bytes of the peer's ring consumed (published with `commit`).
     tail: u64,
+    /// The peer's tail in this side's ring as last read (checked then; it only grows): room
+    /// reckoned from it is never more than there is, so the peer's word — a line the peer
+    /// wrote, read across the CPUs — is read again only when that room is too small.
+    peer_tail: u64,
 }
 
 /// Sets a flag word of ours to 0 unless it is 0 already.
@@ -67,6 +71,7 @@ impl OwnQueue {
             ring,
             head: 0,
             tail: 0,
+            peer_tail: 0,
         };
         // SAFETY: the header lies within the mapping (the file is QUEUE_HEADER + ring bytes)
         // and this side is its only writer; nothing reads it until the peer gets the file.
@@ -123,13 +128,13 @@ impl OwnQueue {
                 len: u32::try_from(len).unwrap_or(u32::MAX),
             });
         };
-        let free = room(
-            self.head,
-            peer.word(TAIL_AT).load(Ordering::Acquire),
-            self.ring,
-        )?;
-        if placement.taken(self.head) > free {
-            return Ok(Err(Full));
+        let need = placement.taken(self.head);
+        if need > room(self.head, self.peer_tail, self.ring)? {
+            let tail = peer.word(TAIL_AT).load(Ordering::Acquire);
+            if need > room(self.head, tail, self.ring)? {
+                return Ok(Err(Full));
+            }
+            self.peer_tail = tail;
         }
         let ring = self.ring_ptr();
         let len32 = u32::try_from(len).unwrap_or(u32::MAX);

@@ -19,6 +19,7 @@ use tensorwire_proto::shm::{CloseReason, Credentials, Greeting as Admission, Rol
 use tensorwire_proto::stats;
 
 use super::Transport;
+use super::caller::FULL_LOOK_EVERY;
 use super::conn::Conn;
 use super::greeting::{Greeting, greet};
 use super::inbound;
@@ -66,6 +67,8 @@ struct Driver {
     orphans_version: Option<u64>,
     /// Looks at the connections so far (one in `FULL_LOOK_EVERY` takes each one's lock).
     looks: u32,
+    /// The next look is a full one (the first, and the first after a sleep).
+    full_next: bool,
     events: Vec<libc::epoll_event>,
 }
 
@@ -83,9 +86,15 @@ pub(super) fn run(t: &Arc<Transport>, listener: &OwnedFd) {
     let now = Instant::now();
     let (mut next_tick, mut next_poll, mut next_timers) = (now + TICK, now, now);
     while !t.is_stopping() {
-        d.join_new(t);
-        d.sync_orphans(t);
-        let mut work = d.pump_all(t);
+        // Most looks only look for input; one in `FULL_LOOK_EVERY`, and the first after a
+        // sleep, also takes new connections and every connection's lock.
+        d.looks = d.looks.wrapping_add(1);
+        let full = std::mem::take(&mut d.full_next) || d.looks % FULL_LOOK_EVERY == 0;
+        if full {
+            d.join_new(t);
+            d.sync_orphans(t);
+        }
+        let mut work = d.pump_all(t, full);
         let now = Instant::now();
         if now >= next_poll {
             work += d.poll(t, Duration::ZERO);
@@ -118,6 +127,7 @@ pub(super) fn run(t: &Arc<Transport>, listener: &OwnedFd) {
             continue;
         }
         d.sleep(t, next_tick);
+        d.full_next = true;
         spin.worked(Instant::now());
         next_poll = Instant::now();
     }
@@ -153,6 +163,7 @@ impl Driver {
             orphans: HashMap::new(),
             orphans_version: None,
             looks: 0,
+            full_next: true,
             // SAFETY: epoll_event is plain old data; all-zero is a valid value.
             events: vec![unsafe { std::mem::zeroed::<libc::epoll_event>() }; MAX_EVENTS],
         })
@@ -160,11 +171,9 @@ impl Driver {
 
     /// Reads and flushes every connection that has something, except those a caller reads:
     /// how many messages were read.
-    fn pump_all(&mut self, t: &Arc<Transport>) -> usize {
+    fn pump_all(&mut self, t: &Arc<Transport>, full: bool) -> usize {
         let mut read = 0;
         let mut closed = Vec::new();
-        self.looks = self.looks.wrapping_add(1);
-        let full = self.looks % super::caller::FULL_LOOK_EVERY == 0;
         for conn in self.conns.values() {
             // The lock is taken to look only when input came, or now and then.
             if !conn.has_callers() && (full || conn.input_published()) && conn.has_work() {
@@ -519,7 +528,7 @@ impl Driver {
     /// finishes what is in flight before this (`ShmTransport::drain` / `drained`).
     fn stop(&mut self, t: &Arc<Transport>) {
         self.stop_accepting(t);
-        self.pump_all(t);
+        self.pump_all(t, true);
         let ids: Vec<u64> = self.conns.keys().copied().collect();
         for id in ids {
             self.remove(t, id);

@@ -28,6 +28,11 @@ impl ShmConnection {
                     .into(),
             ));
         }
+        if self.parked.is_empty() {
+            // Nothing waits before it: handled now, parked only if it must wait.
+            self.run_one(control);
+            return;
+        }
         self.parked.push_back(control);
         self.run_parked();
     }
@@ -126,19 +131,32 @@ impl ShmConnection {
             if self.closed.is_some() {
                 return;
             }
-            match self.handle(control) {
-                Ok(()) => self.drained = false,
-                Err(waiting) => {
-                    let (control, segment) = *waiting;
-                    if self.drained {
-                        return self.close(CloseReason::Protocol(format!(
-                            "a message names segment {segment}, which was never announced"
-                        )));
-                    }
-                    self.parked.push_front(control);
-                    self.events.push_back(ConnEvent::DrainSocket);
-                    return;
+            if !self.run_one(control) {
+                return; // it went back to the front, waiting for the socket
+            }
+        }
+    }
+
+    /// Handles the first message in order; one that names a segment not announced yet goes
+    /// back to the front of the parked ones, and the socket is drained for it (once: after a
+    /// drain it is a protocol error). Whether the next may go on.
+    fn run_one(&mut self, control: Control) -> bool {
+        match self.handle(control) {
+            Ok(()) => {
+                self.drained = false;
+                true
+            }
+            Err(waiting) => {
+                let (control, segment) = *waiting;
+                if self.drained {
+                    self.close(CloseReason::Protocol(format!(
+                        "a message names segment {segment}, which was never announced"
+                    )));
+                    return false;
                 }
+                self.parked.push_front(control);
+                self.events.push_back(ConnEvent::DrainSocket);
+                false
             }
         }
     }

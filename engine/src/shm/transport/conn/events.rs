@@ -47,6 +47,7 @@ impl Conn {
             }
             ConnEvent::Unmap { segment } => {
                 if let Some(mapped) = st.mapped.remove(&segment) {
+                    self.mapped_changed(st);
                     lock(&t.book).unmapped(self.peer.pid, mapped.map.len() as u64);
                 }
             }

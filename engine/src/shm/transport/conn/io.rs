@@ -88,6 +88,7 @@ impl Conn {
         match map {
             Ok(map) => {
                 st.mapped.insert(segment, Arc::new(Mapped { map }));
+                self.mapped_changed(st);
                 Ok(())
             }
             Err(reason) => {

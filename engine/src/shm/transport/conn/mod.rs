@@ -64,6 +64,11 @@ pub(super) struct Conn {
     releases: Arc<Releases>,
     /// Requests unpacked while sending (the next reader delivers them).
     backlog: Mutex<Vec<Delivered>>,
+    /// Whether `backlog` may hold any (a pump looks without its lock).
+    backlogged: AtomicBool,
+    /// Whether any of the peer's segments is mapped here (the look for bytes of the peer's
+    /// own memory in a reply needs no lock when none is).
+    any_mapped: AtomicBool,
     /// Callers reading this connection's queue themselves now (the driver leaves it alone).
     callers: AtomicUsize,
     /// How far the last pump read the peer's ring: what a look without the lock compares the
@@ -147,6 +152,8 @@ impl Conn {
             }),
             releases: Arc::new(Releases::new(Arc::clone(&t.wake))),
             backlog: Mutex::new(Vec::new()),
+            backlogged: AtomicBool::new(false),
+            any_mapped: AtomicBool::new(false),
             callers: AtomicUsize::new(0),
             read_to: AtomicU64::new(0),
             closed: AtomicBool::new(false),
@@ -171,6 +178,7 @@ impl Conn {
         let deliver = self.finish(t, after);
         if !deliver.is_empty() {
             lock(&self.backlog).extend(deliver);
+            self.backlogged.store(true, Ordering::Release);
         }
         result
     }
@@ -213,7 +221,11 @@ impl Conn {
         self.read_to.store(st.queue.tail(), Ordering::Release);
         self.settle(t, &mut st, &mut after);
         drop(st);
-        let mut deliver = std::mem::take(&mut *lock(&self.backlog));
+        let mut deliver = if self.backlogged.swap(false, Ordering::AcqRel) {
+            std::mem::take(&mut *lock(&self.backlog))
+        } else {
+            Vec::new()
+        };
         deliver.extend(self.finish(t, after));
         (read, deliver)
     }
@@ -416,6 +428,9 @@ impl Conn {
     /// Where `bytes` lie in one of the peer's segments mapped here, if they do: such bytes
     /// (a view of a message the peer sent) go back to it by reference.
     pub(super) fn locate(&self, bytes: &[u8]) -> Option<Located> {
+        if !self.any_mapped.load(Ordering::Acquire) {
+            return None;
+        }
         lock(&self.state).mapped.iter().find_map(|(&id, mapped)| {
             let base = mapped.map.as_slice().as_ptr() as usize;
             let mapping = base..base + mapped.map.len();
@@ -430,11 +445,16 @@ impl Conn {
 
     /// Every mapping of the peer's segments, removed (on close: views keep their own).
     pub(super) fn unmap_all(&self) -> Vec<u64> {
-        lock(&self.state)
-            .mapped
-            .drain()
-            .map(|(_, m)| m.map.len() as u64)
-            .collect()
+        let mut st = lock(&self.state);
+        let lens = st.mapped.drain().map(|(_, m)| m.map.len() as u64).collect();
+        self.any_mapped.store(false, Ordering::Release);
+        lens
+    }
+
+    /// The peer's segments mapped here changed: whether any is, for [`Conn::locate`].
+    pub(super) fn mapped_changed(&self, st: &State) {
+        self.any_mapped
+            .store(!st.mapped.is_empty(), Ordering::Release);
     }
 
     fn take_releases(&self, st: &mut State) {
