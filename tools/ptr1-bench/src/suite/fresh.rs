@@ -63,8 +63,9 @@ pub(crate) fn measure_matrix(
                 let failed = || format!("{} over {} (fresh) failed", case.label(), column.name());
                 let mut lanes = Lanes::single(exe, options, column).with_context(failed)?;
                 let lane = lanes.lanes.first_mut().context("no lane")?;
+                let cpu_pair_us = crate::suite::cpu_pair::probe();
                 let (sample, cpu) = lane.measure(&run, &message).with_context(failed)?;
-                samples[c][l].push(Measurement::new(&sample, cpu));
+                samples[c][l].push(Measurement::new(&sample, cpu).probed(cpu_pair_us));
             }
             progress.step(&format!(
                 "fresh rep {}/{}: {}",

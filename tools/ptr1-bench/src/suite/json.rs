@@ -195,6 +195,7 @@ fn sample(m: &Measurement) -> Value {
         "latency_max_us": number(m.max_us),
         "cpu_s_per_gb": number(m.cpu_s_per_gb),
         "cpu_s": number(m.cpu_s),
+        "cpu_pair_us": number(m.cpu_pair_us),
         "ops": m.ops,
         "seconds": m.seconds,
         "verified": m.verified,

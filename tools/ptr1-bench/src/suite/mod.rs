@@ -11,6 +11,7 @@
 
 mod cases;
 mod columns;
+mod cpu_pair;
 mod drift;
 mod fresh;
 mod json;
@@ -53,6 +54,8 @@ pub(crate) struct Measurement {
     pub(crate) ops: u64,
     pub(crate) seconds: f64,
     pub(crate) verified: bool,
+    /// The host's CPU pair right before the cell ([`cpu_pair::probe`], µs; NaN: not probed).
+    pub(crate) cpu_pair_us: f64,
 }
 
 /// Resident bytes of each fixture process, by transport.
@@ -285,10 +288,11 @@ fn measure_matrix(
             for k in 0..n {
                 let l = (k + rep + c) % n;
                 let lane = &mut lanes.lanes[l];
+                let cpu_pair_us = cpu_pair::probe();
                 let (sample, cpu) = lane.measure(&run, &message).with_context(|| {
                     format!("{} over {} failed", case.label(), lane.column.name())
                 })?;
-                samples[c][l].push(Measurement::new(&sample, cpu));
+                samples[c][l].push(Measurement::new(&sample, cpu).probed(cpu_pair_us));
             }
             progress.step(&format!("rep {}/{}: {}", rep + 1, plan.reps, case.label()));
         }
@@ -397,6 +401,17 @@ impl Measurement {
             ops: sample.ops,
             seconds: sample.elapsed.as_secs_f64(),
             verified: sample.verified,
+            cpu_pair_us: f64::NAN,
+        }
+    }
+}
+
+impl Measurement {
+    /// The same, with the host's CPU pair as probed right before it.
+    pub(crate) fn probed(self, cpu_pair_us: f64) -> Self {
+        Self {
+            cpu_pair_us,
+            ..self
         }
     }
 }

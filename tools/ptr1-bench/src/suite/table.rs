@@ -4,6 +4,7 @@
 use crate::Mode;
 use crate::report::say;
 use crate::suite::columns::Column;
+use crate::suite::cpu_pair::{self, SLOW_FACTOR};
 use crate::suite::drift::{self, FLAG_FACTOR};
 use crate::suite::verdict::{Transfer, Verdict, language_name};
 use crate::suite::{Case, Pass, Results, human};
@@ -39,6 +40,7 @@ pub(crate) fn print(r: &Results) {
             drift::load_note(pass)
         );
         main_table(r, pass);
+        placement(pass);
         verdict_table(r, pass);
         cpu_table(r, pass);
         peers_table(r, pass);
@@ -83,6 +85,7 @@ fn main_table(r: &Results, pass: &Pass) {
     );
     say!("|---|{}---:|---:|---:|---:|", "---:|".repeat(names.len()));
     let iperf3 = r.references.iperf3_median();
+    let usual = cpu_pair::usual(all_samples(pass).map(|m| m.cpu_pair_us));
     for (c, case) in cases.iter().enumerate() {
         let values: Vec<f64> = (0..pass.columns.len())
             .map(|l| pass.median(cases, c, l))
@@ -108,17 +111,77 @@ fn main_table(r: &Results, pass: &Pass) {
                 cell(case, values[l], column.transfer(case), cpu)
             })
             .collect();
+        let mixed = placements_mixed(
+            pass,
+            c,
+            [Column::Engine, Column::Tokio, Column::Seed, Column::Std],
+            usual,
+        );
         say!(
-            "| {} ({}) | {} | {} | {} | {} | {} |",
+            "| {} ({}) | {} | {}{} | {} | {} | {} |",
             case.label(),
             case.unit(),
             cells.join(" | "),
             ratio(case.better(engine, baseline)),
+            if mixed { " †" } else { "" },
             ratio(case.better(of(Column::EngineStriped), engine)),
             ratio(vs_iperf),
             ratio(vs_memcpy),
         );
     }
+}
+
+/// The host's CPU pair during the pass, as probed before every cell, and how many cells ran on
+/// a slow placement (their ratios are marked † in the table above).
+fn placement(pass: &Pass) {
+    let mut probes: Vec<f64> = all_samples(pass)
+        .map(|m| m.cpu_pair_us)
+        .filter(|p| p.is_finite())
+        .collect();
+    if probes.is_empty() {
+        return;
+    }
+    probes.sort_by(f64::total_cmp);
+    let usual = cpu_pair::usual(probes.iter().copied());
+    let slow = probes
+        .iter()
+        .filter(|&&p| cpu_pair::is_slow(p, usual))
+        .count();
+    say!(
+        "\nthe host's CPU pair (a 4 KiB round trip between two threads through memory, probed \
+         before every cell): fastest {:.2} µs, lower quartile {usual:.2}, median {:.2}, slowest \
+         {:.2}; {slow} of {} cells ran on a slow placement (> {SLOW_FACTOR}× the lower \
+         quartile: the hypervisor had moved the vCPUs apart, and every same-host and loopback \
+         figure slows with it). † = the repetitions of io_uring and of the baselines in that case \
+         did not all run on the same placement: that ratio compares the host as much as the \
+         drivers (per-cell probes in results.json, `cpu_pair_us`).",
+        probes[0],
+        probes[probes.len() / 2],
+        probes[probes.len() - 1],
+        probes.len()
+    );
+}
+
+/// Every measurement of the pass's columns.
+fn all_samples(pass: &Pass) -> impl Iterator<Item = &crate::suite::Measurement> {
+    pass.samples.iter().flatten().flatten()
+}
+
+/// Whether case `c`'s repetitions on `columns` ran some on a slow placement and some not.
+fn placements_mixed<const N: usize>(
+    pass: &Pass,
+    c: usize,
+    columns: [Column; N],
+    usual: f64,
+) -> bool {
+    let modes: Vec<bool> = columns
+        .iter()
+        .filter_map(|&column| pass.index(column))
+        .flat_map(|l| &pass.samples[c][l])
+        .filter(|m| m.cpu_pair_us.is_finite())
+        .map(|m| cpu_pair::is_slow(m.cpu_pair_us, usual))
+        .collect();
+    modes.contains(&true) && modes.contains(&false)
 }
 
 /// The verdict of every case: per kind of transfer and language, the best of tensorwire ÷ the
