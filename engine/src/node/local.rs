@@ -6,6 +6,7 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use tensorwire_proto::TensorMessage;
+use tensorwire_proto::fast_hash::FastHash;
 use tensorwire_proto::route::Route;
 use tensorwire_proto::transport::{
     ActorPath, Deadline, Delivery, Error, InboundRequest, Reply, RequestKind,
@@ -17,13 +18,14 @@ use crate::node::NodeInner;
 use crate::pending::{Completer, Pending, pair, schedule_timer};
 use crate::sync::{lock, read, write};
 
-/// Read on every send (to route it), written only when a node starts or stops. A child made
-/// by `fork()` starts with none: its parent's nodes are not in this process.
-struct LocalNodes(RwLock<HashMap<SocketAddr, Weak<NodeInner>>>);
+/// This process's nodes by address: read on every send (to route it), written only when a
+/// node starts or stops (only this process inserts: the fast hash serves). A child made by
+/// `fork()` starts with none: its parent's nodes are not in this process.
+struct LocalNodes(RwLock<HashMap<SocketAddr, Weak<NodeInner>, FastHash>>);
 
 fn local_nodes() -> &'static LocalNodes {
     static NODES: PerProcess<LocalNodes> = PerProcess::new();
-    NODES.get_or_init(|| LocalNodes(RwLock::new(HashMap::new())))
+    NODES.get_or_init(|| LocalNodes(RwLock::new(HashMap::default())))
 }
 
 pub(crate) fn register(addr: SocketAddr, node: Weak<NodeInner>) {

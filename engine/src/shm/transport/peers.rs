@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tensorwire_proto::fast_hash::FastHash;
 use tensorwire_proto::transport::OutboundRequest;
 
 use super::Transport;
@@ -30,10 +31,11 @@ pub(crate) enum Reach {
     NotLocal(String),
 }
 
-/// The peers, by the address they were reached at.
+/// The peers, by the address they were reached at (addresses this node's users send to: a
+/// peer never picks a key, so the fast hash serves; every send looks here).
 #[derive(Default)]
 pub(super) struct Peers {
-    by_addr: Mutex<HashMap<SocketAddr, Peer>>,
+    by_addr: Mutex<HashMap<SocketAddr, Peer, FastHash>>,
     probes: AtomicUsize,
 }
 
@@ -50,12 +52,11 @@ enum Peer {
 
 /// Whether `peer` is reached over shared memory; starts a probe for an unknown one.
 pub(super) fn reach(t: &Arc<Transport>, peer: SocketAddr) -> Reach {
-    let now = Instant::now();
     let mut peers = lock(&t.peers.by_addr);
     match peers.get(&peer) {
         Some(Peer::Local(conn)) if !conn.is_closed() => return Reach::Local,
         Some(Peer::Probing(_)) => return Reach::Probing,
-        Some(Peer::NotLocal { why, until }) if *until > now => {
+        Some(Peer::NotLocal { why, until }) if *until > Instant::now() => {
             return Reach::NotLocal(why.clone());
         }
         _ => {}
