@@ -92,7 +92,8 @@ impl Node {
             (Some(peer), Some(shm)) => {
                 // Reading the connection goes on while messages keep coming: a limit or an
                 // interrupt ends it too (the clock is read every 64 looks, and only for them).
-                let (looks, asked) = (Cell::new(0u32), Cell::new(Instant::now()));
+                // When `interrupt` was last asked: from the first look that reads the clock.
+                let (looks, asked) = (Cell::new(0u32), Cell::new(None::<Instant>));
                 let done = || {
                     if pending.spin(Duration::ZERO) {
                         return true;
@@ -109,8 +110,10 @@ impl Node {
                         return true;
                     }
                     if let Some(stop) = interrupt {
-                        if now.duration_since(asked.get()) >= INTERRUPT_SLICE {
-                            asked.set(now);
+                        let since = asked.get().unwrap_or(now);
+                        asked.set(Some(since));
+                        if now.duration_since(since) >= INTERRUPT_SLICE {
+                            asked.set(Some(now));
                             stopped.set(stop());
                         }
                     }

@@ -24,7 +24,10 @@ pub(super) fn wait_here(t: &Arc<Transport>, conn: &Arc<Conn>, done: &dyn Fn() ->
     }
     conn.caller_reads();
     let mut spin = Spin::new(window);
-    spin.worked(Instant::now());
+    // The clock as of the last look: work found is dated by it (at most one look old), so
+    // the reply that ends the wait costs no clock read of its own.
+    let mut now = Instant::now();
+    spin.worked(now);
     let mut looks = 0u32;
     while !done() && !conn.is_closed() {
         looks = looks.wrapping_add(1);
@@ -39,10 +42,11 @@ pub(super) fn wait_here(t: &Arc<Transport>, conn: &Arc<Conn>, done: &dyn Fn() ->
             0
         };
         if read > 0 {
-            record(spin.worked(Instant::now()));
+            record(spin.worked(now));
             continue;
         }
-        let (again, spent) = spin.idle(Instant::now());
+        now = Instant::now();
+        let (again, spent) = spin.idle(now);
         if !again {
             record(spent);
             break;
