@@ -246,6 +246,11 @@ impl OwnQueue {
         self.has_input(peer)
     }
 
+    /// Whether the peer was told to ring this side (its consumer may sleep).
+    pub(crate) fn may_ring(&self) -> bool {
+        self.word32(SLEEPING_AT).load(Ordering::Relaxed) != 0
+    }
+
     /// This side's consumer is awake again (the peer stops ringing it). Written only when it
     /// changes: a store of the same value would still take the line from the peer, whose
     /// next publish then reads it across the CPUs.

@@ -53,7 +53,7 @@ pub(super) fn wait_here(t: &Arc<Transport>, conn: &Arc<Conn>, done: &dyn Fn() ->
         }
         spin.pause();
     }
-    if conn.caller_done(|| t.wake.is_asleep()) {
+    if conn.caller_done(|| t.wake.is_asleep(), |pid| t.lending.book().holds(pid)) {
         t.wake.signal();
     }
 }

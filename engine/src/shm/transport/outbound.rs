@@ -150,9 +150,12 @@ fn transmit(
         completion.on_cancel(Box::new(move || cancel.fire(&conn, &t)));
     }
     let now = Instant::now();
+    let mut wake_driver = false;
     let sent = conn.with(t, |st| {
         if reading {
             Conn::reading(st);
+        } else {
+            wake_driver = conn.ring_for_driver(st, t.wake.is_asleep());
         }
         let id = st.session.send_request(
             now,
@@ -178,6 +181,9 @@ fn transmit(
             Err(e) => Err((e, completion)),
         }
     });
+    if wake_driver {
+        t.wake.signal();
+    }
     match sent {
         Ok(()) => {
             stats::global().record_shm_sent(message.total_bytes(), packed.copied, packed.zero_copy);

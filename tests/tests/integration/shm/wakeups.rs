@@ -41,6 +41,48 @@ fn a_spinning_client_and_a_sleeping_server_answer_every_blocking_ask_at_once() {
     );
 }
 
+#[test]
+fn an_ask_the_driver_reads_after_blocking_asks_that_left_the_peer_untold_is_rung_for() {
+    // A caller that read its own reply leaves the peer untold to ring when nothing more is
+    // waited for (`Conn::caller_done`); an ask whose reply the sleeping driver must read then
+    // has to tell the peer again, or its answer waits for the periodic look.
+    let _serial = serial();
+    let server = sleeper()
+        .shm_spin(Duration::from_micros(100))
+        .build()
+        .unwrap();
+    server
+        .serve("echo", 1, |r| Ok(Reply::Tensor(r.message)))
+        .unwrap();
+    let client = sleeper()
+        .shm_spin(Duration::from_micros(100))
+        .build()
+        .unwrap();
+    let to = client
+        .destination(server.local_addr(), "echo", Via::Preferred)
+        .unwrap();
+    let mut slowest = Duration::ZERO;
+    for round in 0..10u32 {
+        let message = patterned(round, 1, 4096);
+        let (reply, route) = client
+            .ask_blocking_to(&to, message.clone(), TIMEOUT, None)
+            .unwrap();
+        assert_eq!(route, Route::SharedMemory, "round {round}");
+        assert_eq!(tensor(reply), message, "round {round}");
+        // Past both spin windows: the client's driver sleeps, the connection untold.
+        std::thread::sleep(Duration::from_millis(5));
+        let started = Instant::now();
+        let reply = client.ask_to(&to, message.clone(), TIMEOUT).wait().unwrap();
+        slowest = slowest.max(started.elapsed());
+        assert_eq!(tensor(reply), message, "round {round}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        slowest < RUNG_WITHIN,
+        "an answer the driver reads waited {slowest:?}: the peer was not told to ring"
+    );
+}
+
 /// Twenty blocking asks from a `client` node to an echo on a `server` node, a pause between
 /// them so both sides go back to sleep: the longest one took.
 fn slowest_of_twenty_asks(server: NodeBuilder, client: NodeBuilder) -> Duration {

@@ -315,10 +315,39 @@ impl Conn {
 
     /// The caller stopped reading it. If the driver went to sleep meanwhile it left this
     /// connection to the caller: it is handed back (`true`: something arrived, wake the
-    /// driver).
-    pub(super) fn caller_done(&self, driver_asleep: impl FnOnce() -> bool) -> bool {
+    /// driver) — the peer is told to ring again, unless nothing it may still send is waited
+    /// for: no request of ours in flight on it, no lease of ours held by its process
+    /// (`holds`), nothing queued. The peer then is not told: a blocking ask after a blocking
+    /// ask leaves the flag alone, which spares both sides a line across the CPUs per round
+    /// trip (the peer reads the flag at every publish). What the peer may still send then (a
+    /// `Retire`) waits for the next look; a send whose reply the driver reads tells the peer
+    /// to ring first ([`Conn::ring_for_driver`]).
+    pub(super) fn caller_done(
+        &self,
+        driver_asleep: impl FnOnce() -> bool,
+        holds: impl FnOnce(u32) -> bool,
+    ) -> bool {
         self.callers.fetch_sub(1, Ordering::SeqCst);
-        driver_asleep() && lock(&self.state).queue.may_sleep(&self.peer_queue)
+        if !driver_asleep() {
+            return false;
+        }
+        let st = lock(&self.state);
+        let quiet = st.session.in_flight() == 0
+            && st.session.poll_transmit().is_none()
+            && !st.queue.has_input(&self.peer_queue)
+            && !holds(self.peer.pid);
+        !quiet && st.queue.may_sleep(&self.peer_queue)
+    }
+
+    /// A send whose reply the driver reads (not the sending thread): if the driver sleeps and
+    /// no caller reads this connection, the peer must ring for it — a caller that stopped
+    /// reading may have left the peer untold ([`Conn::caller_done`]). `true`: input arrived
+    /// meanwhile, wake the driver.
+    pub(super) fn ring_for_driver(&self, st: &State, driver_asleep: bool) -> bool {
+        driver_asleep
+            && !self.has_callers()
+            && !st.queue.may_ring()
+            && st.queue.may_sleep(&self.peer_queue)
     }
 
     /// Whether a caller reads this connection now.
