@@ -6,9 +6,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use tensorwire_proto::TensorMessage;
-use tensorwire_proto::shm::{Body, MAX_DATAGRAM, WireReply};
+use tensorwire_proto::shm::{MAX_DATAGRAM, WireReply};
 use tensorwire_proto::stats;
 use tensorwire_proto::transport::{
     Deadline, Delivery, InboundRequest, LocalPeer, Reply, RequestKind, Responder,
@@ -168,10 +167,7 @@ fn reply_tensor(
         Conn::attach(st, &packed.segments);
         st.session.send_reply(
             id,
-            WireReply::Tensor(std::mem::replace(
-                &mut packed.body,
-                Body::Inline(Bytes::new()),
-            )),
+            WireReply::Tensor(packed.take_body()),
             &segments,
             packed.lent,
         )

@@ -7,9 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use bytes::Bytes;
 use tensorwire_proto::TensorMessage;
-use tensorwire_proto::shm::{Body, SendError, ShmError};
+use tensorwire_proto::shm::{SendError, ShmError};
 use tensorwire_proto::stats;
 use tensorwire_proto::transport::{
     ActorPath, Completion, Deadline, Error, OutboundRequest, RequestKind,
@@ -161,7 +160,7 @@ fn transmit(
             now,
             kind,
             path.as_str().to_owned(),
-            std::mem::replace(&mut packed.body, Body::Inline(Bytes::new())),
+            packed.take_body(),
             &segments,
             deadline.at(),
         );

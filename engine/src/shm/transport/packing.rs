@@ -106,6 +106,13 @@ pub(super) struct Packed {
     pub(super) zero_copy: u64,
 }
 
+impl Packed {
+    /// The body, taken to go into the record (the rest stays for the send's bookkeeping).
+    pub(super) fn take_body(&mut self) -> Body {
+        std::mem::replace(&mut self.body, Body::Inline(Bytes::new()))
+    }
+}
+
 /// Decides how `message` travels to the peer, with a control message whose path takes
 /// `path_len` bytes and a whole body of at most `inline_up_to` bytes inside the record;
 /// `ours` finds bytes in this node's own frozen slots (named, not copied), `locate` bytes that

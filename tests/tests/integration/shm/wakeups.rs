@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use tensorwire_engine::{Node, NodeBuilder, Preference, Reply, Route, Via};
+use tensorwire_engine::{Destination, Node, NodeBuilder, Preference, Reply, Route, Via};
 use tensorwire_tests::*;
 
 /// The driver's periodic look (`TICK` in `engine/src/shm/transport/driver.rs`) is 500 ms: an
@@ -47,20 +47,8 @@ fn an_ask_the_driver_reads_after_blocking_asks_that_left_the_peer_untold_is_rung
     // waited for (`Conn::caller_done`); an ask whose reply the sleeping driver must read then
     // has to tell the peer again, or its answer waits for the periodic look.
     let _serial = serial();
-    let server = sleeper()
-        .shm_spin(Duration::from_micros(100))
-        .build()
-        .unwrap();
-    server
-        .serve("echo", 1, |r| Ok(Reply::Tensor(r.message)))
-        .unwrap();
-    let client = sleeper()
-        .shm_spin(Duration::from_micros(100))
-        .build()
-        .unwrap();
-    let to = client
-        .destination(server.local_addr(), "echo", Via::Preferred)
-        .unwrap();
+    let spinning = || sleeper().shm_spin(Duration::from_micros(100));
+    let (_server, client, to) = echo_pair(spinning(), spinning());
     let mut slowest = Duration::ZERO;
     for round in 0..10u32 {
         let message = patterned(round, 1, 4096);
@@ -86,14 +74,7 @@ fn an_ask_the_driver_reads_after_blocking_asks_that_left_the_peer_untold_is_rung
 /// Twenty blocking asks from a `client` node to an echo on a `server` node, a pause between
 /// them so both sides go back to sleep: the longest one took.
 fn slowest_of_twenty_asks(server: NodeBuilder, client: NodeBuilder) -> Duration {
-    let server = server.build().unwrap();
-    server
-        .serve("echo", 1, |r| Ok(Reply::Tensor(r.message)))
-        .unwrap();
-    let client = client.build().unwrap();
-    let to = client
-        .destination(server.local_addr(), "echo", Via::Preferred)
-        .unwrap();
+    let (_server, client, to) = echo_pair(server, client);
     let mut slowest = Duration::ZERO;
     for round in 0..20u32 {
         let message = patterned(round, 2, 4096);
@@ -107,4 +88,17 @@ fn slowest_of_twenty_asks(server: NodeBuilder, client: NodeBuilder) -> Duration 
         std::thread::sleep(Duration::from_millis(2));
     }
     slowest
+}
+
+/// A `server` node with an echo, a `client` node, and the echo as the client reaches it.
+fn echo_pair(server: NodeBuilder, client: NodeBuilder) -> (Node, Node, Destination) {
+    let server = server.build().unwrap();
+    server
+        .serve("echo", 1, |r| Ok(Reply::Tensor(r.message)))
+        .unwrap();
+    let client = client.build().unwrap();
+    let to = client
+        .destination(server.local_addr(), "echo", Via::Preferred)
+        .unwrap();
+    (server, client, to)
 }
