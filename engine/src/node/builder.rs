@@ -365,8 +365,11 @@ impl NodeBuilder {
     }
 
     /// What each same-host peer process may hold of this node: connections, connections
-    /// waiting for their hello, mapped segments and bytes (default: [`PeerBounds::fitted`] to
-    /// this process's descriptor limit and `vm.max_map_count`).
+    /// waiting for their hello, mapped segments and bytes, bytes of this node's slots not yet
+    /// released (default: [`PeerBounds::fitted`] to this process's descriptor limit and
+    /// `vm.max_map_count`, and half of [`NodeBuilder::shm_quota`] held per process). A copy for
+    /// a process that holds its bound waits for its releases as for credit, then goes as
+    /// [`NodeBuilder::shm_when_full`] says (a reply becomes an error reply).
     pub fn shm_bounds(mut self, bounds: PeerBounds) -> Self {
         self.shm_bounds = Some(bounds);
         self

@@ -1,7 +1,9 @@
 //! What each same-host peer *process* may hold of a node, and what all of them together may:
-//! connections, connections still waiting for their hello, and the peer segments mapped here
+//! connections, connections still waiting for their hello, the peer segments mapped here
 //! (each mapping is a kernel object counted against `vm.max_map_count`, and its bytes are
-//! address space a forged size could otherwise claim). A local process of the same user is
+//! address space a forged size could otherwise claim), and the bytes of this node's own
+//! slots lent to it and not yet released (held views keep a slot from being reused, so a
+//! process that never releases would otherwise take the node's whole quota). A local process of the same user is
 //! untrusted like a network peer: it gets nothing it did not pay for, and one such process
 //! cannot use up what the others need.
 //!
@@ -26,6 +28,10 @@ pub struct PeerBounds {
     pub mapped_bytes_per_process: u64,
     /// Peer segments mapped here at once, in all.
     pub segments: usize,
+    /// Bytes of this node's slots one peer process may hold (lent, not yet released) before
+    /// a further copy for it waits for its releases. `u64::MAX` by default; a node that is
+    /// not given its bounds sets half its shared-memory quota.
+    pub held_bytes_per_process: u64,
 }
 
 impl Default for PeerBounds {
@@ -38,6 +44,7 @@ impl Default for PeerBounds {
             segments_per_process: 1024,
             mapped_bytes_per_process: 256 << 30,
             segments: 16 << 10,
+            held_bytes_per_process: u64::MAX,
         }
     }
 }
@@ -58,6 +65,26 @@ impl PeerBounds {
             segments_per_process: base.segments_per_process.min(segments).max(16),
             ..base
         }
+    }
+
+    /// Whether process `pid`, which holds `held` bytes of this node's slots, may be lent a
+    /// slot of `len` bytes more. A process that holds nothing may always be lent one slot,
+    /// however large (a message larger than the bound still goes).
+    ///
+    /// # Errors
+    ///
+    /// [`OverBound::HeldOfProcess`] if that would pass
+    /// [`PeerBounds::held_bytes_per_process`].
+    pub fn may_hold(&self, pid: u32, held: u64, len: u64) -> Result<(), OverBound> {
+        if held == 0 || held.saturating_add(len) <= self.held_bytes_per_process {
+            return Ok(());
+        }
+        Err(OverBound::HeldOfProcess {
+            pid,
+            held,
+            len,
+            max: self.held_bytes_per_process,
+        })
     }
 }
 
@@ -115,6 +142,21 @@ pub enum OverBound {
     Segments {
         /// The bound.
         max: usize,
+    },
+    /// One process holds too much of this node's memory.
+    #[error(
+        "process {pid} holds {held} bytes of this node's shared memory it has not released; \
+         {len} more would pass its bound ({max} bytes)"
+    )]
+    HeldOfProcess {
+        /// The peer process.
+        pid: u32,
+        /// Bytes of this node's slots it holds.
+        held: u64,
+        /// The new slot's bytes.
+        len: u64,
+        /// The bound.
+        max: u64,
     },
 }
 
@@ -301,6 +343,7 @@ mod tests {
             segments_per_process: 2,
             mapped_bytes_per_process: 100,
             segments: 3,
+            held_bytes_per_process: 100,
         }
     }
 
@@ -378,5 +421,36 @@ mod tests {
         assert_eq!(fitted.segments, 16_382);
         let tiny = PeerBounds::fitted(8, 100);
         assert!(tiny.connections >= 4 && tiny.segments >= 64);
+    }
+
+    #[test]
+    fn a_process_is_lent_up_to_its_bound_on_held_bytes_and_told_what_it_holds() {
+        let bounds = PeerBounds {
+            held_bytes_per_process: 100,
+            ..PeerBounds::default()
+        };
+        assert_eq!(bounds.may_hold(7, 60, 40), Ok(()), "up to the bound");
+        assert_eq!(bounds.may_hold(7, 0, 1000), Ok(()), "one slot past it");
+        assert!(bounds.may_hold(7, 1, 100).is_err());
+        let over = bounds.may_hold(7, 61, 40).unwrap_err();
+        assert_eq!(
+            over,
+            OverBound::HeldOfProcess {
+                pid: 7,
+                held: 61,
+                len: 40,
+                max: 100
+            }
+        );
+        assert!(
+            over.to_string().contains("process 7 holds 61 bytes"),
+            "{over}"
+        );
+        assert_eq!(
+            bounds.may_hold(7, u64::MAX, 1).map_err(|_| ()),
+            Err(()),
+            "no overflow"
+        );
+        assert_eq!(PeerBounds::default().may_hold(7, u64::MAX - 1, 1), Ok(()));
     }
 }

@@ -138,6 +138,11 @@ impl<S: Lent> LeaseBook<S> {
         self.by_holder.contains_key(&holder)
     }
 
+    /// Bytes of the slots `holder` holds (a slot counted once per lease on it).
+    pub fn held_by(&self, holder: u32) -> u64 {
+        self.by_holder.get(&holder).map_or(0, |h| h.1)
+    }
+
     /// Leases outstanding, and the bytes of the slots they hold.
     pub fn active(&self) -> (usize, u64) {
         (
@@ -221,7 +226,9 @@ mod tests {
         let first = sut.lend(7, slot);
         let second = sut.lend(7, slot);
         let other = sut.lend(7, Slot(3, 0, 1 << 16));
+        assert_eq!(sut.held_by(7), 3 << 16, "a slot lent twice counts twice");
         assert_eq!(sut.release(7, first), Some(slot));
+        assert_eq!(sut.held_by(7), 2 << 16);
         assert_eq!(sut.returned(7, 3, (1 << 16) + 8, 8), Some((&slot, 8)));
         assert_eq!(sut.release(7, second), Some(slot));
         assert_eq!(sut.returned(7, 3, (1 << 16) + 8, 8), None, "both released");
@@ -259,5 +266,6 @@ mod tests {
         assert!(!sut.holds(7));
         assert!(sut.holds(9));
         assert_eq!(sut.active(), (1, 8192));
+        assert_eq!((sut.held_by(7), sut.held_by(9)), (0, 8192));
     }
 }

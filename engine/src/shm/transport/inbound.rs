@@ -117,7 +117,7 @@ impl Responder for ShmResponder {
                             return answer(&t, &conn, id, WireReply::Error(text));
                         }
                     };
-                let slot = slot_at_once(&t, layout.copy);
+                let slot = slot_at_once(&t, conn.peer.pid, layout.copy);
                 if layout.copy > 0 && slot.is_none() && super::wake::on_driver_thread() {
                     // A handler that ran on the driver thread, with a large copy or one that
                     // waits for credit: copy on the copy thread.
@@ -150,7 +150,7 @@ fn reply_tensor(
 ) {
     let fail = |text: String| answer(t, conn, id, WireReply::Error(text));
     let deadline = Deadline::never();
-    let slot = match slot_for(t, slot, layout.copy, deadline) {
+    let slot = match slot_for(t, conn.peer.pid, slot, layout.copy, deadline) {
         Ok(slot) => slot,
         Err(why) => return fail(format!("cannot send the reply over shared memory: {why}")),
     };

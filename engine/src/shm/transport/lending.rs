@@ -109,6 +109,11 @@ impl Lending {
             .collect()
     }
 
+    /// Bytes of this node's slots process `holder` holds.
+    pub(super) fn held_by(&self, holder: u32) -> u64 {
+        lock(&self.book).held_by(holder)
+    }
+
     /// Leases outstanding, and the bytes of the slots they hold.
     pub(super) fn active(&self) -> (usize, u64) {
         lock(&self.book).active()

@@ -8,7 +8,7 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use tensorwire_proto::TensorMessage;
-use tensorwire_proto::shm::{SendError, ShmError};
+use tensorwire_proto::shm::{OverBound, SendError, ShmError};
 use tensorwire_proto::stats;
 use tensorwire_proto::transport::{
     ActorPath, Completion, Deadline, Error, OutboundRequest, RequestKind,
@@ -76,7 +76,7 @@ pub(super) fn send(t: &Arc<Transport>, conn: &Arc<Conn>, request: OutboundReques
     if outgoing.layout.copy == 0 {
         return transmit(t, conn, outgoing, false, None);
     }
-    if let Some(slot) = slot_at_once(t, outgoing.layout.copy) {
+    if let Some(slot) = slot_at_once(t, conn.peer.pid, outgoing.layout.copy) {
         return transmit(t, conn, outgoing, false, Some(slot));
     }
     stats::global().record_shm_copy_thread_copy();
@@ -93,10 +93,10 @@ pub(super) fn send(t: &Arc<Transport>, conn: &Arc<Conn>, request: OutboundReques
 /// thread.
 pub(super) const COPY_AT_ONCE: usize = 64 << 10;
 
-/// A slot for a copy of `len` bytes that may be made on this thread: one that is small enough
-/// and free now (never waits for credit).
-pub(super) fn slot_at_once(t: &Transport, len: usize) -> Option<SlotMut> {
-    if len == 0 || len > COPY_AT_ONCE {
+/// A slot for a copy of `len` bytes for process `holder` that may be made on this thread: one
+/// that is small enough, free now (never waits for credit) and within what `holder` may hold.
+pub(super) fn slot_at_once(t: &Transport, holder: u32, len: usize) -> Option<SlotMut> {
+    if len == 0 || len > COPY_AT_ONCE || may_hold(t, holder, len).is_err() {
         return None;
     }
     t.segments.take(len).ok()
@@ -125,7 +125,7 @@ fn transmit(
     if completion.is_cancelled() {
         return completion.complete(Err(Error::Cancelled));
     }
-    let slot = match slot_for(t, slot, layout.copy, deadline) {
+    let slot = match slot_for(t, conn.peer.pid, slot, layout.copy, deadline) {
         Ok(slot) => slot,
         Err(why) => {
             let request = OutboundRequest::new(peer, path, kind, message, deadline, completion);
@@ -200,33 +200,44 @@ fn transmit(
     }
 }
 
-/// The slot a copy of `len` bytes goes into: `taken` if one was taken already, none if
-/// nothing is copied, else one waited for as [`credit`] does. `Err` says why there is none.
+/// The slot a copy of `len` bytes for process `holder` goes into: `taken` if one was taken
+/// already, none if nothing is copied, else one waited for as [`credit`] does. `Err` says why
+/// there is none.
 pub(super) fn slot_for(
     t: &Transport,
+    holder: u32,
     taken: Option<SlotMut>,
     len: usize,
     deadline: Deadline,
 ) -> Result<Option<SlotMut>, String> {
     match taken {
         Some(slot) => Ok(Some(slot)),
-        None if len > 0 => credit(t, len, deadline).map(Some),
+        None if len > 0 => credit(t, holder, len, deadline).map(Some),
         None => Ok(None),
     }
 }
 
-/// A slot of `len` bytes, waiting for credit (within the send's deadline and the configured
-/// wait) when the quota is used up. `Err` says why there is none.
-fn credit(t: &Transport, len: usize, deadline: Deadline) -> Result<SlotMut, String> {
-    match t.segments.take(len) {
-        Ok(slot) => return Ok(slot),
-        Err(ShmError::Quota { .. }) => {}
-        Err(e) => return Err(e.to_string()),
+/// A slot of `len` bytes for process `holder`, waiting for credit (within the send's deadline
+/// and the configured wait) while the quota is used up or `holder` holds all it may (its
+/// releases, like anybody's, come back as credit). `Err` says why there is none.
+fn credit(t: &Transport, holder: u32, len: usize, deadline: Deadline) -> Result<SlotMut, String> {
+    if may_hold(t, holder, len).is_ok() {
+        match t.segments.take(len) {
+            Ok(slot) => return Ok(slot),
+            Err(ShmError::Quota { .. }) => {}
+            Err(e) => return Err(e.to_string()),
+        }
     }
     stats::global().record_shm_credit_wait();
     let wait = t.config.credit_wait;
     let until = Deadline::after(Instant::now(), wait).min(deadline);
     let until = until.at().unwrap_or_else(|| Instant::now() + wait);
+    while let Err(over) = may_hold(t, holder, len) {
+        if Instant::now() >= until {
+            return Err(format!("{over}; it released nothing within {wait:?}"));
+        }
+        t.segments.wait_for_credit(until);
+    }
     t.segments.take_until(len, until).map_err(|e| match e {
         ShmError::Quota { .. } => format!(
             "receivers hold this node's shared memory ({} of {} bytes in held slots); no \
@@ -236,6 +247,14 @@ fn credit(t: &Transport, len: usize, deadline: Deadline) -> Result<SlotMut, Stri
         ),
         other => other.to_string(),
     })
+}
+
+/// Whether process `holder` may be lent a slot of `len` bytes more
+/// ([`PeerBounds::held_bytes_per_process`](tensorwire_proto::shm::PeerBounds)).
+fn may_hold(t: &Transport, holder: u32, len: usize) -> Result<(), OverBound> {
+    t.config
+        .bounds
+        .may_hold(holder, t.lending.held_by(holder), len as u64)
 }
 
 /// No credit came: the send goes over the remote path or fails, as configured.

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tensorwire_engine::shm::WhenFull;
+use tensorwire_engine::shm::{PeerBounds, WhenFull};
 use tensorwire_engine::{Error, Node, NodeBuilder, Preference, Reply, Route, TensorMessage, Via};
 use tensorwire_proto::stats;
 use tensorwire_tests::*;
@@ -341,9 +341,15 @@ fn a_sender_whose_memory_is_all_held_waits_for_credit_then_goes_over_ptr1() {
     let _serial = serial();
     let server = shm_builder().build().unwrap();
     let inbox = server.endpoint_with_capacity("inbox", 64).unwrap();
+    // One receiver may hold the whole quota here (by default it may hold half of it:
+    // `shm::hostile`).
     let client = shm_builder()
         .shm_quota(64 << 20)
         .shm_credit_wait(Duration::from_millis(100))
+        .shm_bounds(PeerBounds {
+            held_bytes_per_process: u64::MAX,
+            ..PeerBounds::default()
+        })
         .build()
         .unwrap();
     let message =
@@ -395,6 +401,47 @@ fn a_sender_whose_memory_is_all_held_waits_for_credit_then_goes_over_ptr1() {
     assert!(eventually(
         || stats::global().snapshot().shm_messages_sent > before.shm_messages_sent
     ));
+}
+
+#[test]
+fn a_receiver_that_holds_half_the_senders_memory_gets_further_messages_over_ptr1() {
+    let _serial = serial();
+    let server = shm_builder().build().unwrap();
+    let inbox = server.endpoint_with_capacity("inbox", 64).unwrap();
+    let client = shm_builder()
+        .shm_quota(64 << 20)
+        .shm_credit_wait(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let message =
+        |fill: u8| TensorMessage::new(1, Bytes::new(), vec![Bytes::from(vec![fill; 16 << 20])]);
+    let mut send = |fill: u8| {
+        client
+            .tell(server.local_addr(), "inbox", message(fill), TIMEOUT)
+            .wait()
+            .unwrap();
+        let incoming = inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap();
+        assert!(
+            incoming.request().message.buffers[0]
+                .iter()
+                .all(|&b| b == fill)
+        );
+        incoming
+    };
+    let mut held = vec![send(0), send(1)];
+    assert!(held.iter().all(|m| m.request().local_peer.is_some()));
+    // The receiver's process holds 32 MiB, half the sender's quota, its bound: the next
+    // message waits for its releases, then takes PTR1, with the quota half free.
+    let before = stats::global().snapshot();
+    let over_tcp = send(2);
+    assert!(over_tcp.request().local_peer.is_none(), "it came over TCP");
+    let after = stats::global().snapshot();
+    assert_eq!(after.shm_credit_fallbacks, before.shm_credit_fallbacks + 1);
+    held.pop();
+    assert!(
+        send(3).request().local_peer.is_some(),
+        "a release makes room under the bound: shared memory again"
+    );
 }
 
 #[test]

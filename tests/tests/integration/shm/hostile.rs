@@ -2,8 +2,8 @@
 //! independent peer written from `docs/protocol.md` (`tensorwire_tests::raw_shm`), in this
 //! process or in a child (this test binary run again as `shm::hostile::hostile_peer`).
 //! Each case is an attack that used to work: forged replies, memory committed by declaration,
-//! descriptors and mappings used up, replies never read, lent memory reopened writable, and
-//! the hello slots taken.
+//! descriptors and mappings used up, replies never read, lent memory reopened writable, the
+//! hello slots taken, and the node's memory held without release.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -412,11 +412,58 @@ fn connections_that_never_say_hello_cannot_shut_out_other_processes() {
     assert!(peer.flooded >= 200, "the flood was real: {}", peer.flooded);
 }
 
+#[test]
+fn one_process_that_keeps_every_reply_cannot_take_the_memory_others_are_answered_from() {
+    let _serial = serial();
+    // Replies of 8 MiB from a 64 MiB quota: one process may hold half of it by default.
+    let server = node_with(|b| {
+        b.shm_quota(64 << 20)
+            .shm_credit_wait(Duration::from_millis(300))
+    });
+    server
+        .serve("make", 2, |_| {
+            Ok(Reply::Tensor(TensorMessage::new(
+                1,
+                Bytes::new(),
+                vec![Bytes::from(vec![3u8; 8 << 20])],
+            )))
+        })
+        .unwrap();
+    let hoarder = HostilePeer::start("hoard", Some(server.local_addr()));
+    let (hoarded, refusal) = hoarder
+        .report
+        .split_once(" then ")
+        .expect("the hoarder reports");
+    let hoarded: u64 = hoarded.parse().unwrap();
+    assert!(
+        (8 << 20..=32 << 20).contains(&hoarded),
+        "one process held {hoarded} bytes of the node's 64 MiB"
+    );
+    assert!(
+        refusal.contains("holds") && refusal.contains("its bound"),
+        "the hoarder is told why: {refusal}"
+    );
+    let client = node();
+    for _ in 0..2 {
+        let reply = client
+            .ask_blocking(
+                server.local_addr(),
+                "/actors/make",
+                kib(1),
+                Duration::from_secs(5),
+            )
+            .expect("another process is still answered while the hoarder holds its bound");
+        assert_eq!(tensor(reply).buffers[0].len(), 8 << 20);
+    }
+}
+
 /// This test binary run again as a hostile peer process (`hostile_peer` below).
 struct HostilePeer {
     child: Child,
     addr: Option<SocketAddr>,
     flooded: usize,
+    /// What a hoarder reported.
+    report: String,
 }
 
 impl HostilePeer {
@@ -440,7 +487,7 @@ impl HostilePeer {
         }
         let mut child = command.spawn().unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let (mut addr, mut flooded) = (None, 0);
+        let (mut addr, mut flooded, mut report) = (None, 0, String::new());
         loop {
             let line = lines.next().expect("the peer reports").unwrap();
             if let Some(at) = line.split("peer listening on ").nth(1) {
@@ -451,11 +498,16 @@ impl HostilePeer {
                 flooded = n.trim().parse().unwrap();
                 break;
             }
+            if let Some(what) = line.split("hoarded ").nth(1) {
+                report = what.trim().to_owned();
+                break;
+            }
         }
         Self {
             child,
             addr,
             flooded,
+            report,
         }
     }
 
@@ -527,6 +579,24 @@ fn hostile_peer() {
                 .filter_map(|_| connect_without_hello(target).ok())
                 .collect();
             println!("flooded {}", held.len());
+            let _ = stdin.next();
+        }
+        "hoard" => {
+            let target: SocketAddr = std::env::var("TENSORWIRE_HOSTILE_TARGET")
+                .unwrap()
+                .parse()
+                .unwrap();
+            let client = node();
+            let mut held = Vec::new();
+            let refusal = loop {
+                match client.ask_blocking(target, "/actors/make", kib(1), Duration::from_secs(5)) {
+                    Ok(reply) if held.len() < 64 => held.push(tensor(reply)),
+                    Ok(_) => break "nothing refused".to_owned(),
+                    Err(e) => break e.to_string().replace('\n', " "),
+                }
+            };
+            let bytes: u64 = held.iter().map(TensorMessage::total_bytes).sum();
+            println!("hoarded {bytes} then {refusal}");
             let _ = stdin.next();
         }
         other => panic!("unknown mode {other}"),
