@@ -13,6 +13,8 @@ mod queue;
 mod quota;
 mod segments;
 mod socket;
+pub mod split_copy;
+mod stream_copy;
 pub(crate) mod transport;
 mod window;
 

@@ -16,6 +16,7 @@ use tensorwire_proto::{Limits, TensorMessage, len_u64};
 
 use super::lending::{Lending, LentSlot};
 use crate::shm::segments::{Segment, Segments, Slot, SlotMut};
+use crate::shm::split_copy::copy_all;
 
 /// A request's whole PTM1 body travels in the record up to this. Above it, one copy into a
 /// slot (which the receiver reads in place, and an echo sends back by reference) costs less
@@ -400,29 +401,54 @@ impl Layout {
         limits: &Limits,
     ) -> Result<(), Error> {
         let memory = slot.as_mut_slice();
-        match &self.shape {
-            Shape::Inline(_) => {}
+        let copies: Vec<(usize, &[u8])> = match &self.shape {
+            Shape::Inline(_) => return Ok(()),
             Shape::Packed => {
                 let encoded =
                     tensorwire_proto::ptm1::encode(message, limits).map_err(Error::Encode)?;
                 let mut at = 0;
+                let mut parts = Vec::new();
                 for part in encoded.slices() {
-                    memory[at..at + part.len()].copy_from_slice(part);
+                    parts.push((at, part));
                     at += part.len();
                 }
+                // The encoding's slices borrow `encoded`: copied before it goes.
+                return copy_at(memory, parts);
             }
             Shape::Parts {
                 metadata, buffers, ..
-            } => {
-                for plan in std::iter::once(metadata).chain(buffers) {
-                    if let Plan::Copy { at, bytes } = plan {
-                        memory[*at..*at + bytes.len()].copy_from_slice(bytes);
-                    }
-                }
-            }
-        }
-        Ok(())
+            } => std::iter::once(metadata)
+                .chain(buffers)
+                .filter_map(|plan| match plan {
+                    Plan::Copy { at, bytes } => Some((*at, bytes.as_ref())),
+                    _ => None,
+                })
+                .collect(),
+        };
+        copy_at(memory, copies)
     }
+}
+
+/// Copies each `(at, bytes)` to `at` in `memory` (split over the CPUs when large:
+/// [`copy_all`]); the places are in order and do not overlap.
+fn copy_at(memory: &mut [u8], copies: Vec<(usize, &[u8])>) -> Result<(), Error> {
+    let mut pairs = Vec::with_capacity(copies.len());
+    let (mut rest, mut start) = (memory, 0);
+    for (at, bytes) in copies {
+        let skip = at.checked_sub(start).ok_or_else(misplaced)?;
+        if rest.len() < skip.saturating_add(bytes.len()) {
+            return Err(misplaced());
+        }
+        let (place, after) = rest[skip..].split_at_mut(bytes.len());
+        pairs.push((place, bytes));
+        (rest, start) = (after, at + bytes.len());
+    }
+    copy_all(pairs);
+    Ok(())
+}
+
+fn misplaced() -> Error {
+    Error::Misuse("a layout whose copies overlap or pass the slot".into())
 }
 
 fn no_slot() -> Error {

@@ -415,7 +415,7 @@ fn a_receiver_that_holds_half_the_senders_memory_gets_further_messages_over_ptr1
         .unwrap();
     let message =
         |fill: u8| TensorMessage::new(1, Bytes::new(), vec![Bytes::from(vec![fill; 16 << 20])]);
-    let mut send = |fill: u8| {
+    let send = |fill: u8| {
         client
             .tell(server.local_addr(), "inbox", message(fill), TIMEOUT)
             .wait()
