@@ -12,6 +12,7 @@ use bytes::Bytes;
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
+use tensorwire_engine::shm::split_copy;
 use tensorwire_engine::{Reply, Route, TensorMessage};
 
 use crate::convert::{reply_to_py, route_name};
@@ -86,18 +87,42 @@ impl Targets {
         }
         let total: usize = message.buffers.iter().map(Bytes::len).sum();
         let copy = || {
-            for (source, target) in message.buffers.iter().zip(&self.views) {
-                if source.is_empty() {
-                    continue;
+            let pairs: Vec<(*const u8, *mut u8, usize)> = message
+                .buffers
+                .iter()
+                .zip(&self.views)
+                .filter(|(source, _)| !source.is_empty())
+                .map(|(source, target)| {
+                    (source.as_ptr(), target.buf_ptr().cast::<u8>(), source.len())
+                })
+                .collect();
+            if !apart(&pairs) {
+                for &(from, into, len) in &pairs {
+                    // SAFETY: `into` is a live writable, C-contiguous export of exactly `len`
+                    // bytes (checked in `fits`), pinned until it is released after this copy;
+                    // `from` is live memory of that length. `copy` tolerates overlap (a target
+                    // that aliases what arrived in this process, or another target).
+                    unsafe { std::ptr::copy(from, into, len) };
                 }
-                // SAFETY: `target` is a live writable, C-contiguous export of exactly
-                // `source.len()` bytes (checked in `fits`), pinned until it is released after
-                // this copy; `source` is live memory of that length. `copy` tolerates overlap
-                // (a target that aliases what arrived in this process).
-                unsafe {
-                    std::ptr::copy(source.as_ptr(), target.buf_ptr().cast::<u8>(), source.len());
-                }
+                return;
             }
+            let slices = pairs
+                .iter()
+                .map(|&(from, into, len)| {
+                    // SAFETY: as above; and no target shares a byte with another target or
+                    // with any source (`apart`), so each `&mut` is the only way to its bytes
+                    // this copy uses, and no `&` sees them (the GIL is released for large
+                    // copies, as for any buffer handed to native code that writes it).
+                    unsafe {
+                        (
+                            std::slice::from_raw_parts_mut(into, len),
+                            std::slice::from_raw_parts(from, len),
+                        )
+                    }
+                })
+                .collect();
+            // Large copies go around the caches, over the CPUs (as into a shared-memory slot).
+            split_copy::copy_all(slices);
         };
         if total >= COPY_DETACHED {
             py.detach(copy);
@@ -156,6 +181,30 @@ pub(crate) fn reply_for_caller(
         Some(targets) => reply_into(py, targets, reply, route, pickle),
     }
 }
+
+/// Whether no target (`into`) shares a byte with another target or with any source (then the
+/// copies may be made as slices, in any order and on several threads). Checked pair by pair,
+/// for up to [`APART_CHECKED`] buffers; more are copied one after the other.
+fn apart(pairs: &[(*const u8, *mut u8, usize)]) -> bool {
+    if pairs.len() > APART_CHECKED {
+        return false;
+    }
+    let overlaps = |a: usize, b: usize, la: usize, lb: usize| {
+        a < b.saturating_add(lb) && b < a.saturating_add(la)
+    };
+    pairs.iter().enumerate().all(|(i, &(_, into, len))| {
+        pairs
+            .iter()
+            .enumerate()
+            .all(|(j, &(from, other, other_len))| {
+                !overlaps(into as usize, from as usize, len, other_len)
+                    && (i == j || !overlaps(into as usize, other as usize, len, other_len))
+            })
+    })
+}
+
+/// Buffers of one message checked for overlap at most.
+const APART_CHECKED: usize = 256;
 
 /// An ask's reply received into `targets`.
 fn reply_into(

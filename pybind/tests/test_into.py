@@ -45,6 +45,33 @@ def test_an_asks_reply_lands_in_the_callers_arrays(
     assert again.buffers[0] is out_x and np.array_equal(out_x, x), "the same arrays, reused"
 
 
+@pytest.mark.parametrize("path", ["local", "shm"])
+def test_a_large_reply_split_over_the_cpus_lands_whole_in_the_callers_arrays(
+    pair: tuple[tw.Node, tw.Node], path: str
+) -> None:
+    # 24 MiB in all: copied around the caches, in parts on several threads.
+    x = np.random.default_rng(7).integers(0, 1 << 62, size=(20 << 20) // 8, dtype=np.int64)
+    y = np.arange((4 << 20) // 4, dtype=np.float32)
+    out_x, out_y = np.zeros_like(x), np.zeros_like(y)
+    reply = _asker(pair, path).ask(tw.TensorMessage(b"", [x, y]), into=[out_x, out_y], timeout=30)
+    assert reply.route == path and reply.buffers[0] is out_x
+    assert np.array_equal(out_x, x) and np.array_equal(out_y, y)
+
+
+def test_targets_that_share_memory_are_filled_one_after_the_other(
+    pair: tuple[tw.Node, tw.Node],
+) -> None:
+    x = np.arange(12 << 20, dtype=np.uint8)  # 24 MiB in all: past the split copy's threshold
+    y = x[::-1].copy()
+    whole = np.zeros(12 << 20, dtype=np.uint8)
+    # Both targets are the same bytes: the second buffer's copy lands last, as sent.
+    reply = _asker(pair, "shm").ask(
+        tw.TensorMessage(b"", [x, y]), into=[whole, whole[:]], timeout=30
+    )
+    assert reply.buffers[0] is whole
+    assert np.array_equal(whole, y)
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_an_endpoints_request_lands_in_the_callers_arrays(
     pair: tuple[tw.Node, tw.Node], path: str
