@@ -367,8 +367,8 @@ impl NodeBuilder {
     /// What each same-host peer process may hold of this node: connections, connections
     /// waiting for their hello, mapped segments and bytes, bytes of this node's slots not yet
     /// released (default: [`PeerBounds::fitted`] to this process's descriptor limit and
-    /// `vm.max_map_count`, and half of [`NodeBuilder::shm_quota`] held per process). A copy for
-    /// a process that holds its bound waits for its releases as for credit, then goes as
+    /// `vm.max_map_count`; `held_bytes_per_process` left at `u64::MAX` is half of
+    /// [`NodeBuilder::shm_quota`]). A copy for a process that holds its bound goes at once as
     /// [`NodeBuilder::shm_when_full`] says (a reply becomes an error reply).
     pub fn shm_bounds(mut self, bounds: PeerBounds) -> Self {
         self.shm_bounds = Some(bounds);

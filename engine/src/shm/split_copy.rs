@@ -89,7 +89,8 @@ type Group<'a> = Vec<(&'a mut [u8], &'a [u8])>;
 /// Cuts `pairs` (`total` bytes) into `threads` groups of about `total / threads` bytes each,
 /// in order, cutting a pair where a group ends.
 fn split(pairs: Group<'_>, total: usize, threads: usize) -> Vec<Group<'_>> {
-    let share = total.div_ceil(threads.max(1));
+    // Whole cache lines per part, so that two threads never write the same line.
+    let share = total.div_ceil(threads.max(1)).next_multiple_of(64);
     let mut groups: Vec<Group<'_>> = Vec::with_capacity(threads);
     let mut group: Group<'_> = Vec::new();
     let mut room = share;
@@ -133,7 +134,7 @@ mod tests {
 
     #[test]
     fn parts_cut_across_buffers_cover_every_byte_once_in_order() {
-        let sources: Vec<Vec<u8>> = [3usize, 10, 0, 7]
+        let sources: Vec<Vec<u8>> = [100usize, 700, 0, 480]
             .iter()
             .enumerate()
             .map(|(i, &n)| (0..n).map(|b| (i * 16 + b).to_le_bytes()[0]).collect())
@@ -144,12 +145,12 @@ mod tests {
             .zip(&sources)
             .map(|(d, s)| (d.as_mut_slice(), s.as_slice()))
             .collect();
-        let groups = split(pairs, 20, 3);
+        let groups = split(pairs, 1280, 3);
         let sizes: Vec<usize> = groups
             .iter()
             .map(|g| g.iter().map(|(_, s)| s.len()).sum())
             .collect();
-        assert_eq!(sizes, vec![7, 7, 6]);
+        assert_eq!(sizes, vec![448, 448, 384], "whole cache lines per part");
         for group in groups {
             stream_part(&Mutex::new(Some(group)));
         }

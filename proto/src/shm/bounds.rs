@@ -29,8 +29,10 @@ pub struct PeerBounds {
     /// Peer segments mapped here at once, in all.
     pub segments: usize,
     /// Bytes of this node's slots one peer process may hold (lent, not yet released) before
-    /// a further copy for it waits for its releases. `u64::MAX` by default; a node that is
-    /// not given its bounds sets half its shared-memory quota.
+    /// a further copy for it is refused (a request goes over the remote path, a reply is an
+    /// error) until it releases. `u64::MAX` (the default) stands for half the node's
+    /// shared-memory quota; any other value is taken as it is (the quota, or more, for no
+    /// bound of its own).
     pub held_bytes_per_process: u64,
 }
 

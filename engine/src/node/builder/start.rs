@@ -218,9 +218,10 @@ impl NodeBuilder {
                     hello_timeout: self.shm_hello_timeout,
                     spin: self.shm_spin,
                     queue_bytes: self.shm_queue_bytes,
-                    bounds: self
-                        .shm_bounds
-                        .unwrap_or_else(|| fitted_bounds(segments.quota())),
+                    bounds: held_bound(
+                        self.shm_bounds.unwrap_or_else(fitted_bounds),
+                        segments.quota(),
+                    ),
                 };
                 let inbound: Arc<dyn tensorwire_proto::transport::Inbound> = registry.clone();
                 match ShmTransport::start(node, inbound, Arc::clone(session), config, segments) {
@@ -280,18 +281,26 @@ const STRIPE_THRESHOLD_VAR: &str = "TENSORWIRE_STRIPE_THRESHOLD";
 /// The default stripe threshold.
 const DEFAULT_STRIPE_THRESHOLD: u64 = 4 << 20;
 
-/// The per-peer bounds fitted to this process's descriptor limit and `vm.max_map_count`; one
-/// peer process may hold half of `quota` (this node's shared-memory bytes).
-fn fitted_bounds(quota: u64) -> PeerBounds {
+/// `bounds` with what one peer process may hold set to half of `quota` (this node's
+/// shared-memory bytes) where it was left at its default (`u64::MAX`).
+fn held_bound(bounds: PeerBounds, quota: u64) -> PeerBounds {
+    if bounds.held_bytes_per_process != u64::MAX {
+        return bounds;
+    }
+    PeerBounds {
+        held_bytes_per_process: quota / 2,
+        ..bounds
+    }
+}
+
+/// The per-peer bounds fitted to this process's descriptor limit and `vm.max_map_count`.
+fn fitted_bounds() -> PeerBounds {
     let open_files = crate::sys::open_files_limit().unwrap_or(1024);
     let max_map_count = std::fs::read_to_string("/proc/sys/vm/max_map_count")
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(65_530);
-    PeerBounds {
-        held_bytes_per_process: quota / 2,
-        ..PeerBounds::fitted(open_files, max_map_count)
-    }
+    PeerBounds::fitted(open_files, max_map_count)
 }
 
 /// Gives idle receive-pool slots back to the system every half `ttl` while the node lives.

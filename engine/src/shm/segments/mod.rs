@@ -183,23 +183,6 @@ impl Segments {
         }
     }
 
-    /// Waits until a slot comes back or `until` passes, 50 ms at most (a slot that came back
-    /// between the caller's last look and this wait is seen at the next look).
-    pub(crate) fn wait_for_credit(&self, until: Instant) {
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return;
-        }
-        let mut state = self.0.lock();
-        state.waiting += 1;
-        let mut state = crate::sync::wait(
-            &self.0.credit,
-            state,
-            Some(left.min(Duration::from_millis(50))),
-        );
-        state.waiting -= 1;
-    }
-
     /// Retires segments idle longer than the configured time, beyond the idle cache; returns
     /// how many.
     pub(crate) fn trim(&self, now: Instant) -> usize {

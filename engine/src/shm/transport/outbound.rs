@@ -17,7 +17,7 @@ use tensorwire_proto::transport::{
 use super::conn::{Conn, Waiter};
 use super::packing::{INLINE_REQUEST, Layout, layout};
 use super::{Transport, WhenFull};
-use crate::shm::segments::SlotMut;
+use crate::shm::segments::{SlotMut, class};
 
 /// A request on its way out.
 struct Outgoing {
@@ -218,26 +218,21 @@ pub(super) fn slot_for(
 }
 
 /// A slot of `len` bytes for process `holder`, waiting for credit (within the send's deadline
-/// and the configured wait) while the quota is used up or `holder` holds all it may (its
-/// releases, like anybody's, come back as credit). `Err` says why there is none.
+/// and the configured wait) while the quota is used up. A process that holds all it may gets
+/// no slot and no wait: waiting for its own releases would hold this thread (the copy thread,
+/// a handler's) for every other peer, while the process decides when it releases. `Err` says
+/// why there is none.
 fn credit(t: &Transport, holder: u32, len: usize, deadline: Deadline) -> Result<SlotMut, String> {
-    if may_hold(t, holder, len).is_ok() {
-        match t.segments.take(len) {
-            Ok(slot) => return Ok(slot),
-            Err(ShmError::Quota { .. }) => {}
-            Err(e) => return Err(e.to_string()),
-        }
+    may_hold(t, holder, len).map_err(|over| format!("{over}; it must release views first"))?;
+    match t.segments.take(len) {
+        Ok(slot) => return Ok(slot),
+        Err(ShmError::Quota { .. }) => {}
+        Err(e) => return Err(e.to_string()),
     }
     stats::global().record_shm_credit_wait();
     let wait = t.config.credit_wait;
     let until = Deadline::after(Instant::now(), wait).min(deadline);
     let until = until.at().unwrap_or_else(|| Instant::now() + wait);
-    while let Err(over) = may_hold(t, holder, len) {
-        if Instant::now() >= until {
-            return Err(format!("{over}; it released nothing within {wait:?}"));
-        }
-        t.segments.wait_for_credit(until);
-    }
     t.segments.take_until(len, until).map_err(|e| match e {
         ShmError::Quota { .. } => format!(
             "receivers hold this node's shared memory ({} of {} bytes in held slots); no \
@@ -249,12 +244,15 @@ fn credit(t: &Transport, holder: u32, len: usize, deadline: Deadline) -> Result<
     })
 }
 
-/// Whether process `holder` may be lent a slot of `len` bytes more
-/// ([`PeerBounds::held_bytes_per_process`](tensorwire_proto::shm::PeerBounds)).
+/// Whether process `holder` may be lent a slot for `len` bytes more (counted at the slot's
+/// size, as what it holds is; [`PeerBounds::held_bytes_per_process`](tensorwire_proto::shm::PeerBounds)).
+/// Checked before each copy: copies made at the same moment for one process (its asks served
+/// by several handler threads) may each pass the check, so the bound can be passed by one slot
+/// per such copy.
 fn may_hold(t: &Transport, holder: u32, len: usize) -> Result<(), OverBound> {
     t.config
         .bounds
-        .may_hold(holder, t.lending.held_by(holder), len as u64)
+        .may_hold(holder, t.lending.held_by(holder), class(len) as u64)
 }
 
 /// No credit came: the send goes over the remote path or fails, as configured.

@@ -452,7 +452,7 @@ fn one_process_that_keeps_every_reply_cannot_take_the_memory_others_are_answered
                 kib(1),
                 Duration::from_secs(5),
             )
-            .expect("another process is still answered while the hoarder holds its bound");
+            .expect("another peer process (this one) is still answered while the hoarder holds its bound");
         assert_eq!(tensor(reply).buffers[0].len(), 8 << 20);
     }
 }
