@@ -243,7 +243,8 @@ impl ShmManager {
             ShmBackend::Memfd if bytes.is_empty() => Ok((bytes, 0)),
             ShmBackend::Memfd => {
                 let mut slot = self.inner.segments.take(bytes.len())?;
-                slot.as_mut_slice()[..bytes.len()].copy_from_slice(&bytes);
+                let into = &mut slot.as_mut_slice()[..bytes.len()];
+                crate::shm::split_copy::copy_all(vec![(into, &bytes[..])]);
                 Ok((slot.freeze().bytes(0..bytes.len()), len))
             }
         }

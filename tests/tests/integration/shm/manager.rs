@@ -47,6 +47,17 @@ fn offer_map_release_and_the_errors_after_release() {
 }
 
 #[test]
+fn a_large_region_is_copied_in_whole() {
+    // 20 MiB: copied in parts over the CPUs, around the caches.
+    let sut = manager();
+    let bytes: Vec<u8> = (0..20usize << 20)
+        .map(|i| (i / 4093).to_le_bytes()[0])
+        .collect();
+    let d = sut.offer(Bytes::from(bytes.clone()), TTL).unwrap();
+    assert!(sut.map(&d).unwrap()[..] == bytes[..]);
+}
+
+#[test]
 fn a_lease_past_its_ttl_no_longer_maps() {
     let sut = manager();
     let d = sut
