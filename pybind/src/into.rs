@@ -96,7 +96,7 @@ impl Targets {
                     (source.as_ptr(), target.buf_ptr().cast::<u8>(), source.len())
                 })
                 .collect();
-            if !apart(&pairs) {
+            if total < split_copy::SPLIT_FROM || !apart(&pairs) {
                 for &(from, into, len) in &pairs {
                     // SAFETY: `into` is a live writable, C-contiguous export of exactly `len`
                     // bytes (checked in `fits`), pinned until it is released after this copy;

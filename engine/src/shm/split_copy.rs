@@ -71,11 +71,9 @@ fn stream_part(part: &Mutex<Option<Group<'_>>>) {
     }
 }
 
-/// How many threads copy `total` bytes on a machine with `cpus` CPUs.
+/// How many threads copy `total` bytes (at least [`SPLIT_FROM`]) on a machine with `cpus`
+/// CPUs.
 fn threads_for(total: usize, cpus: usize) -> usize {
-    if total < SPLIT_FROM {
-        return 1;
-    }
     (total / PART_MIN).min(cpus).clamp(1, MAX_THREADS)
 }
 

@@ -16,7 +16,7 @@ use tensorwire_proto::{Limits, TensorMessage, len_u64};
 
 use super::lending::{Lending, LentSlot};
 use crate::shm::segments::{Segment, Segments, Slot, SlotMut};
-use crate::shm::split_copy::copy_all;
+use crate::shm::split_copy::{SPLIT_FROM, copy_all};
 
 /// A request's whole PTM1 body travels in the record up to this. Above it, one copy into a
 /// slot (which the receiver reads in place, and an echo sends back by reference) costs less
@@ -401,40 +401,55 @@ impl Layout {
         limits: &Limits,
     ) -> Result<(), Error> {
         let memory = slot.as_mut_slice();
-        let copies: Vec<(usize, &[u8])> = match &self.shape {
-            Shape::Inline(_) => return Ok(()),
+        match &self.shape {
+            Shape::Inline(_) => Ok(()),
             Shape::Packed => {
                 let encoded =
                     tensorwire_proto::ptm1::encode(message, limits).map_err(Error::Encode)?;
-                let mut at = 0;
-                let mut parts = Vec::new();
-                for part in encoded.slices() {
-                    parts.push((at, part));
-                    at += part.len();
-                }
-                // The encoding's slices borrow `encoded`: copied before it goes.
-                return copy_at(memory, parts);
+                let places = encoded.slices().scan(0, |at, part| {
+                    let place = (*at, part);
+                    *at += part.len();
+                    Some(place)
+                });
+                copy_at(memory, places, self.copy)
             }
             Shape::Parts {
                 metadata, buffers, ..
-            } => std::iter::once(metadata)
-                .chain(buffers)
-                .filter_map(|plan| match plan {
-                    Plan::Copy { at, bytes } => Some((*at, bytes.as_ref())),
-                    _ => None,
-                })
-                .collect(),
-        };
-        copy_at(memory, copies)
+            } => {
+                let places =
+                    std::iter::once(metadata)
+                        .chain(buffers)
+                        .filter_map(|plan| match plan {
+                            Plan::Copy { at, bytes } => Some((*at, bytes.as_ref())),
+                            _ => None,
+                        });
+                copy_at(memory, places, self.copy)
+            }
+        }
     }
 }
 
-/// Copies each `(at, bytes)` to `at` in `memory` (split over the CPUs when large:
-/// [`copy_all`]); the places are in order and do not overlap.
-fn copy_at(memory: &mut [u8], copies: Vec<(usize, &[u8])>) -> Result<(), Error> {
-    let mut pairs = Vec::with_capacity(copies.len());
+/// Copies each `(at, bytes)` to `at` in `memory`, `total` bytes in all; the places are in
+/// order and do not overlap. A large copy is split over the CPUs ([`copy_all`]); a smaller one
+/// is made here, without gathering the places first.
+fn copy_at<'a>(
+    memory: &mut [u8],
+    places: impl Iterator<Item = (usize, &'a [u8])>,
+    total: usize,
+) -> Result<(), Error> {
+    if total < SPLIT_FROM {
+        for (at, bytes) in places {
+            let end = at.checked_add(bytes.len()).ok_or_else(misplaced)?;
+            memory
+                .get_mut(at..end)
+                .ok_or_else(misplaced)?
+                .copy_from_slice(bytes);
+        }
+        return Ok(());
+    }
+    let mut pairs = Vec::new();
     let (mut rest, mut start) = (memory, 0);
-    for (at, bytes) in copies {
+    for (at, bytes) in places {
         let skip = at.checked_sub(start).ok_or_else(misplaced)?;
         if rest.len() < skip.saturating_add(bytes.len()) {
             return Err(misplaced());

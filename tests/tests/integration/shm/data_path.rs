@@ -336,24 +336,40 @@ fn held_messages_never_change_while_the_sender_reuses_its_memory() {
     assert!(eventually(|| client.stats().shm_leases == 0));
 }
 
+/// A server with an inbox, and a client whose shared-memory quota holds four
+/// [`sixteen_mib`] messages, configured further by `configure`.
+fn quota_of_four_messages(
+    configure: impl FnOnce(NodeBuilder) -> NodeBuilder,
+) -> (Node, tensorwire_engine::Endpoint, Node) {
+    let server = shm_builder().build().unwrap();
+    let inbox = server.endpoint_with_capacity("inbox", 64).unwrap();
+    let client = configure(
+        shm_builder()
+            .shm_quota(64 << 20)
+            .shm_credit_wait(Duration::from_millis(100)),
+    )
+    .build()
+    .unwrap();
+    (server, inbox, client)
+}
+
+/// 16 MiB of `fill`.
+fn sixteen_mib(fill: u8) -> TensorMessage {
+    TensorMessage::new(1, Bytes::new(), vec![Bytes::from(vec![fill; 16 << 20])])
+}
+
 #[test]
 fn a_sender_whose_memory_is_all_held_waits_for_credit_then_goes_over_ptr1() {
     let _serial = serial();
-    let server = shm_builder().build().unwrap();
-    let inbox = server.endpoint_with_capacity("inbox", 64).unwrap();
     // One receiver may hold the whole quota here (by default it may hold half of it:
     // `shm::hostile`).
-    let client = shm_builder()
-        .shm_quota(64 << 20)
-        .shm_credit_wait(Duration::from_millis(100))
-        .shm_bounds(PeerBounds {
+    let (server, inbox, client) = quota_of_four_messages(|b| {
+        b.shm_bounds(PeerBounds {
             held_bytes_per_process: 64 << 20,
             ..PeerBounds::default()
         })
-        .build()
-        .unwrap();
-    let message =
-        |fill: u8| TensorMessage::new(1, Bytes::new(), vec![Bytes::from(vec![fill; 16 << 20])]);
+    });
+    let message = sixteen_mib;
     let mut held = Vec::new();
     for fill in 0..4 {
         client
@@ -406,18 +422,10 @@ fn a_sender_whose_memory_is_all_held_waits_for_credit_then_goes_over_ptr1() {
 #[test]
 fn a_receiver_that_holds_half_the_senders_memory_gets_further_messages_over_ptr1() {
     let _serial = serial();
-    let server = shm_builder().build().unwrap();
-    let inbox = server.endpoint_with_capacity("inbox", 64).unwrap();
-    let client = shm_builder()
-        .shm_quota(64 << 20)
-        .shm_credit_wait(Duration::from_millis(100))
-        .build()
-        .unwrap();
-    let message =
-        |fill: u8| TensorMessage::new(1, Bytes::new(), vec![Bytes::from(vec![fill; 16 << 20])]);
+    let (server, inbox, client) = quota_of_four_messages(|b| b);
     let send = |fill: u8| {
         client
-            .tell(server.local_addr(), "inbox", message(fill), TIMEOUT)
+            .tell(server.local_addr(), "inbox", sixteen_mib(fill), TIMEOUT)
             .wait()
             .unwrap();
         let incoming = inbox.recv_blocking(Some(TIMEOUT)).unwrap().unwrap();

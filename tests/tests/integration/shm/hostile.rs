@@ -571,10 +571,7 @@ fn hostile_peer() {
             drop(node);
         }
         "hellos" => {
-            let target: SocketAddr = std::env::var("TENSORWIRE_HOSTILE_TARGET")
-                .unwrap()
-                .parse()
-                .unwrap();
+            let target = hostile_target();
             let held: Vec<_> = (0..300)
                 .filter_map(|_| connect_without_hello(target).ok())
                 .collect();
@@ -582,10 +579,7 @@ fn hostile_peer() {
             let _ = stdin.next();
         }
         "hoard" => {
-            let target: SocketAddr = std::env::var("TENSORWIRE_HOSTILE_TARGET")
-                .unwrap()
-                .parse()
-                .unwrap();
+            let target = hostile_target();
             let client = node();
             let mut held = Vec::new();
             let refusal = loop {
@@ -601,4 +595,12 @@ fn hostile_peer() {
         }
         other => panic!("unknown mode {other}"),
     }
+}
+
+/// The node a hostile peer process was started against.
+fn hostile_target() -> SocketAddr {
+    std::env::var("TENSORWIRE_HOSTILE_TARGET")
+        .expect("started with a target")
+        .parse()
+        .expect("a socket address")
 }
