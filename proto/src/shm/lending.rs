@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 
 use crate::fast_hash::FastHash;
+use crate::shm::{OverBound, PeerBounds};
 
 /// A lent slot, as the book sees it. The slots of one segment have one capacity and start at
 /// multiples of it (a slot that does not is never found by [`LeaseBook::returned`]).
@@ -37,6 +38,8 @@ pub struct LeaseBook<S> {
     by_segment: HashMap<(u32, u64), (u64, usize), FastHash>,
     /// Leases and bytes lent per holder process.
     by_holder: HashMap<u32, (usize, u64), FastHash>,
+    /// Bytes promised per holder process to copies under way ([`LeaseBook::promise`]).
+    promised: HashMap<u32, u64, FastHash>,
     next: u64,
 }
 
@@ -59,6 +62,7 @@ impl<S> Default for LeaseBook<S> {
             by_slot: HashMap::default(),
             by_segment: HashMap::default(),
             by_holder: HashMap::default(),
+            promised: HashMap::default(),
             next: 0,
         }
     }
@@ -142,6 +146,40 @@ impl<S: Lent> LeaseBook<S> {
     /// it).
     pub fn held_by(&self, holder: u32) -> u64 {
         self.by_holder.get(&holder).map_or(0, |h| h.1)
+    }
+
+    /// Promises a slot of `bytes` to process `holder` for a copy about to be made for it, if
+    /// `bounds` let it hold that on top of what it holds and what copies under way were
+    /// promised already; the copy's slot is lent ([`LeaseBook::lend`]) before the promise is
+    /// [withdrawn](LeaseBook::withdraw), so copies made at the same moment for one process
+    /// (its asks served by several threads) cannot pass its bound together.
+    ///
+    /// # Errors
+    ///
+    /// [`OverBound::HeldOfProcess`] (nothing is promised) if that would pass
+    /// [`PeerBounds::held_bytes_per_process`].
+    pub fn promise(
+        &mut self,
+        bounds: &PeerBounds,
+        holder: u32,
+        bytes: u64,
+    ) -> Result<(), OverBound> {
+        let promised = self.promised.get(&holder).copied().unwrap_or(0);
+        let held = self.held_by(holder).saturating_add(promised);
+        bounds.may_hold(holder, held, bytes)?;
+        *self.promised.entry(holder).or_default() = promised.saturating_add(bytes);
+        Ok(())
+    }
+
+    /// A promise of `bytes` to `holder` ([`LeaseBook::promise`]) is over: its slot was lent,
+    /// or the copy was not made.
+    pub fn withdraw(&mut self, holder: u32, bytes: u64) {
+        if let Some(promised) = self.promised.get_mut(&holder) {
+            *promised = promised.saturating_sub(bytes);
+            if *promised == 0 {
+                self.promised.remove(&holder);
+            }
+        }
     }
 
     /// Leases outstanding, and the bytes of the slots they hold.
@@ -247,6 +285,49 @@ mod tests {
         assert_eq!(sut.returned(7, 3, 8, 8), None);
         assert_eq!(sut.active(), (0, 0));
         assert!(!sut.holds(7));
+    }
+
+    #[test]
+    fn copies_under_way_for_one_process_cannot_pass_its_bound_together() {
+        let bounds = PeerBounds {
+            held_bytes_per_process: 100,
+            ..PeerBounds::default()
+        };
+        let mut sut = LeaseBook::default();
+        assert_eq!(sut.promise(&bounds, 7, 60), Ok(()), "holds nothing");
+        let over = sut.promise(&bounds, 7, 60).unwrap_err();
+        assert_eq!(
+            over,
+            OverBound::HeldOfProcess {
+                pid: 7,
+                held: 60,
+                len: 60,
+                max: 100
+            },
+            "the first copy is under way"
+        );
+        assert_eq!(sut.promise(&bounds, 9, 60), Ok(()), "another process");
+        assert_eq!(sut.promise(&bounds, 7, 40), Ok(()), "up to the bound");
+        sut.lend(7, Slot(1, 0, 60));
+        sut.withdraw(7, 60);
+        assert!(
+            sut.promise(&bounds, 7, 1).is_err(),
+            "60 held and 40 promised"
+        );
+        sut.withdraw(7, 40);
+        assert_eq!(
+            sut.promise(&bounds, 7, 40),
+            Ok(()),
+            "the second copy was not made"
+        );
+        sut.withdraw(7, 40);
+        sut.withdraw(7, 40);
+        assert_eq!(
+            sut.held_by(7),
+            60,
+            "a promise withdrawn twice takes nothing else away"
+        );
+        assert!(sut.promise(&bounds, 7, 41).is_err());
     }
 
     #[test]

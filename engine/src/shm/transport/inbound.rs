@@ -15,9 +15,8 @@ use tensorwire_proto::transport::{
 
 use super::Transport;
 use super::conn::{Conn, Delivered};
-use super::outbound::{slot_at_once, slot_for};
+use super::outbound::{Taken, slot_at_once, slot_for};
 use super::packing::{INLINE_REPLY, Layout, layout};
-use crate::shm::segments::SlotMut;
 
 /// A single reply's data travels in the record up to this.
 const INLINE_SINGLE: usize = MAX_DATAGRAM - 4096;
@@ -117,8 +116,8 @@ impl Responder for ShmResponder {
                             return answer(&t, &conn, id, WireReply::Error(text));
                         }
                     };
-                let slot = slot_at_once(&t, conn.peer.pid, layout.copy);
-                if layout.copy > 0 && slot.is_none() && super::wake::on_driver_thread() {
+                let taken = slot_at_once(&t, conn.peer.pid, layout.copy);
+                if layout.copy > 0 && taken.is_none() && super::wake::on_driver_thread() {
                     // A handler that ran on the driver thread, with a large copy or one that
                     // waits for credit: copy on the copy thread.
                     stats::global().record_shm_copy_thread_copy();
@@ -130,7 +129,7 @@ impl Responder for ShmResponder {
                     }
                     return;
                 }
-                return reply_tensor(&t, &conn, id, &message, layout, slot);
+                return reply_tensor(&t, &conn, id, &message, layout, taken);
             }
         };
         answer(&self.transport, &self.conn, self.id, reply);
@@ -146,15 +145,18 @@ fn reply_tensor(
     id: u64,
     message: &TensorMessage,
     layout: Layout,
-    slot: Option<SlotMut>,
+    taken: Option<Taken<'_>>,
 ) {
     let fail = |text: String| answer(t, conn, id, WireReply::Error(text));
     let deadline = Deadline::never();
-    let slot = match slot_for(t, conn.peer.pid, slot, layout.copy, deadline) {
-        Ok(slot) => slot,
+    let taken = match slot_for(t, conn.peer.pid, taken, layout.copy, deadline) {
+        Ok(taken) => taken,
         Err(why) => return fail(format!("cannot send the reply over shared memory: {why}")),
     };
-    let mut packed = match layout.fill(message, &t.limits, slot, &t.lending, conn.peer.pid) {
+    let (slot, promise) = Taken::split(taken);
+    let filled = layout.fill(message, &t.limits, slot, &t.lending, conn.peer.pid);
+    drop(promise); // the slot is lent now (or given back)
+    let mut packed = match filled {
         Ok(packed) => packed,
         Err(e) => return fail(format!("cannot send the reply: {e}")),
     };

@@ -7,7 +7,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tensorwire_proto::shm::{LeaseBook, Lent};
+use tensorwire_proto::shm::{LeaseBook, Lent, OverBound, PeerBounds};
 
 use crate::shm::segments::Slot;
 use crate::sync::lock;
@@ -20,6 +20,20 @@ pub(super) struct Lending {
     orphans: Mutex<HashMap<u32, OwnedFd>>,
     /// Bumped whenever the orphans change (the driver re-reads them only then).
     orphans_changed: AtomicU64,
+}
+
+/// Bytes promised to one holder for a copy under way ([`Lending::promise`]), given back when
+/// dropped.
+pub(super) struct Promise<'a> {
+    lending: &'a Lending,
+    holder: u32,
+    bytes: u64,
+}
+
+impl Drop for Promise<'_> {
+    fn drop(&mut self) {
+        lock(&self.lending.book).withdraw(self.holder, self.bytes);
+    }
 }
 
 /// A slot as the lease book sees it.
@@ -109,9 +123,21 @@ impl Lending {
             .collect()
     }
 
-    /// Bytes of this node's slots process `holder` holds.
-    pub(super) fn held_by(&self, holder: u32) -> u64 {
-        lock(&self.book).held_by(holder)
+    /// A slot of `bytes` promised to process `holder` for a copy about to be made for it, if
+    /// `bounds` let it hold that ([`LeaseBook::promise`]); kept until the promise is dropped,
+    /// which the copy does once its slot is lent.
+    pub(super) fn promise(
+        &self,
+        bounds: &PeerBounds,
+        holder: u32,
+        bytes: u64,
+    ) -> Result<Promise<'_>, OverBound> {
+        lock(&self.book).promise(bounds, holder, bytes)?;
+        Ok(Promise {
+            lending: self,
+            holder,
+            bytes,
+        })
     }
 
     /// Leases outstanding, and the bytes of the slots they hold.

@@ -15,6 +15,7 @@ use tensorwire_proto::transport::{
 };
 
 use super::conn::{Conn, Waiter};
+use super::lending::Promise;
 use super::packing::{INLINE_REQUEST, Layout, layout};
 use super::{Transport, WhenFull};
 use crate::shm::segments::{SlotMut, class};
@@ -76,8 +77,8 @@ pub(super) fn send(t: &Arc<Transport>, conn: &Arc<Conn>, request: OutboundReques
     if outgoing.layout.copy == 0 {
         return transmit(t, conn, outgoing, false, None);
     }
-    if let Some(slot) = slot_at_once(t, conn.peer.pid, outgoing.layout.copy) {
-        return transmit(t, conn, outgoing, false, Some(slot));
+    if let Some(taken) = slot_at_once(t, conn.peer.pid, outgoing.layout.copy) {
+        return transmit(t, conn, outgoing, false, Some(taken));
     }
     stats::global().record_shm_copy_thread_copy();
     let conn = Arc::clone(conn);
@@ -93,13 +94,34 @@ pub(super) fn send(t: &Arc<Transport>, conn: &Arc<Conn>, request: OutboundReques
 /// thread.
 pub(super) const COPY_AT_ONCE: usize = 64 << 10;
 
+/// A slot taken for a copy for one process, with its bytes promised to that process until the
+/// slot is lent: copies under way for a process count against its bound
+/// ([`PeerBounds::held_bytes_per_process`](tensorwire_proto::shm::PeerBounds)) as what it
+/// holds does.
+pub(super) struct Taken<'a> {
+    slot: SlotMut,
+    promise: Promise<'a>,
+}
+
+impl<'a> Taken<'a> {
+    /// The slot to copy into, and the promise to drop once it is lent.
+    pub(super) fn split(taken: Option<Self>) -> (Option<SlotMut>, Option<Promise<'a>>) {
+        match taken {
+            Some(Taken { slot, promise }) => (Some(slot), Some(promise)),
+            None => (None, None),
+        }
+    }
+}
+
 /// A slot for a copy of `len` bytes for process `holder` that may be made on this thread: one
 /// that is small enough, free now (never waits for credit) and within what `holder` may hold.
-pub(super) fn slot_at_once(t: &Transport, holder: u32, len: usize) -> Option<SlotMut> {
-    if len == 0 || len > COPY_AT_ONCE || may_hold(t, holder, len).is_err() {
+pub(super) fn slot_at_once(t: &Transport, holder: u32, len: usize) -> Option<Taken<'_>> {
+    if len == 0 || len > COPY_AT_ONCE {
         return None;
     }
-    t.segments.take(len).ok()
+    let promise = promise(t, holder, len).ok()?;
+    let slot = t.segments.take(len).ok()?;
+    Some(Taken { slot, promise })
 }
 
 /// Copies (if needed, into `slot` when one was taken already) and hands one request to the
@@ -111,7 +133,7 @@ fn transmit(
     conn: &Arc<Conn>,
     outgoing: Outgoing,
     reading: bool,
-    slot: Option<SlotMut>,
+    taken: Option<Taken<'_>>,
 ) {
     let Outgoing {
         peer,
@@ -125,14 +147,17 @@ fn transmit(
     if completion.is_cancelled() {
         return completion.complete(Err(Error::Cancelled));
     }
-    let slot = match slot_for(t, conn.peer.pid, slot, layout.copy, deadline) {
-        Ok(slot) => slot,
+    let taken = match slot_for(t, conn.peer.pid, taken, layout.copy, deadline) {
+        Ok(taken) => taken,
         Err(why) => {
             let request = OutboundRequest::new(peer, path, kind, message, deadline, completion);
             return full(t, request, &why);
         }
     };
-    let mut packed = match layout.fill(&message, &t.limits, slot, &t.lending, conn.peer.pid) {
+    let (slot, promise) = Taken::split(taken);
+    let filled = layout.fill(&message, &t.limits, slot, &t.lending, conn.peer.pid);
+    drop(promise); // the slot is lent now (or given back)
+    let mut packed = match filled {
         Ok(packed) => packed,
         Err(e) => return completion.complete(Err(e)),
     };
@@ -203,13 +228,13 @@ fn transmit(
 /// The slot a copy of `len` bytes for process `holder` goes into: `taken` if one was taken
 /// already, none if nothing is copied, else one waited for as [`credit`] does. `Err` says why
 /// there is none.
-pub(super) fn slot_for(
-    t: &Transport,
+pub(super) fn slot_for<'a>(
+    t: &'a Transport,
     holder: u32,
-    taken: Option<SlotMut>,
+    taken: Option<Taken<'a>>,
     len: usize,
     deadline: Deadline,
-) -> Result<Option<SlotMut>, String> {
+) -> Result<Option<Taken<'a>>, String> {
     match taken {
         Some(slot) => Ok(Some(slot)),
         None if len > 0 => credit(t, holder, len, deadline).map(Some),
@@ -222,10 +247,11 @@ pub(super) fn slot_for(
 /// no slot and no wait: waiting for its own releases would hold this thread (the copy thread,
 /// a handler's) for every other peer, while the process decides when it releases. `Err` says
 /// why there is none.
-fn credit(t: &Transport, holder: u32, len: usize, deadline: Deadline) -> Result<SlotMut, String> {
-    may_hold(t, holder, len).map_err(|over| format!("{over}; it must release views first"))?;
+fn credit(t: &Transport, holder: u32, len: usize, deadline: Deadline) -> Result<Taken<'_>, String> {
+    let promise =
+        promise(t, holder, len).map_err(|over| format!("{over}; it must release views first"))?;
     match t.segments.take(len) {
-        Ok(slot) => return Ok(slot),
+        Ok(slot) => return Ok(Taken { slot, promise }),
         Err(ShmError::Quota { .. }) => {}
         Err(e) => return Err(e.to_string()),
     }
@@ -233,7 +259,7 @@ fn credit(t: &Transport, holder: u32, len: usize, deadline: Deadline) -> Result<
     let wait = t.config.credit_wait;
     let until = Deadline::after(Instant::now(), wait).min(deadline);
     let until = until.at().unwrap_or_else(|| Instant::now() + wait);
-    t.segments.take_until(len, until).map_err(|e| match e {
+    let slot = t.segments.take_until(len, until).map_err(|e| match e {
         ShmError::Quota { .. } => format!(
             "receivers hold this node's shared memory ({} of {} bytes in held slots); no \
              credit came back within {wait:?}",
@@ -241,18 +267,16 @@ fn credit(t: &Transport, holder: u32, len: usize, deadline: Deadline) -> Result<
             t.segments.quota(),
         ),
         other => other.to_string(),
-    })
+    })?;
+    Ok(Taken { slot, promise })
 }
 
-/// Whether process `holder` may be lent a slot for `len` bytes more (counted at the slot's
-/// size, as what it holds is; [`PeerBounds::held_bytes_per_process`](tensorwire_proto::shm::PeerBounds)).
-/// Checked before each copy: copies made at the same moment for one process (its asks served
-/// by several handler threads) may each pass the check, so the bound can be passed by one slot
-/// per such copy.
-fn may_hold(t: &Transport, holder: u32, len: usize) -> Result<(), OverBound> {
-    t.config
-        .bounds
-        .may_hold(holder, t.lending.held_by(holder), class(len) as u64)
+/// A slot for `len` bytes more promised to process `holder`, if it may hold that on top of
+/// what it holds and what copies under way for it were promised (counted at the slot's size,
+/// as what it holds is; [`PeerBounds::held_bytes_per_process`](tensorwire_proto::shm::PeerBounds)).
+fn promise(t: &Transport, holder: u32, len: usize) -> Result<Promise<'_>, OverBound> {
+    t.lending
+        .promise(&t.config.bounds, holder, class(len) as u64)
 }
 
 /// No credit came: the send goes over the remote path or fails, as configured.

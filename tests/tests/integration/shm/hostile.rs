@@ -9,6 +9,7 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -415,13 +416,14 @@ fn connections_that_never_say_hello_cannot_shut_out_other_processes() {
 #[test]
 fn one_process_that_keeps_every_reply_cannot_take_the_memory_others_are_answered_from() {
     let _serial = serial();
-    // Replies of 8 MiB from a 64 MiB quota: one process may hold half of it by default.
+    // Replies of 8 MiB from a 64 MiB quota, asked for four at a time (copied on four handler
+    // threads at once): one process may hold half of it by default.
     let server = node_with(|b| {
         b.shm_quota(64 << 20)
             .shm_credit_wait(Duration::from_millis(300))
     });
     server
-        .serve("make", 2, |_| {
+        .serve("make", 4, |_| {
             Ok(Reply::Tensor(TensorMessage::new(
                 1,
                 Bytes::new(),
@@ -579,18 +581,37 @@ fn hostile_peer() {
             let _ = stdin.next();
         }
         "hoard" => {
+            // Four asks at a time: the node copies several replies for this process at once.
             let target = hostile_target();
             let client = node();
-            let mut held = Vec::new();
-            let refusal = loop {
-                match client.ask_blocking(target, "/actors/make", kib(1), Duration::from_secs(5)) {
-                    Ok(reply) if held.len() < 64 => held.push(tensor(reply)),
-                    Ok(_) => break "nothing refused".to_owned(),
-                    Err(e) => break e.to_string().replace('\n', " "),
+            let (held, refusals) = (Mutex::new(Vec::new()), Mutex::new(Vec::new()));
+            thread::scope(|s| {
+                for _ in 0..4 {
+                    s.spawn(|| {
+                        loop {
+                            let asked = client.ask_blocking(
+                                target,
+                                "/actors/make",
+                                kib(1),
+                                Duration::from_secs(5),
+                            );
+                            let mut held = held.lock().unwrap();
+                            let refusal = match asked {
+                                Ok(reply) if held.len() < 64 => {
+                                    held.push(tensor(reply));
+                                    continue;
+                                }
+                                Ok(_) => "nothing refused".to_owned(),
+                                Err(e) => e.to_string().replace('\n', " "),
+                            };
+                            break refusals.lock().unwrap().push(refusal);
+                        }
+                    });
                 }
-            };
+            });
+            let held = held.into_inner().unwrap();
             let bytes: u64 = held.iter().map(TensorMessage::total_bytes).sum();
-            println!("hoarded {bytes} then {refusal}");
+            println!("hoarded {bytes} then {}", refusals.into_inner().unwrap()[0]);
             let _ = stdin.next();
         }
         other => panic!("unknown mode {other}"),
