@@ -164,11 +164,28 @@ impl<S: Lent> LeaseBook<S> {
         holder: u32,
         bytes: u64,
     ) -> Result<(), OverBound> {
+        self.may_promise(bounds, holder, bytes)?;
+        let promised = self.promised.entry(holder).or_default();
+        *promised = promised.saturating_add(bytes);
+        Ok(())
+    }
+
+    /// Whether [`LeaseBook::promise`] would promise `bytes` to `holder` now (nothing is
+    /// recorded: for a copy short enough that others made at the same moment may pass the
+    /// bound by its slot).
+    ///
+    /// # Errors
+    ///
+    /// As [`LeaseBook::promise`].
+    pub fn may_promise(
+        &self,
+        bounds: &PeerBounds,
+        holder: u32,
+        bytes: u64,
+    ) -> Result<(), OverBound> {
         let promised = self.promised.get(&holder).copied().unwrap_or(0);
         let held = self.held_by(holder).saturating_add(promised);
-        bounds.may_hold(holder, held, bytes)?;
-        *self.promised.entry(holder).or_default() = promised.saturating_add(bytes);
-        Ok(())
+        bounds.may_hold(holder, held, bytes)
     }
 
     /// A promise of `bytes` to `holder` ([`LeaseBook::promise`]) is over: its slot was lent,
@@ -328,6 +345,13 @@ mod tests {
             "a promise withdrawn twice takes nothing else away"
         );
         assert!(sut.promise(&bounds, 7, 41).is_err());
+        assert!(sut.may_promise(&bounds, 7, 41).is_err());
+        assert_eq!(sut.may_promise(&bounds, 7, 40), Ok(()));
+        assert_eq!(
+            sut.may_promise(&bounds, 7, 40),
+            Ok(()),
+            "nothing was recorded"
+        );
     }
 
     #[test]

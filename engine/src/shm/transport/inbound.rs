@@ -15,7 +15,8 @@ use tensorwire_proto::transport::{
 
 use super::Transport;
 use super::conn::{Conn, Delivered};
-use super::outbound::{Taken, slot_at_once, slot_for};
+use super::lending::Taken;
+use super::outbound::{slot_at_once, slot_for};
 use super::packing::{INLINE_REPLY, Layout, layout};
 
 /// A single reply's data travels in the record up to this.
@@ -153,10 +154,7 @@ fn reply_tensor(
         Ok(taken) => taken,
         Err(why) => return fail(format!("cannot send the reply over shared memory: {why}")),
     };
-    let (slot, promise) = Taken::split(taken);
-    let filled = layout.fill(message, &t.limits, slot, &t.lending, conn.peer.pid);
-    drop(promise); // the slot is lent now (or given back)
-    let mut packed = match filled {
+    let mut packed = match layout.fill(message, &t.limits, taken, &t.lending, conn.peer.pid) {
         Ok(packed) => packed,
         Err(e) => return fail(format!("cannot send the reply: {e}")),
     };

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tensorwire_proto::shm::{LeaseBook, Lent, OverBound, PeerBounds};
 
-use crate::shm::segments::Slot;
+use crate::shm::segments::{Slot, SlotMut};
 use crate::sync::lock;
 
 /// Leases of this node's slots held by peers.
@@ -22,17 +22,51 @@ pub(super) struct Lending {
     orphans_changed: AtomicU64,
 }
 
-/// Bytes promised to one holder for a copy under way ([`Lending::promise`]), given back when
-/// dropped.
+/// Bytes promised to one holder for a copy under way ([`Lending::promise`]): withdrawn under
+/// the lock that lends its slot ([`Promise::kept`]), or when dropped (no slot was lent).
 pub(super) struct Promise<'a> {
     lending: &'a Lending,
     holder: u32,
     bytes: u64,
 }
 
+impl Promise<'_> {
+    /// The promised slot is being lent under `book` (this lending's book, locked): the promise
+    /// ends in the same lock, so the holder's bytes are never counted short.
+    pub(super) fn kept(self, book: &mut LeaseBook<LentSlot>) {
+        book.withdraw(self.holder, self.bytes);
+        std::mem::forget(self); // withdrawn: nothing left for `Drop`
+    }
+}
+
 impl Drop for Promise<'_> {
     fn drop(&mut self) {
         lock(&self.lending.book).withdraw(self.holder, self.bytes);
+    }
+}
+
+/// A slot taken for a copy for one process, with its bytes promised to that process until the
+/// slot is lent ([`Layout::fill`](super::packing::Layout::fill)): copies under way for a
+/// process count against its bound
+/// ([`PeerBounds::held_bytes_per_process`](tensorwire_proto::shm::PeerBounds)) as what it
+/// holds does. A copy made at once on the sending thread (at most
+/// [`COPY_AT_ONCE`](super::outbound::COPY_AT_ONCE) bytes) is only checked, not promised.
+pub(super) struct Taken<'a> {
+    slot: SlotMut,
+    promise: Option<Promise<'a>>,
+}
+
+impl<'a> Taken<'a> {
+    pub(super) fn new(slot: SlotMut, promise: Option<Promise<'a>>) -> Self {
+        Self { slot, promise }
+    }
+
+    /// The slot to copy into, and the promise to keep when it is lent.
+    pub(super) fn split(taken: Option<Self>) -> (Option<SlotMut>, Option<Promise<'a>>) {
+        match taken {
+            Some(Taken { slot, promise }) => (Some(slot), promise),
+            None => (None, None),
+        }
     }
 }
 
@@ -121,6 +155,17 @@ impl Lending {
             .iter()
             .map(|(&pid, fd)| (pid, fd.as_raw_fd()))
             .collect()
+    }
+
+    /// Whether a slot of `bytes` may be lent to `holder` now ([`LeaseBook::may_promise`]),
+    /// without promising it.
+    pub(super) fn may_promise(
+        &self,
+        bounds: &PeerBounds,
+        holder: u32,
+        bytes: u64,
+    ) -> Result<(), OverBound> {
+        lock(&self.book).may_promise(bounds, holder, bytes)
     }
 
     /// A slot of `bytes` promised to process `holder` for a copy about to be made for it, if

@@ -15,10 +15,10 @@ use tensorwire_proto::transport::{
 };
 
 use super::conn::{Conn, Waiter};
-use super::lending::Promise;
+use super::lending::{Promise, Taken};
 use super::packing::{INLINE_REQUEST, Layout, layout};
 use super::{Transport, WhenFull};
-use crate::shm::segments::{SlotMut, class};
+use crate::shm::segments::class;
 
 /// A request on its way out.
 struct Outgoing {
@@ -94,34 +94,21 @@ pub(super) fn send(t: &Arc<Transport>, conn: &Arc<Conn>, request: OutboundReques
 /// thread.
 pub(super) const COPY_AT_ONCE: usize = 64 << 10;
 
-/// A slot taken for a copy for one process, with its bytes promised to that process until the
-/// slot is lent: copies under way for a process count against its bound
-/// ([`PeerBounds::held_bytes_per_process`](tensorwire_proto::shm::PeerBounds)) as what it
-/// holds does.
-pub(super) struct Taken<'a> {
-    slot: SlotMut,
-    promise: Promise<'a>,
-}
-
-impl<'a> Taken<'a> {
-    /// The slot to copy into, and the promise to drop once it is lent.
-    pub(super) fn split(taken: Option<Self>) -> (Option<SlotMut>, Option<Promise<'a>>) {
-        match taken {
-            Some(Taken { slot, promise }) => (Some(slot), Some(promise)),
-            None => (None, None),
-        }
-    }
-}
-
 /// A slot for a copy of `len` bytes for process `holder` that may be made on this thread: one
 /// that is small enough, free now (never waits for credit) and within what `holder` may hold.
 pub(super) fn slot_at_once(t: &Transport, holder: u32, len: usize) -> Option<Taken<'_>> {
     if len == 0 || len > COPY_AT_ONCE {
         return None;
     }
-    let promise = promise(t, holder, len).ok()?;
+    // Checked, not promised: a copy this short ends within moments, so copies made at the
+    // same moment for one process pass its bound by one such slot each at most, and a
+    // promise would cost every small message a third lock of the lease book.
+    let bounds = &t.config.bounds;
+    t.lending
+        .may_promise(bounds, holder, class(len) as u64)
+        .ok()?;
     let slot = t.segments.take(len).ok()?;
-    Some(Taken { slot, promise })
+    Some(Taken::new(slot, None))
 }
 
 /// Copies (if needed, into `slot` when one was taken already) and hands one request to the
@@ -154,10 +141,7 @@ fn transmit(
             return full(t, request, &why);
         }
     };
-    let (slot, promise) = Taken::split(taken);
-    let filled = layout.fill(&message, &t.limits, slot, &t.lending, conn.peer.pid);
-    drop(promise); // the slot is lent now (or given back)
-    let mut packed = match filled {
+    let mut packed = match layout.fill(&message, &t.limits, taken, &t.lending, conn.peer.pid) {
         Ok(packed) => packed,
         Err(e) => return completion.complete(Err(e)),
     };
@@ -251,7 +235,7 @@ fn credit(t: &Transport, holder: u32, len: usize, deadline: Deadline) -> Result<
     let promise =
         promise(t, holder, len).map_err(|over| format!("{over}; it must release views first"))?;
     match t.segments.take(len) {
-        Ok(slot) => return Ok(Taken { slot, promise }),
+        Ok(slot) => return Ok(Taken::new(slot, Some(promise))),
         Err(ShmError::Quota { .. }) => {}
         Err(e) => return Err(e.to_string()),
     }
@@ -268,7 +252,7 @@ fn credit(t: &Transport, holder: u32, len: usize, deadline: Deadline) -> Result<
         ),
         other => other.to_string(),
     })?;
-    Ok(Taken { slot, promise })
+    Ok(Taken::new(slot, Some(promise)))
 }
 
 /// A slot for `len` bytes more promised to process `holder`, if it may hold that on top of

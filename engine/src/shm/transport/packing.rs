@@ -14,7 +14,7 @@ use tensorwire_proto::shm::{Body, MAX_DATAGRAM, Part, Returned, SHARED_PART_BYTE
 use tensorwire_proto::transport::Error;
 use tensorwire_proto::{Limits, TensorMessage, len_u64};
 
-use super::lending::{Lending, LentSlot};
+use super::lending::{Lending, LentSlot, Taken};
 use crate::shm::segments::{Segment, Segments, Slot, SlotMut};
 use crate::shm::split_copy::{SPLIT_FROM, copy_all};
 
@@ -271,10 +271,11 @@ impl Layout {
         self,
         message: &TensorMessage,
         limits: &Limits,
-        slot: Option<SlotMut>,
+        taken: Option<Taken<'_>>,
         lending: &Lending,
         holder: u32,
     ) -> Result<Packed, Error> {
+        let (slot, mut promise) = Taken::split(taken);
         let mut packed = Packed {
             body: Body::Inline(Bytes::new()),
             segments: Vec::new(),
@@ -298,8 +299,11 @@ impl Layout {
         // Every lease of the message under one lock of the book (a message of many loans).
         let mut book = None;
         let mut lend = |slot: Arc<Slot>| {
-            book.get_or_insert_with(|| lending.book())
-                .lend(holder, LentSlot(slot))
+            let book = book.get_or_insert_with(|| lending.book());
+            if let Some(promise) = promise.take() {
+                promise.kept(book); // the fresh slot, lent first, was promised
+            }
+            book.lend(holder, LentSlot(slot))
         };
         // The fresh slot (given only when something is copied into it) goes out under one
         // lease, whichever parts it holds.

@@ -445,7 +445,10 @@ fn a_receiver_that_holds_half_the_senders_memory_gets_further_messages_over_ptr1
     assert!(over_tcp.request().local_peer.is_none(), "it came over TCP");
     let after = stats::global().snapshot();
     assert_eq!(after.shm_credit_fallbacks, before.shm_credit_fallbacks + 1);
+    let lent = client.stats().shm_lent_bytes;
     held.pop();
+    // The release reaches the sender in a datagram of its own, after the drop.
+    assert!(eventually(|| client.stats().shm_lent_bytes < lent));
     assert!(
         send(3).request().local_peer.is_some(),
         "a release makes room under the bound: shared memory again"
