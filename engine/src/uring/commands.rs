@@ -56,6 +56,9 @@ pub(crate) enum Event {
 pub(crate) enum Fault {
     /// The next turn fails as if the ring had.
     RingError,
+    /// As `RingError`, and the core thread then stalls for 200 ms before its ring goes (as a
+    /// thread the scheduler preempts there would).
+    RingErrorThenStall,
     /// The next turn panics (once).
     Panic,
     /// The next turn panics, and so does the recovery from it.

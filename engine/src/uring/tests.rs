@@ -132,6 +132,16 @@ fn a_failed_core_gets_no_accepted_connections() {
 }
 
 #[test]
+fn a_failed_core_leaves_no_accept_behind_to_take_connections_nobody_serves() {
+    // The failed core's thread stalls before its ring goes (as a preempted thread would; in
+    // a CI run every connection hung that way, `[0, 0]`): its accept must be over by then, and
+    // what it took handed to the live core.
+    let driver = driver(2);
+    break_core(&driver, 0, Fault::RingErrorThenStall, 1);
+    let _streams = connect_and_count(&driver, 4, &[0, 4]);
+}
+
+#[test]
 fn a_core_whose_ring_fails_leaves_the_round_robin_and_the_others_carry_every_request() {
     let driver = driver(2);
     let peer = closed_port();

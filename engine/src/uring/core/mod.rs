@@ -141,6 +141,10 @@ impl Core {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     self.fail(format!("its ring failed: {e}"));
+                    #[cfg(test)]
+                    if self.fault == Some(Fault::RingErrorThenStall) {
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
                     break;
                 }
                 Err(panic) => {
@@ -193,7 +197,7 @@ impl Core {
 
     /// Takes this core out of its driver (the driver sends it nothing more until a new core
     /// takes its place, and says why in every error once no core is left), then fails
-    /// everything it holds.
+    /// everything it holds and ends its accept (`release_accept`).
     fn fail(&mut self, reason: String) {
         tracing::error!(
             reason = %reason,
@@ -201,7 +205,10 @@ impl Core {
         );
         self.restartable = !self.stopping;
         self.handle.shared.set_failed(reason);
-        let stopped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.stop_all()));
+        let stopped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.stop_all();
+            self.release_accept();
+        }));
         if stopped.is_err() {
             self.restartable = false; // what it holds is in doubt: nothing is handed on
             tracing::error!("failing the requests of a failed core panicked");
@@ -259,7 +266,9 @@ impl Core {
         self.update_gauges();
         #[cfg(test)]
         match self.fault {
-            Some(Fault::RingError) => return Err(io::Error::other("an injected ring failure")),
+            Some(Fault::RingError | Fault::RingErrorThenStall) => {
+                return Err(io::Error::other("an injected ring failure"));
+            }
             Some(Fault::Panic) => {
                 self.fault = None;
                 panic!("an injected panic");

@@ -3,7 +3,7 @@
 
 use std::io;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use io_uring::cqueue;
 
@@ -12,6 +12,9 @@ use crate::uring::op::{Accept, Op, OpEntry, OpKey, Owner, Read};
 
 /// Pause before re-arming an accept that failed (for instance out of file descriptors).
 const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(100);
+
+/// How long a failed core waits for the kernel to end its accept ([`Core::release_accept`]).
+const ACCEPT_RELEASE_WAIT: Duration = Duration::from_millis(200);
 
 impl Core {
     /// Dispatches one completion to what it completes: a connection's operation to the
@@ -80,6 +83,40 @@ impl Core {
             self.accept_retry_at = Some(self.now + ACCEPT_RETRY_DELAY);
         } else {
             self.arm_accept();
+        }
+    }
+
+    /// Ends the accept of a core that failed before its ring goes: the kernel tears a closed
+    /// ring down later, and until then an accept left armed on it goes on taking connections
+    /// that nobody reads, whose clients hang. The cancel that `stop_all` queued is submitted
+    /// and the accept's completions read (at most [`ACCEPT_RELEASE_WAIT`]); a connection it
+    /// took meanwhile goes to a live core ([`Core::on_accept`]). Other completions are left
+    /// unread: their operations stay with the failed ring, as when it fails. A ring that cannot
+    /// submit any more ends the wait at once.
+    pub(super) fn release_accept(&mut self) {
+        let Some(accept) = self.accept else {
+            return;
+        };
+        let until = Instant::now() + ACCEPT_RELEASE_WAIT;
+        while self.accept.is_some() {
+            let left = until.saturating_duration_since(Instant::now());
+            let waited = self
+                .ring
+                .submit_and_wait(Some(left.min(Duration::from_millis(10))));
+            if left.is_zero() || waited.is_err() {
+                tracing::warn!(
+                    "a failed core's accept did not end; connections it takes may hang until the \
+                     kernel tears its ring down"
+                );
+                return;
+            }
+            self.ring.drain(&mut self.completions);
+            while let Some((user_data, res, flags)) = self.completions.pop_front() {
+                let key = OpKey::from_user_data(user_data);
+                if key == accept {
+                    self.on_own_completion(key, res, flags);
+                }
+            }
         }
     }
 

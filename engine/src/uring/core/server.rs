@@ -18,14 +18,16 @@ impl Core {
     /// A completion of the accept: a new connection (or an error, retried elsewhere), placed
     /// on the next live core in turn. The kernel hands a burst of connections to whichever
     /// core's accept it wakes first, mostly the same one, which would leave the other cores
-    /// idle while that one serves them all.
+    /// idle while that one serves them all. A core that stops (it failed, or the driver stops)
+    /// still hands a connection its accept took on to a live core, which serves it unless it
+    /// stops too; a driver closing gracefully accepts nothing new.
     pub(super) fn on_accept(&mut self, res: i32) {
         if res < 0 {
             return; // e.g. ECONNABORTED: the next connection is accepted as usual
         }
         // SAFETY: a successful accept returns a new descriptor that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(res) };
-        if self.stopping || self.draining {
+        if self.draining {
             return;
         }
         let ctx = Arc::clone(&self.ctx);
