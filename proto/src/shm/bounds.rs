@@ -147,13 +147,15 @@ pub enum OverBound {
     },
     /// One process holds too much of this node's memory.
     #[error(
-        "process {pid} holds {held} bytes of this node's shared memory it has not released; \
-         {len} more would pass its bound ({max} bytes)"
+        "process {pid} holds {held} bytes of this node's shared memory it has not released \
+         (or that copies under way for it will fill); {len} more would pass its bound ({max} \
+         bytes)"
     )]
     HeldOfProcess {
         /// The peer process.
         pid: u32,
-        /// Bytes of this node's slots it holds.
+        /// Bytes of this node's slots it holds, and of those copies for it under way were
+        /// promised.
         held: u64,
         /// The new slot's bytes.
         len: u64,

@@ -150,9 +150,9 @@ impl<S: Lent> LeaseBook<S> {
 
     /// Promises a slot of `bytes` to process `holder` for a copy about to be made for it, if
     /// `bounds` let it hold that on top of what it holds and what copies under way were
-    /// promised already; the copy's slot is lent ([`LeaseBook::lend`]) before the promise is
-    /// [withdrawn](LeaseBook::withdraw), so copies made at the same moment for one process
-    /// (its asks served by several threads) cannot pass its bound together.
+    /// promised already. The promise is [withdrawn](LeaseBook::withdraw) when the copy's slot
+    /// is lent ([`LeaseBook::lend`], in the same lock), so copies made at the same moment for
+    /// one process (its asks served by several threads) cannot pass its bound together.
     ///
     /// # Errors
     ///

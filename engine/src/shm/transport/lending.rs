@@ -169,8 +169,8 @@ impl Lending {
     }
 
     /// A slot of `bytes` promised to process `holder` for a copy about to be made for it, if
-    /// `bounds` let it hold that ([`LeaseBook::promise`]); kept until the promise is dropped,
-    /// which the copy does once its slot is lent.
+    /// `bounds` let it hold that ([`LeaseBook::promise`]); it ends when its slot is lent
+    /// ([`Promise::kept`]) or, if none is, when it is dropped.
     pub(super) fn promise(
         &self,
         bounds: &PeerBounds,
