@@ -1,58 +1,24 @@
 //! What a local process of the same user can do to a node over shared memory, tried with an
 //! independent peer written from `docs/protocol.md` (`tensorwire_tests::raw_shm`), in this
-//! process or in a child (this test binary run again as `shm::hostile::hostile_peer`).
+//! process or in a child (this test binary run again as a hostile peer process:
+//! `shm::hostile_harness`).
 //! Each case is an attack that used to work: forged replies, memory committed by declaration,
 //! descriptors and mappings used up, replies never read, lent memory reopened writable, the
 //! hello slots taken, and the node's memory held without release.
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
-use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tensorwire_engine::shm::PeerBounds;
-use tensorwire_engine::{Node, Preference, Reply, RequestKind, TensorMessage};
+use tensorwire_engine::{Node, Reply, RequestKind, TensorMessage};
 use tensorwire_proto::Limits;
 use tensorwire_proto::shm::{Body, Control, Part, Shared, WireReply};
-use tensorwire_tests::raw_shm::{
-    RawConn, connect_socket, connect_without_hello, sealed_memfd, socket_name,
-};
+use tensorwire_tests::raw_shm::{RawConn, connect_socket, sealed_memfd, socket_name};
 use tensorwire_tests::*;
 
-fn node() -> Node {
-    node_with(|b| b)
-}
-
-fn node_with(
-    configure: impl FnOnce(tensorwire_engine::NodeBuilder) -> tensorwire_engine::NodeBuilder,
-) -> Node {
-    let node = configure(
-        Node::builder(any_local_address())
-            .in_process_delivery(false)
-            .shared_memory(true)
-            .preference(Preference::SharedMemory),
-    )
-    .build()
-    .unwrap();
-    node.serve("echo", 2, |r| Ok(Reply::Tensor(r.message)))
-        .unwrap();
-    node.serve("sink", 2, |r| {
-        Ok(Reply::Single {
-            msg_type: "ack".into(),
-            data: Bytes::from(r.message.total_bytes().to_string()),
-        })
-    })
-    .unwrap();
-    node
-}
-
-fn kib(n: usize) -> TensorMessage {
-    TensorMessage::new(1, Bytes::new(), vec![Bytes::from(vec![7u8; n << 10])])
-}
+use super::hostile_harness::{HostilePeer, kib, node, node_with};
 
 /// The value of a `/proc/self/status` field, in bytes.
 fn status_bytes(field: &str) -> u64 {
@@ -457,171 +423,4 @@ fn one_process_that_keeps_every_reply_cannot_take_the_memory_others_are_answered
             .expect("another peer process (this one) is still answered while the hoarder holds its bound");
         assert_eq!(tensor(reply).buffers[0].len(), 8 << 20);
     }
-}
-
-/// This test binary run again as a hostile peer process (`hostile_peer` below).
-struct HostilePeer {
-    child: Child,
-    addr: Option<SocketAddr>,
-    flooded: usize,
-    /// What a hoarder reported.
-    report: String,
-}
-
-impl HostilePeer {
-    fn start(mode: &str, target: Option<SocketAddr>) -> Self {
-        let exe = std::env::current_exe().unwrap();
-        let mut command = Command::new(exe);
-        command
-            .args([
-                "--ignored",
-                "--exact",
-                "shm::hostile::hostile_peer",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("TENSORWIRE_HOSTILE", mode)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        if let Some(target) = target {
-            command.env("TENSORWIRE_HOSTILE_TARGET", target.to_string());
-        }
-        let mut child = command.spawn().unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let (mut addr, mut flooded, mut report) = (None, 0, String::new());
-        loop {
-            let line = lines.next().expect("the peer reports").unwrap();
-            if let Some(at) = line.split("peer listening on ").nth(1) {
-                addr = Some(at.trim().parse().unwrap());
-                break;
-            }
-            if let Some(n) = line.split("flooded ").nth(1) {
-                flooded = n.trim().parse().unwrap();
-                break;
-            }
-            if let Some(what) = line.split("hoarded ").nth(1) {
-                report = what.trim().to_owned();
-                break;
-            }
-        }
-        Self {
-            child,
-            addr,
-            flooded,
-            report,
-        }
-    }
-
-    fn command(&mut self, line: &str) {
-        use std::io::Write;
-        let stdin = self.child.stdin.as_mut().unwrap();
-        writeln!(stdin, "{line}").unwrap();
-        stdin.flush().unwrap();
-        thread::sleep(Duration::from_millis(200));
-    }
-
-    /// The CPU the peer process uses over `window`.
-    fn cpu_seconds_over(&self, window: Duration) -> f64 {
-        let read = || {
-            let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
-            let fields: Vec<&str> = stat
-                .rsplit(") ")
-                .next()
-                .unwrap()
-                .split_whitespace()
-                .collect();
-            let ticks: u64 =
-                fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-            ticks
-        };
-        let before = read();
-        thread::sleep(window);
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-        (read() - before) as f64 / hz
-    }
-}
-
-impl Drop for HostilePeer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-#[test]
-#[ignore = "run by the hostile tests as their peer process"]
-fn hostile_peer() {
-    let mode = std::env::var("TENSORWIRE_HOSTILE").expect("only as a child");
-    let mut stdin = std::io::stdin().lines();
-    match mode.as_str() {
-        "limit-fds" => {
-            let node = node();
-            println!("peer listening on {}", node.local_addr());
-            // On "limit": no descriptor fits any more (0-2 stay open).
-            if let Some(Ok(_)) = stdin.next() {
-                let limit = libc::rlimit {
-                    rlim_cur: 3,
-                    rlim_max: 4096,
-                };
-                // SAFETY: setrlimit reads a live rlimit.
-                let set = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const limit) };
-                assert_eq!(set, 0);
-            }
-            let _ = stdin.next();
-            drop(node);
-        }
-        "hellos" => {
-            let target = hostile_target();
-            let held: Vec<_> = (0..300)
-                .filter_map(|_| connect_without_hello(target).ok())
-                .collect();
-            println!("flooded {}", held.len());
-            let _ = stdin.next();
-        }
-        "hoard" => {
-            // Four asks at a time: the node copies several replies for this process at once.
-            let target = hostile_target();
-            let client = node();
-            let (held, refusals) = (Mutex::new(Vec::new()), Mutex::new(Vec::new()));
-            thread::scope(|s| {
-                for _ in 0..4 {
-                    s.spawn(|| {
-                        loop {
-                            let asked = client.ask_blocking(
-                                target,
-                                "/actors/make",
-                                kib(1),
-                                Duration::from_secs(5),
-                            );
-                            let mut held = held.lock().unwrap();
-                            let refusal = match asked {
-                                Ok(reply) if held.len() < 64 => {
-                                    held.push(tensor(reply));
-                                    continue;
-                                }
-                                Ok(_) => "nothing refused".to_owned(),
-                                Err(e) => e.to_string().replace('\n', " "),
-                            };
-                            break refusals.lock().unwrap().push(refusal);
-                        }
-                    });
-                }
-            });
-            let held = held.into_inner().unwrap();
-            let bytes: u64 = held.iter().map(TensorMessage::total_bytes).sum();
-            println!("hoarded {bytes} then {}", refusals.into_inner().unwrap()[0]);
-            let _ = stdin.next();
-        }
-        other => panic!("unknown mode {other}"),
-    }
-}
-
-/// The node a hostile peer process was started against.
-fn hostile_target() -> SocketAddr {
-    std::env::var("TENSORWIRE_HOSTILE_TARGET")
-        .expect("started with a target")
-        .parse()
-        .expect("a socket address")
 }

@@ -4,6 +4,7 @@
 mod cross_process;
 mod data_path;
 mod hostile;
+mod hostile_harness;
 mod identity;
 mod layout;
 mod manager;
