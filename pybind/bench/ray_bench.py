@@ -58,18 +58,13 @@ def main() -> None:
     try:
         import ray
 
-        import tensorwire.ray as twr
+        import tensorwire.ray  # noqa: F401  (checked importable here; start_ray uses it)
     except ImportError as e:
         out.record(kind="unavailable", peer="Ray", reason=f"not importable: {e}")
         out.flush_table()
         return
     out.record(kind="version", name="ray", version=ray.__version__)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    twr.register()
-    env = {"PYTHONPATH": str(HERE), "OPENBLAS_NUM_THREADS": "1"}
-    ray.init(
-        num_cpus=4, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env}
-    )
+    env = start_ray()
     try:
         from ray_bench_actors import Consumer, Producer
 
@@ -278,6 +273,22 @@ class Output:
                     f"  {r['peer']}: {r['ratio']:.2f}× (idle {r['idle'] / MiB:.0f} MiB, "
                     f"peak {r['peak'] / MiB:.0f} MiB)"
                 )
+
+
+def start_ray() -> dict[str, str]:
+    """Registers tensorwire's transports and starts a one-host Ray whose workers import this
+    folder's actors; the workers' environment variables."""
+    import ray
+
+    import tensorwire.ray as twr
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    twr.register()
+    env = {"PYTHONPATH": str(HERE), "OPENBLAS_NUM_THREADS": "1"}
+    ray.init(
+        num_cpus=4, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env}
+    )
+    return env
 
 
 def parse_size(text: str) -> int:

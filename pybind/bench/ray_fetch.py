@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
-import os
 import statistics
 import sys
 import threading
@@ -32,7 +31,9 @@ import numpy as np
 
 import tensorwire as tw
 
-HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ray_bench import parse_size, start_ray  # noqa: E402  (this folder's module)
+
 ENDPOINT = "/named/tensorwire/ray/objects"
 
 
@@ -50,13 +51,6 @@ def main() -> None:
         + ", ".join(f"{k} {v:.0f} µs" for k, v in inside.items())
         + f"; the consumer's fetch {fetch:.0f} µs"
     )
-
-
-def parse_size(text: str) -> int:
-    for unit, scale in (("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30)):
-        if text.endswith(unit):
-            return int(text[: -len(unit)]) * scale
-    return int(text)
 
 
 def outside_ray(size: int, transfers: int) -> dict[str, float]:
@@ -105,15 +99,7 @@ def produce(size: int, addresses: Any, stop: Any) -> None:
 def inside_ray(size: int, transfers: int) -> tuple[dict[str, float], float]:
     import ray
 
-    import tensorwire.ray as twr
-
-    sys.path.insert(0, str(HERE))
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    twr.register()
-    env = {"PYTHONPATH": str(HERE), "OPENBLAS_NUM_THREADS": "1"}
-    ray.init(
-        num_cpus=4, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env}
-    )
+    start_ray()
     try:
         from ray_bench_actors import Consumer, Producer
 
