@@ -30,6 +30,7 @@ pub mod fork;
 mod inflight;
 mod node;
 mod panics;
+mod pause;
 mod pending;
 mod pool;
 pub mod shm;

@@ -26,6 +26,7 @@ use tensorwire_proto::TensorMessage;
 use tensorwire_proto::session::{ClientEvent, ClientRequest, ClientSession, SessionConfig};
 use tensorwire_proto::transport::{ActorPath, Answer, Deadline, Error, ReceiveMemory, RequestKind};
 
+use crate::pause::Pause;
 use crate::sync::lock;
 use crate::sys;
 use idle::IdleConns;
@@ -184,6 +185,7 @@ impl Conn {
         let mut read = None;
         // Since when nothing could be read or written (the current wait).
         let mut waiting_since: Option<Instant> = None;
+        let mut pause = Pause::new();
         loop {
             let now = Instant::now();
             while let Some(event) = self.session.poll_event() {
@@ -256,7 +258,7 @@ impl Conn {
             }
             let waited = now.saturating_duration_since(*waiting_since.get_or_insert(now));
             if (want_write || read.is_some()) && self.spin.keep_spinning(waited, spin) {
-                std::hint::spin_loop();
+                pause.pause(waited);
                 continue;
             }
             let mut events = 0;

@@ -14,6 +14,7 @@ use std::time::Duration;
 use tensorwire_proto::transport::{Deadline, Error};
 
 use crate::endpoint::Incoming;
+use crate::pause::Pause;
 
 /// The outcome of a push.
 pub(crate) enum Push {
@@ -137,18 +138,22 @@ impl Mailbox {
             self.spinning.fetch_sub(1, Ordering::AcqRel);
             return self.pop(timeout);
         }
+        let mut pause = Pause::new();
         let found = loop {
             if self.queued.load(Ordering::Acquire) > 0
                 && let Some(found) = self.pop(Some(Duration::ZERO)).transpose()
             {
                 break Some(found);
             }
-            if start.elapsed() >= spin {
+            let idled = start.elapsed();
+            if idled >= spin {
                 break None;
             }
             for _ in 0..32 {
                 std::hint::spin_loop();
             }
+            // Whoever pushes the next request may wait for this CPU.
+            pause.pause(idled);
         };
         self.spinning.fetch_sub(1, Ordering::AcqRel);
         match found {

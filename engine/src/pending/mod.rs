@@ -12,6 +12,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use crate::inflight::InFlight;
+use crate::pause::Pause;
 use crate::sync::{lock, wait};
 use tensorwire_proto::route::Route;
 use tensorwire_proto::transport::{Answer, Completion, Deadline, Error, Reply};
@@ -179,6 +180,7 @@ impl<T> Pending<T> {
             return false;
         }
         let start = Instant::now();
+        let mut pause = Pause::new();
         loop {
             for _ in 0..64 {
                 if self.slot.done.load(Ordering::Acquire) {
@@ -186,9 +188,12 @@ impl<T> Pending<T> {
                 }
                 std::hint::spin_loop();
             }
-            if start.elapsed() >= budget {
+            let idled = start.elapsed();
+            if idled >= budget {
                 return false;
             }
+            // The thread that brings the answer may wait for this CPU.
+            pause.pause(idled);
         }
     }
 

@@ -121,6 +121,11 @@ pub(crate) struct RunArgs {
     /// Measure exactly this many messages instead of a duration.
     #[arg(long, conflicts_with = "duration")]
     messages: Option<u64>,
+    /// Sleep this long before each timed message of the one-at-a-time modes (rtt, oneway,
+    /// tell; 10ms, 500us): messages that come now and then, as a training step's do, each
+    /// after both ends' threads went idle. The sleeps are not timed.
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    gap: Duration,
     /// Asks outstanding in `inflight` mode.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     inflight: u32,
@@ -291,6 +296,7 @@ impl From<&RunArgs> for Options {
             buffers: a.buffers as usize,
             duration: a.duration,
             messages: a.messages,
+            gap: a.gap,
             inflight: a.inflight as usize,
             verify: a.verify,
             loaned: a.loaned,

@@ -217,6 +217,8 @@ pub(crate) struct Options {
     pub(crate) seconds: Option<f64>,
     /// run: exactly this many messages instead of `duration`.
     pub(crate) messages: Option<u64>,
+    /// run: an untimed sleep before each message of the one-at-a-time modes.
+    pub(crate) gap: Duration,
     /// run: check every echoed payload.
     pub(crate) verify: bool,
     /// run: buffers in loaned shared-memory slots (`--transport shm`).
@@ -312,6 +314,7 @@ impl Options {
             only: None,
             seconds: None,
             messages: None,
+            gap: Duration::ZERO,
             verify: false,
             loaned: false,
             smoke: false,

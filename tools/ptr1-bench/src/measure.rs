@@ -119,7 +119,8 @@ impl Sample {
 }
 
 /// Runs `op` back to back — exactly `options.messages` times, or for about `options.duration`
-/// (at least `min_ops` times) — and times each call.
+/// (at least `min_ops` times) — and times each call. With `options.gap`, each call follows an
+/// untimed sleep of that long, left out of the elapsed time the rates are computed over.
 pub(crate) fn sequential(
     options: &Options,
     min_ops: u64,
@@ -132,14 +133,20 @@ pub(crate) fn sequential(
         untimed_bytes: bytes_per_op,
         ..Sample::default()
     };
+    let mut slept = Duration::ZERO;
     while options.more(started, sample.ops, min_ops) {
+        if !options.gap.is_zero() {
+            let before = Instant::now();
+            std::thread::sleep(options.gap);
+            slept += before.elapsed();
+        }
         let t = Instant::now();
         op()?;
         sample.record(t.elapsed());
         sample.ops += 1;
         sample.payload_bytes += bytes_per_op;
     }
-    sample.elapsed = started.elapsed();
+    sample.elapsed = started.elapsed().saturating_sub(slept);
     Ok(sample)
 }
 

@@ -7,15 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-/// Idle looks between two `sched_yield`s while spinning: a peer woken onto this CPU (the
-/// scheduler often places a wakee beside its waker) gets to run instead of waiting for the
-/// spin to end; on an otherwise idle CPU a yield returns at once.
-const LOOKS_PER_YIELD: u32 = 8;
-
-/// How long an idle spin goes before its first yield. A peer that is running answers within a
-/// few microseconds, and a yield is a system call (about a microsecond on these VMs) that the
-/// answer would wait behind; a peer that is not running needs the CPU given up, soon.
-const YIELD_AFTER: Duration = Duration::from_micros(3);
+use crate::pause::Pause;
 
 /// One waiting thread's spin window.
 #[derive(Debug)]
@@ -26,7 +18,7 @@ pub(super) struct Spin {
     idle_since: Option<Instant>,
     /// How long it had idled at its last look.
     idled: Duration,
-    looks: u32,
+    pause: Pause,
 }
 
 impl Spin {
@@ -37,7 +29,7 @@ impl Spin {
             last_work: None,
             idle_since: None,
             idled: Duration::ZERO,
-            looks: 0,
+            pause: Pause::new(),
         }
     }
 
@@ -62,19 +54,10 @@ impl Spin {
         }
     }
 
-    /// Between two idle looks: a spin-loop hint, and once it has idled for [`YIELD_AFTER`],
-    /// now and then a yield of the CPU.
+    /// Between two idle looks: a spin-loop hint, and once it has idled for a few microseconds,
+    /// now and then a yield of the CPU ([`Pause`]).
     pub(super) fn pause(&mut self) {
-        self.looks = self.looks.wrapping_add(1);
-        if self.yields_now() {
-            std::thread::yield_now();
-        } else {
-            std::hint::spin_loop();
-        }
-    }
-
-    fn yields_now(&self) -> bool {
-        self.idled >= YIELD_AFTER && self.looks % LOOKS_PER_YIELD == 0
+        self.pause.pause(self.idled);
     }
 
     fn end_idle(&mut self, now: Instant) -> Duration {
@@ -124,20 +107,6 @@ mod tests {
             sut.worked(start + Duration::from_micros(25)),
             Duration::from_micros(20)
         );
-    }
-
-    #[test]
-    fn it_yields_only_after_idling_for_a_while() {
-        let start = Instant::now();
-        let mut sut = Spin::new(Duration::from_micros(100));
-        sut.worked(start);
-        sut.idle(start + Duration::from_micros(1));
-        sut.looks = LOOKS_PER_YIELD;
-        assert!(!sut.yields_now(), "a fresh idle spin does not yield");
-        sut.idle(start + Duration::from_micros(1) + YIELD_AFTER);
-        assert!(sut.yields_now());
-        sut.looks += 1;
-        assert!(!sut.yields_now(), "then one look in LOOKS_PER_YIELD");
     }
 
     #[test]

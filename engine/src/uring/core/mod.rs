@@ -11,6 +11,7 @@ use tensorwire_proto::session::ConnectionPool;
 use tensorwire_proto::transport::Error;
 
 use crate::panics::panic_text;
+use crate::pause::Pause;
 use crate::uring::Context;
 #[cfg(test)]
 use crate::uring::commands::Fault;
@@ -299,6 +300,7 @@ impl Core {
             return Ok(false);
         };
         self.ring.submit_and_run()?;
+        let mut pause = Pause::new();
         loop {
             if self.ring.has_completions()
                 || !self.inbox.requests.is_empty()
@@ -317,7 +319,8 @@ impl Core {
                 self.ring.submit_and_run()?;
                 until = Instant::now().checked_add(poll_for).unwrap_or(until);
             } else {
-                std::hint::spin_loop();
+                // A peer woken onto this CPU (its client, its handler's caller) may wait for it.
+                pause.pause(idle_since.elapsed());
             }
         }
     }
