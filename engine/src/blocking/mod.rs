@@ -185,7 +185,7 @@ impl Conn {
         let mut read = None;
         // Since when nothing could be read or written (the current wait).
         let mut waiting_since: Option<Instant> = None;
-        let mut pause = Pause::new();
+        let mut pause = Pause::default();
         loop {
             let now = Instant::now();
             while let Some(event) = self.session.poll_event() {

@@ -138,7 +138,7 @@ impl Mailbox {
             self.spinning.fetch_sub(1, Ordering::AcqRel);
             return self.pop(timeout);
         }
-        let mut pause = Pause::new();
+        let mut pause = Pause::default();
         let found = loop {
             if self.queued.load(Ordering::Acquire) > 0
                 && let Some(found) = self.pop(Some(Duration::ZERO)).transpose()
@@ -148,9 +148,6 @@ impl Mailbox {
             let idled = start.elapsed();
             if idled >= spin {
                 break None;
-            }
-            for _ in 0..32 {
-                std::hint::spin_loop();
             }
             // Whoever pushes the next request may wait for this CPU.
             pause.pause(idled);

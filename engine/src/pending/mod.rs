@@ -12,7 +12,6 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use crate::inflight::InFlight;
-use crate::pause::Pause;
 use crate::sync::{lock, wait};
 use tensorwire_proto::route::Route;
 use tensorwire_proto::transport::{Answer, Completion, Deadline, Error, Reply};
@@ -179,8 +178,10 @@ impl<T> Pending<T> {
         if budget.is_zero() {
             return false;
         }
+        // No yields in this poll (unlike the others, `crate::pause`): its budget is short
+        // (20 µs), and yielding in it cost asks in flight from Python a fifth to a third of
+        // their rate (`docs/benchmarks.md`, "Asks that come now and then").
         let start = Instant::now();
-        let mut pause = Pause::new();
         loop {
             for _ in 0..64 {
                 if self.slot.done.load(Ordering::Acquire) {
@@ -188,12 +189,9 @@ impl<T> Pending<T> {
                 }
                 std::hint::spin_loop();
             }
-            let idled = start.elapsed();
-            if idled >= budget {
+            if start.elapsed() >= budget {
                 return false;
             }
-            // The thread that brings the answer may wait for this CPU.
-            pause.pause(idled);
         }
     }
 

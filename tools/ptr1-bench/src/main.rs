@@ -362,6 +362,11 @@ pub(crate) fn run(options: &Options) -> Result<serde_json::Value> {
     {
         bail!("--stripes cuts PTR1 requests: it needs --transport engine or tokio");
     }
+    if !options.gap.is_zero() && options.mode == Mode::InFlight {
+        bail!(
+            "--gap sleeps between messages sent one at a time: it needs --mode rtt, oneway or tell"
+        );
+    }
     if options.loaned && options.transport != Transport::Shm {
         bail!("--loaned sends buffers in shared-memory loans: it needs --transport shm");
     }

@@ -46,6 +46,8 @@ pub(crate) struct Sample {
     /// the whole call count them too.
     pub(crate) untimed_bytes: u64,
     pub(crate) elapsed: Duration,
+    /// The untimed sleeps before the operations (`--gap`), left out of `elapsed`.
+    pub(crate) slept: Duration,
     /// Per-operation latency in nanoseconds (tensorwire clients in every mode, seed and std in
     /// the sequential ones; in flight, from send to reply): an HDR histogram, 3 significant
     /// digits, 1 ns to 1 hour.
@@ -61,6 +63,7 @@ impl Default for Sample {
             payload_bytes: 0,
             untimed_bytes: 0,
             elapsed: Duration::ZERO,
+            slept: Duration::ZERO,
             latencies: Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
                 .unwrap_or_else(|_| Histogram::new(3).unwrap_or_else(|_| unreachable!())),
             verified: false,
@@ -113,6 +116,8 @@ impl Sample {
             "latency_p99_us": self.latency_us(0.99),
             "latency_p999_us": self.latency_us(0.999),
             "latency_max_us": max,
+            // What each `--gap` sleep took on average (a sleep overshoots by the timer slack).
+            "gap_us": self.slept.as_secs_f64() * 1e6 / self.ops.max(1) as f64,
             "verified": self.verified,
         })
     }
@@ -133,12 +138,11 @@ pub(crate) fn sequential(
         untimed_bytes: bytes_per_op,
         ..Sample::default()
     };
-    let mut slept = Duration::ZERO;
     while options.more(started, sample.ops, min_ops) {
         if !options.gap.is_zero() {
             let before = Instant::now();
             std::thread::sleep(options.gap);
-            slept += before.elapsed();
+            sample.slept += before.elapsed();
         }
         let t = Instant::now();
         op()?;
@@ -146,7 +150,7 @@ pub(crate) fn sequential(
         sample.ops += 1;
         sample.payload_bytes += bytes_per_op;
     }
-    sample.elapsed = started.elapsed().saturating_sub(slept);
+    sample.elapsed = started.elapsed().saturating_sub(sample.slept);
     Ok(sample)
 }
 

@@ -29,7 +29,7 @@ impl Spin {
             last_work: None,
             idle_since: None,
             idled: Duration::ZERO,
-            pause: Pause::new(),
+            pause: Pause::default(),
         }
     }
 
@@ -83,6 +83,24 @@ mod tests {
         let (spin, spent) = sut.idle(start + Duration::from_micros(100));
         assert!(!spin);
         assert_eq!(spent, Duration::from_micros(90), "the idle spin is counted");
+    }
+
+    #[test]
+    fn the_idle_time_its_pauses_see_starts_again_with_each_piece_of_work() {
+        let start = Instant::now();
+        let mut sut = Spin::new(Duration::from_micros(100));
+        sut.worked(start);
+        sut.idle(start + Duration::from_micros(1));
+        sut.idle(start + Duration::from_micros(6));
+        assert_eq!(
+            sut.idled,
+            Duration::from_micros(5),
+            "idle since its first idle look"
+        );
+        sut.worked(start + Duration::from_micros(7));
+        assert_eq!(sut.idled, Duration::ZERO);
+        sut.idle(start + Duration::from_micros(8));
+        assert_eq!(sut.idled, Duration::ZERO, "a new idle spell");
     }
 
     #[test]

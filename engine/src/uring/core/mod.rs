@@ -300,7 +300,9 @@ impl Core {
             return Ok(false);
         };
         self.ring.submit_and_run()?;
-        let mut pause = Pause::new();
+        let mut pause = Pause::default();
+        // Since when nothing moved: the start of the idle spell, then the last deferred work.
+        let mut idle_from = idle_since;
         loop {
             if self.ring.has_completions()
                 || !self.inbox.requests.is_empty()
@@ -309,7 +311,8 @@ impl Core {
                 self.polling.found();
                 return Ok(true);
             }
-            if Instant::now() >= until {
+            let now = Instant::now();
+            if now >= until {
                 self.polling.missed();
                 return Ok(false);
             }
@@ -317,10 +320,11 @@ impl Core {
                 // Bytes are moving (a receive or send went on in the kernel's task work):
                 // the conversation is alive, so the poll goes on as long again.
                 self.ring.submit_and_run()?;
-                until = Instant::now().checked_add(poll_for).unwrap_or(until);
+                until = now.checked_add(poll_for).unwrap_or(until);
+                idle_from = now;
             } else {
                 // A peer woken onto this CPU (its client, its handler's caller) may wait for it.
-                pause.pause(idle_since.elapsed());
+                pause.pause(now.saturating_duration_since(idle_from));
             }
         }
     }
