@@ -123,9 +123,9 @@ pub(crate) struct RunArgs {
     messages: Option<u64>,
     /// Sleep this long before each timed message of the one-at-a-time modes (rtt, oneway,
     /// tell; 10ms, 500us): messages that come now and then, as a training step's do, each
-    /// after both ends' threads went idle. The sleeps are not timed; a sleep overshoots by the
-    /// timer slack (about 50 µs), and the JSON's `gap_us` says what they took. `--duration`
-    /// counts them: at 10 ms, `--messages N` gets N asks.
+    /// after both ends' threads went idle. The sleeps are not timed; a sleep oversleeps (timer
+    /// slack, scheduling), and the JSON's `gap_us` says what they took. `--duration` counts
+    /// them: at 10 ms, `--messages N` gets N asks.
     #[arg(long, value_parser = parse_duration, default_value = "0s")]
     gap: Duration,
     /// Asks outstanding in `inflight` mode.
