@@ -5,6 +5,7 @@ use serde_json::{Value, json};
 
 use crate::Options;
 use crate::suite::drift::{self, FLAG_FACTOR};
+use crate::suite::paired;
 use crate::suite::peers::Peers;
 use crate::suite::verdict::{Transfer, Verdict};
 use crate::suite::{Measurement, Pass, Results, median};
@@ -154,7 +155,18 @@ fn pass_case(r: &Results, pass: &Pass, c: usize) -> Value {
             } => json!({ "transfer": transfer.key(), "language": language, "ours": ours, "peer": Value::Null, "no_peer_of_this_kind": true }),
         })
         .collect();
-    json!({ "columns": columns, "peers": peers, "verdicts": verdicts })
+    let engine = paired::engine_over_baseline(pass, case, c, paired::usual_probe(pass));
+    let io_uring_over_baseline = json!({
+        "ratio": number(engine.value),
+        "paired_reps": engine.paired,
+        "reps": engine.reps,
+    });
+    json!({
+        "columns": columns,
+        "peers": peers,
+        "verdicts": verdicts,
+        "io_uring_over_baseline": io_uring_over_baseline,
+    })
 }
 
 fn peers_json(peers: &Peers) -> Value {

@@ -15,6 +15,7 @@ mod cpu_pair;
 mod drift;
 mod fresh;
 mod json;
+mod paired;
 mod peers;
 mod ray_rdt;
 mod references;

@@ -6,6 +6,7 @@ use crate::report::say;
 use crate::suite::columns::Column;
 use crate::suite::cpu_pair::{self, SLOW_FACTOR};
 use crate::suite::drift::{self, FLAG_FACTOR};
+use crate::suite::paired;
 use crate::suite::verdict::{Transfer, Verdict, language_name};
 use crate::suite::{Case, Pass, Results, human};
 
@@ -69,7 +70,9 @@ fn cell(case: &Case, value: f64, transfer: Option<Transfer>, cpu: Option<f64>) -
 fn main_table(r: &Results, pass: &Pass) {
     say!(
         "\nratios: io_uring ÷ best baseline = PTR1 on io_uring against the best of the tokio \
-         fallback, the seed design and std; ×4 stripes ÷ io_uring = the same client cutting \
+         fallback, the seed design and std, like with like: the median of the repetitions' own \
+         ratios, over the repetitions in which all four ran on one placement of the host's CPU \
+         pair (below the table); ×4 stripes ÷ io_uring = the same client cutting \
          requests of at least 4 MiB (the node's default threshold) into 4 stripes on \
          connections of their own, against it unstriped (to a loopback fixture only from 8 MiB, \
          as for any node's users); PTR1 ÷ iperf3 and shm ÷ memcpy = how \
@@ -85,14 +88,13 @@ fn main_table(r: &Results, pass: &Pass) {
     );
     say!("|---|{}---:|---:|---:|---:|", "---:|".repeat(names.len()));
     let iperf3 = r.references.iperf3_median();
-    let usual = cpu_pair::usual(all_samples(pass).map(|m| m.cpu_pair_us));
+    let usual = paired::usual_probe(pass);
     for (c, case) in cases.iter().enumerate() {
         let values: Vec<f64> = (0..pass.columns.len())
             .map(|l| pass.median(cases, c, l))
             .collect();
         let of = |column: Column| pass.index(column).map_or(f64::NAN, |l| values[l]);
         let engine = of(Column::Engine);
-        let baseline = case.best([Column::Tokio, Column::Seed, Column::Std].map(of));
         let big_one_way = case.mode == Mode::OneWay && case.size >= 1 << 20;
         let (vs_iperf, vs_memcpy) = if big_one_way {
             (
@@ -111,19 +113,14 @@ fn main_table(r: &Results, pass: &Pass) {
                 cell(case, values[l], column.transfer(case), cpu)
             })
             .collect();
-        let mixed = placements_mixed(
-            pass,
-            c,
-            [Column::Engine, Column::Tokio, Column::Seed, Column::Std],
-            usual,
-        );
+        let against = paired::engine_over_baseline(pass, case, c, usual);
         say!(
             "| {} ({}) | {} | {}{} | {} | {} | {} |",
             case.label(),
             case.unit(),
             cells.join(" | "),
-            ratio(case.better(engine, baseline)),
-            if mixed { " †" } else { "" },
+            ratio(against.value),
+            paired_note(&against),
             ratio(case.better(of(Column::EngineStriped), engine)),
             ratio(vs_iperf),
             ratio(vs_memcpy),
@@ -152,9 +149,11 @@ fn placement(pass: &Pass) {
          before every cell): fastest {:.2} µs, lower quartile {usual:.2}, median {:.2}, slowest \
          {:.2}; {slow} of {} cells ran on a slow placement (> {SLOW_FACTOR}× the lower \
          quartile: the hypervisor had moved the vCPUs apart, and every same-host and loopback \
-         figure slows with it). † = the repetitions of io_uring and of the baselines in that case \
-         did not all run on the same placement: that ratio compares the host as much as the \
-         drivers (per-cell probes in results.json, `cpu_pair_us`).",
+         figure slows with it). An io_uring ÷ baseline ratio followed by \"(k of n)\" is the \
+         median of the k repetitions that ran io_uring and the three baselines on one placement; \
+         † = none did: that ratio of the medians compares the host as much as the drivers \
+         (per-cell probes in results.json, `cpu_pair_us`; the ratios under \
+         `io_uring_over_baseline`).",
         probes[0],
         probes[probes.len() / 2],
         probes[probes.len() - 1],
@@ -167,21 +166,16 @@ fn all_samples(pass: &Pass) -> impl Iterator<Item = &crate::suite::Measurement> 
     pass.samples.iter().flatten().flatten()
 }
 
-/// Whether case `c`'s repetitions on `columns` ran some on a slow placement and some not.
-fn placements_mixed<const N: usize>(
-    pass: &Pass,
-    c: usize,
-    columns: [Column; N],
-    usual: f64,
-) -> bool {
-    let modes: Vec<bool> = columns
-        .iter()
-        .filter_map(|&column| pass.index(column))
-        .flat_map(|l| &pass.samples[c][l])
-        .filter(|m| m.cpu_pair_us.is_finite())
-        .map(|m| cpu_pair::is_slow(m.cpu_pair_us, usual))
-        .collect();
-    modes.contains(&true) && modes.contains(&false)
+/// After an io_uring ÷ baseline ratio: † if no repetition ran the four on one placement,
+/// "(k of n)" if only k of the n did.
+fn paired_note(r: &paired::EngineRatio) -> String {
+    if r.unpaired() {
+        " †".to_owned()
+    } else if r.paired < r.reps {
+        format!(" ({} of {})", r.paired, r.reps)
+    } else {
+        String::new()
+    }
 }
 
 /// The verdict of every case: per kind of transfer and language, the best of tensorwire ÷ the
