@@ -3,7 +3,7 @@
     cargo build --release -p ptr1-bench
     .venv/bin/pip install pyzmq grpcio iceoryx2 mpi4py   # benchmark-only (ray: scripts/python-env)
     .venv/bin/python pybind/bench/bench.py [--reps 3] [--seconds 1] [--sizes 64MiB,256MiB]
-        [--modes oneway,rtt,inflight] [--buffers 1,16] [--inflight 64] [--fresh] [--json]
+        [--modes oneway,rtt,inflight,sporadic] [--buffers 1,16] [--inflight 64] [--fresh] [--json]
 
 Cases are modes × sizes × buffer counts, the same matrix as `ptr1-bench suite` (which runs
 this script with `--json` for its peers' table and verdicts):
@@ -12,6 +12,8 @@ this script with `--json` for its peers' table and verdicts):
 - rtt: ask an echo that returns the payload (its length checked); p50 latency in µs.
 - inflight: K asks to the echo outstanding (K = --inflight, at most --inflight-bytes of
   payload outstanding); asks/s.
+- sporadic: one row, RTT of the smallest size with one buffer, each ask after an untimed
+  10 ms sleep (both ends' threads go idle in between, as a training step's asks come); p50 µs.
 
 Every server is another process on loopback. Each peer says what its transfer does with a
 message's bytes — a zero-copy hand-off, one copy through shared memory, or through the kernel
@@ -73,7 +75,15 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import contextlib
 
 import numpy as np  # noqa: E402
-from cells import Case, MiB, NotApplicable, cpu_seconds, parse_size, payload  # noqa: E402
+from cells import (  # noqa: E402
+    SPORADIC_GAP,
+    Case,
+    MiB,
+    NotApplicable,
+    cpu_seconds,
+    parse_size,
+    payload,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PTR1_BENCH = ROOT / "target" / "release" / "ptr1-bench"  # --fixture overrides it
@@ -229,7 +239,7 @@ class Run:
             {
                 "kind": "sample",
                 "peer": peer.name,
-                "mode": case.mode,
+                "mode": case.key,
                 "size": case.size,
                 "buffers": case.buffers,
                 "inflight": case.inflight,
@@ -294,7 +304,7 @@ class Run:
                 {
                     "kind": "not_applicable",
                     "peer": name,
-                    "mode": case.mode,
+                    "mode": case.key,
                     "size": case.size,
                     "buffers": case.buffers,
                     "reason": why,
@@ -370,6 +380,7 @@ def main() -> None:
         raise TimeoutError(f"no result within --cell-timeout {args.cell_timeout} s")
 
     signal.signal(signal.SIGALRM, out_of_time)
+    sizes = list(map(parse_size, args.sizes.split(",")))
     cases = [
         Case(
             mode,
@@ -378,9 +389,12 @@ def main() -> None:
             min(args.inflight, max(1, args.inflight_bytes // size)) if mode == "inflight" else 1,
         )
         for mode in args.modes.split(",")
-        for size in map(parse_size, args.sizes.split(","))
+        if mode != "sporadic"
+        for size in sizes
         for buffers in map(int, args.buffers.split(","))
     ]
+    if "sporadic" in args.modes.split(","):
+        cases.append(Case("rtt", min(sizes), 1, 1, SPORADIC_GAP))
     run = Run(args, cases)
     run.emit({"kind": "version", "name": "python", "version": platform.python_version()})
     for dist in VERSIONS:

@@ -21,6 +21,9 @@ import numpy as np
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 TIMEOUT = 120.0
+#: The sporadic row (`--modes sporadic`): RTT of the smallest size, one buffer, each ask after
+#: an untimed sleep this long, so both ends' threads have gone idle (ptr1-bench's SPORADIC_GAP).
+SPORADIC_GAP = 0.010
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _PR_SET_PDEATHSIG = 1
@@ -42,15 +45,22 @@ KERNEL = "kernel"  # through the kernel: a socket (TCP, a Unix datagram, gRPC)
 
 @dataclass(frozen=True)
 class Case:
-    mode: str  # oneway | rtt | inflight
+    mode: str  # oneway | rtt | inflight (the sporadic row is rtt with a gap)
     size: int
     buffers: int
     inflight: int
+    gap: float = 0.0  # seconds of untimed sleep before each ask (the sporadic row)
+
+    @property
+    def key(self) -> str:
+        """The mode as the suite reads it: `sporadic` for RTT with a gap."""
+        return "sporadic" if self.gap else self.mode
 
     @property
     def label(self) -> str:
         what = {"oneway": "one-way", "rtt": "RTT p50"}.get(self.mode, f"{self.inflight} in flight")
-        return f"{what} {human(self.size)} × {self.buffers}"
+        apart = f", {self.gap * 1e3:g} ms apart" if self.gap else ""
+        return f"{what} {human(self.size)} × {self.buffers}{apart}"
 
     @property
     def unit(self) -> str:
@@ -99,12 +109,15 @@ def expect(got: int, want: int, what: str) -> None:
 
 
 def sequential(case: Case, seconds: float, one: Callable[[], None]) -> float:
-    """Runs `one` back to back (a warm-up first); the case's figure."""
+    """Runs `one` back to back (a warm-up first), or each after an untimed sleep of `case.gap`
+    (the sleeps count towards `seconds`, as ptr1-bench's `--gap`); the case's figure."""
     min_ops = 100 if case.mode == "rtt" and case.size <= MiB else 3
     one()
     latencies: list[float] = []
     start = time.perf_counter()
     while (elapsed := time.perf_counter() - start) < seconds or len(latencies) < min_ops:
+        if case.gap:
+            time.sleep(case.gap)
         t = time.perf_counter()
         one()
         latencies.append(time.perf_counter() - t)

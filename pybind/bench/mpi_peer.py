@@ -153,6 +153,7 @@ class Mpi:
                     "size": case.size,
                     "buffers": case.buffers,
                     "inflight": case.inflight,
+                    "gap": case.gap,
                     "seconds": seconds,
                 }
             ).encode()
@@ -201,7 +202,8 @@ def rank_main(path: str) -> None:
         command = json.loads(line)
         if command.get("quit"):
             break
-        case = Case(command["mode"], command["size"], command["buffers"], command["inflight"])
+        fields = ("mode", "size", "buffers", "inflight", "gap")
+        case = Case(*(command[field] for field in fields))
         try:
             if rank == 0:
                 answer: dict[str, Any] = {"value": client(MPI, comm, case, command["seconds"])}

@@ -288,6 +288,8 @@ class RustEngine(Peer):
                 str(case.inflight),
                 "--seconds",
                 str(seconds),
+                "--gap",
+                f"{case.gap * 1e6:.0f}us",
                 "--json",
             ],
             capture_output=True,

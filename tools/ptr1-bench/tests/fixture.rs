@@ -379,9 +379,13 @@ fn the_suite_keeps_every_sample_verified_with_the_environment_in_its_json() {
     let cases = json["cases"].as_array().unwrap();
     assert_eq!(
         cases.len(),
-        3 * 2 * 2,
-        "modes × smoke sizes × buffer counts"
+        3 * 2 * 2 + 1,
+        "modes × smoke sizes × buffer counts, and the sporadic row"
     );
+    let sporadic: Vec<&serde_json::Value> =
+        cases.iter().filter(|c| c["mode"] == "sporadic").collect();
+    assert_eq!(sporadic.len(), 1, "one sporadic row");
+    assert_eq!(sporadic[0]["size"], 4096, "of the smallest size");
     for case in cases {
         for column in &columns {
             let samples = case["columns"][column]["samples"].as_array().unwrap();

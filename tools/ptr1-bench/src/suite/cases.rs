@@ -1,8 +1,16 @@
-//! The matrix the suite measures: modes × message sizes × buffer counts, and the figure each
-//! case reports (one-way: GB/s; RTT: p50 µs; in flight: asks/s).
+//! The matrix the suite measures: modes × message sizes × buffer counts, one row of asks that
+//! come now and then, and the figure each case reports (one-way: GB/s; RTT: p50 µs; in
+//! flight: asks/s).
+
+use std::time::Duration;
 
 use crate::Mode;
 use crate::suite::Measurement;
+
+/// The sporadic row: asks of the smallest size, one buffer, each after an untimed sleep this
+/// long, so both ends' threads have gone idle (a training step's asks come this way). The
+/// rows without a gap measure asks sent back to back, which keep every thread awake.
+pub(crate) const SPORADIC_GAP: Duration = Duration::from_millis(10);
 
 /// In-flight cases keep at most this many payload bytes outstanding (64 asks of 4 KiB or
 /// 1 MiB; 8 of 64 MiB; 2 of 256 MiB). Echoes double it, every peer keeps its pools for the
@@ -18,6 +26,8 @@ pub(crate) struct Case {
     pub(crate) buffers: usize,
     /// Asks outstanding (1 unless `mode` is in-flight).
     pub(crate) inflight: usize,
+    /// An untimed sleep before each ask ([`SPORADIC_GAP`] in the sporadic row, else zero).
+    pub(crate) gap: Duration,
 }
 
 /// The sizes a run covers: tiny for `--smoke`, three for `--quick`, four otherwise.
@@ -31,7 +41,8 @@ pub(crate) fn sizes(quick: bool, smoke: bool) -> &'static [usize] {
     }
 }
 
-/// Every mode × size × buffer count, one-way first.
+/// Every mode × size × buffer count, one-way first; after the RTT rows, the sporadic row (RTT
+/// of the smallest size, one buffer, [`SPORADIC_GAP`] between asks).
 pub(crate) fn matrix(sizes: &[usize], inflight: usize) -> Vec<Case> {
     let mut cases = Vec::new();
     for mode in [Mode::OneWay, Mode::Rtt, Mode::InFlight] {
@@ -46,27 +57,45 @@ pub(crate) fn matrix(sizes: &[usize], inflight: usize) -> Vec<Case> {
                     size,
                     buffers,
                     inflight,
+                    gap: Duration::ZERO,
                 });
             }
+        }
+        if let (Mode::Rtt, Some(&size)) = (mode, sizes.iter().min()) {
+            cases.push(Case {
+                mode,
+                size,
+                buffers: 1,
+                inflight: 1,
+                gap: SPORADIC_GAP,
+            });
         }
     }
     cases
 }
 
 impl Case {
-    /// "one-way 4 KiB × 16", "RTT p50 1 MiB × 1", "64 in flight 4 KiB × 1".
+    /// "one-way 4 KiB × 16", "RTT p50 1 MiB × 1", "64 in flight 4 KiB × 1", "RTT p50 4 KiB ×
+    /// 1, 10 ms apart".
     pub(crate) fn label(&self) -> String {
         let what = match self.mode {
             Mode::OneWay | Mode::Tell => "one-way".to_owned(),
             Mode::Rtt => "RTT p50".to_owned(),
             Mode::InFlight => format!("{} in flight", self.inflight),
         };
-        format!("{what} {} × {}", human(self.size), self.buffers)
+        let apart = if self.gap.is_zero() {
+            String::new()
+        } else {
+            format!(", {} ms apart", self.gap.as_millis())
+        };
+        format!("{what} {} × {}{apart}", human(self.size), self.buffers)
     }
 
-    /// The name the peers' driver and the JSON use: `oneway`, `rtt`, `inflight`.
+    /// The name the peers' driver and the JSON use: `oneway`, `rtt`, `sporadic` (RTT with a
+    /// gap), `inflight`.
     pub(crate) fn mode_key(&self) -> &'static str {
         match self.mode {
+            _ if !self.gap.is_zero() => "sporadic",
             Mode::OneWay => "oneway",
             Mode::Tell => "tell",
             Mode::Rtt => "rtt",
@@ -140,7 +169,7 @@ mod tests {
     #[test]
     fn the_full_matrix_is_every_mode_size_and_buffer_count_with_bounded_in_flight_bytes() {
         let cases = matrix(sizes(false, false), 64);
-        assert_eq!(cases.len(), 3 * 4 * 2);
+        assert_eq!(cases.len(), 3 * 4 * 2 + 1);
         for case in &cases {
             assert!(case.inflight * case.size <= IN_FLIGHT_BYTES.max(case.size));
         }
@@ -151,6 +180,15 @@ mod tests {
         assert_eq!(big, Some(2));
         assert_eq!(cases[0].label(), "one-way 4 KiB × 1");
         assert_eq!(cases[cases.len() - 1].label(), "2 in flight 256 MiB × 16");
+        let sporadic: Vec<&Case> = cases.iter().filter(|c| !c.gap.is_zero()).collect();
+        assert_eq!(sporadic.len(), 1);
+        assert_eq!(sporadic[0].label(), "RTT p50 4 KiB × 1, 10 ms apart");
+        assert_eq!(sporadic[0].mode_key(), "sporadic");
+        assert_eq!(
+            cases[16].label(),
+            "RTT p50 4 KiB × 1, 10 ms apart",
+            "after the RTT rows"
+        );
     }
 
     #[test]
@@ -160,6 +198,7 @@ mod tests {
             size: 4096,
             buffers: 1,
             inflight: 1,
+            gap: Duration::ZERO,
         };
         assert!((rtt.better(10.0, 20.0) - 2.0).abs() < 1e-9);
         assert!((rtt.best([30.0, 10.0, f64::NAN, 20.0]) - 10.0).abs() < 1e-9);

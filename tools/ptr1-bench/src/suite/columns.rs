@@ -439,6 +439,7 @@ mod tests {
             size,
             buffers: 16,
             inflight: 1,
+            gap: Duration::ZERO,
         };
         for column in [Column::ShmLoaned, Column::ShmCopied] {
             assert_eq!(column.transfer(&at(4 << 10)), Some(Transfer::OneCopy));

@@ -267,6 +267,7 @@ fn case_options(case: &Case, seconds: f64, options: &Options) -> Options {
         size: case.size,
         buffers: case.buffers,
         inflight: case.inflight,
+        gap: case.gap,
         duration: Duration::from_secs_f64(seconds),
         messages: None,
         ..options.clone()

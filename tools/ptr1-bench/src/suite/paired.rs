@@ -119,6 +119,7 @@ mod tests {
             size: 1 << 20,
             buffers: 1,
             inflight: 1,
+            gap: std::time::Duration::ZERO,
         }
     }
 

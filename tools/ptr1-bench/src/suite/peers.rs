@@ -348,6 +348,7 @@ not json: ignored"#;
             size: 4096,
             buffers: 1,
             inflight: 1,
+            gap: std::time::Duration::ZERO,
         };
         assert_eq!(peers.samples("pyzmq", &case), vec![0.2, 0.3]);
         assert!((peers.cpu_median("pyzmq", &case) - 0.3).abs() < 1e-9);
