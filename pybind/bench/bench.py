@@ -6,14 +6,16 @@
         [--modes oneway,rtt,inflight,sporadic] [--buffers 1,16] [--inflight 64] [--fresh] [--json]
 
 Cases are modes × sizes × buffer counts, the same matrix as `ptr1-bench suite` (which runs
-this script with `--json` for its peers' table and verdicts):
+this script with `--json` and every mode for its peers' table and verdicts):
 
 - oneway: ask a sink that answers the payload's byte count (checked); GB/s of payload.
 - rtt: ask an echo that returns the payload (its length checked); p50 latency in µs.
 - inflight: K asks to the echo outstanding (K = --inflight, at most --inflight-bytes of
   payload outstanding); asks/s.
 - sporadic: one row, RTT of the smallest size with one buffer, each ask after an untimed
-  10 ms sleep (both ends' threads go idle in between, as a training step's asks come); p50 µs.
+  sleep (--sporadic-gap, 10 ms), as a training step's asks come: the threads of both ends go
+  idle in between, unless they busy-poll (MPI's ranks, iceoryx2's server: see the CPU they
+  burn); p50 µs.
 
 Every server is another process on loopback. Each peer says what its transfer does with a
 message's bytes — a zero-copy hand-off, one copy through shared memory, or through the kernel
@@ -334,6 +336,13 @@ def main() -> None:
     parser.add_argument("--modes", default="oneway,rtt,inflight")
     parser.add_argument("--buffers", default="1")
     parser.add_argument("--inflight", type=int, default=64)
+    parser.add_argument(
+        "--sporadic-gap",
+        type=float,
+        default=SPORADIC_GAP,
+        help="seconds of untimed sleep before each ask of the sporadic row (the suite passes "
+        "its own)",
+    )
     parser.add_argument("--inflight-bytes", type=parse_size, default=512 * MiB)
     parser.add_argument(
         "--tw-inflight",
@@ -394,7 +403,7 @@ def main() -> None:
         for buffers in map(int, args.buffers.split(","))
     ]
     if "sporadic" in args.modes.split(","):
-        cases.append(Case("rtt", min(sizes), 1, 1, SPORADIC_GAP))
+        cases.append(Case("rtt", min(sizes), 1, 1, args.sporadic_gap))
     run = Run(args, cases)
     run.emit({"kind": "version", "name": "python", "version": platform.python_version()})
     for dist in VERSIONS:

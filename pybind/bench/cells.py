@@ -22,7 +22,7 @@ import numpy as np
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 TIMEOUT = 120.0
 #: The sporadic row (`--modes sporadic`): RTT of the smallest size, one buffer, each ask after
-#: an untimed sleep this long, so both ends' threads have gone idle (ptr1-bench's SPORADIC_GAP).
+#: an untimed sleep this long (bench.py's default; the suite passes its SPORADIC_GAP).
 SPORADIC_GAP = 0.010
 
 _LIBC = ctypes.CDLL(None, use_errno=True)

@@ -203,7 +203,7 @@ def rank_main(path: str) -> None:
         if command.get("quit"):
             break
         fields = ("mode", "size", "buffers", "inflight", "gap")
-        case = Case(*(command[field] for field in fields))
+        case = Case(**{field: command[field] for field in fields})
         try:
             if rank == 0:
                 answer: dict[str, Any] = {"value": client(MPI, comm, case, command["seconds"])}

@@ -34,6 +34,10 @@ def test_the_driver_measures_every_case_or_says_why_not() -> None:
             "4KiB,64KiB",
             "--buffers",
             "1,16",
+            "--modes",
+            "oneway,rtt,sporadic,inflight",
+            "--sporadic-gap",
+            "0.002",
             "--skip",
             "rust,zmq,grpc,ray,iceoryx2,mpi",
         ],
@@ -54,6 +58,11 @@ def test_the_driver_measures_every_case_or_says_why_not() -> None:
             for size in (4096, 65536):
                 for buffers in (1, 16):
                     assert (peer, mode, size, buffers) in cells
+        # The sporadic row: the smallest size, one buffer, and nothing else.
+        assert [c for c in cells if c[0] == peer and c[1] == "sporadic"] == [
+            (peer, "sporadic", 4096, 1)
+        ]
+    assert ("multiprocessing.shared_memory", "sporadic", 4096, 1) in cells
     assert all(r["value"] > 0 for r in samples)
     assert all(r["cpu_s"] >= 0 and r["seconds"] > 0 for r in samples)
     kinds = {(r["peer"], r["size"]): r["transfer"] for r in samples}

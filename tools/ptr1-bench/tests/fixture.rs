@@ -386,6 +386,14 @@ fn the_suite_keeps_every_sample_verified_with_the_environment_in_its_json() {
         cases.iter().filter(|c| c["mode"] == "sporadic").collect();
     assert_eq!(sporadic.len(), 1, "one sporadic row");
     assert_eq!(sporadic[0]["size"], 4096, "of the smallest size");
+    for column in &columns {
+        let sample = &sporadic[0]["columns"][column]["samples"][0];
+        let gap = sample["gap_us"].as_f64().unwrap();
+        assert!(gap >= 10_000.0, "{column}: each ask slept {gap} µs first");
+    }
+    let back_to_back = cases.iter().find(|c| c["mode"] == "rtt").unwrap();
+    let gap = back_to_back["columns"]["engine"]["samples"][0]["gap_us"].as_f64();
+    assert_eq!(gap, Some(0.0), "the other rows do not sleep");
     for case in cases {
         for column in &columns {
             let samples = case["columns"][column]["samples"].as_array().unwrap();

@@ -8,8 +8,10 @@ use crate::Mode;
 use crate::suite::Measurement;
 
 /// The sporadic row: asks of the smallest size, one buffer, each after an untimed sleep this
-/// long, so both ends' threads have gone idle (a training step's asks come this way). The
-/// rows without a gap measure asks sent back to back, which keep every thread awake.
+/// long (a training step's asks come this way), so the threads of both ends go idle unless
+/// they busy-poll through it (MPI, iceoryx2's server; their CPU column says so). The rows
+/// without a gap measure asks sent back to back, which keep every thread awake. The suite
+/// passes it to the peers' driver (`bench.py --sporadic-gap`).
 pub(crate) const SPORADIC_GAP: Duration = Duration::from_millis(10);
 
 /// In-flight cases keep at most this many payload bytes outstanding (64 asks of 4 KiB or
@@ -94,6 +96,10 @@ impl Case {
     /// The name the peers' driver and the JSON use: `oneway`, `rtt`, `sporadic` (RTT with a
     /// gap), `inflight`.
     pub(crate) fn mode_key(&self) -> &'static str {
+        debug_assert!(
+            self.gap.is_zero() || self.mode == Mode::Rtt,
+            "only RTT rows have a gap: another would share the sporadic row's key"
+        );
         match self.mode {
             _ if !self.gap.is_zero() => "sporadic",
             Mode::OneWay => "oneway",

@@ -27,6 +27,7 @@ pub(crate) fn to_json(r: &Results, options: &Options) -> Value {
                 "size": case.size,
                 "buffers": case.buffers,
                 "inflight": case.inflight,
+                "gap_ms": case.gap.as_secs_f64() * 1e3,
                 "unit": case.unit(),
             });
             if let Some(pass) = primary {
@@ -212,6 +213,7 @@ fn sample(m: &Measurement) -> Value {
         "ops": m.ops,
         "seconds": m.seconds,
         "verified": m.verified,
+        "gap_us": number(m.gap_us),
     })
 }
 

@@ -55,6 +55,8 @@ pub(crate) struct Measurement {
     pub(crate) ops: u64,
     pub(crate) seconds: f64,
     pub(crate) verified: bool,
+    /// The untimed sleep before each operation, on average (µs; 0 without a gap).
+    pub(crate) gap_us: f64,
     /// The host's CPU pair right before the cell ([`cpu_pair::probe`], µs; NaN: not probed).
     pub(crate) cpu_pair_us: f64,
 }
@@ -403,6 +405,7 @@ impl Measurement {
             ops: sample.ops,
             seconds: sample.elapsed.as_secs_f64(),
             verified: sample.verified,
+            gap_us: sample.slept.as_secs_f64() * 1e6 / sample.ops.max(1) as f64,
             cpu_pair_us: f64::NAN,
         }
     }

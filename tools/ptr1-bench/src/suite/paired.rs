@@ -50,25 +50,31 @@ pub(crate) fn usual_probe(pass: &Pass) -> f64 {
 /// Case `c`'s ratio in `pass`, its probes read against the pass's `usual` one.
 pub(crate) fn engine_over_baseline(pass: &Pass, case: &Case, c: usize, usual: f64) -> EngineRatio {
     let samples = |column: Column| pass.index(column).map(|l| &pass.samples[c][l]);
+    let none = EngineRatio {
+        value: f64::NAN,
+        paired: 0,
+        reps: 0,
+    };
     let Some(engine) = samples(Column::Engine) else {
-        return EngineRatio {
-            value: f64::NAN,
-            paired: 0,
-            reps: 0,
-        };
+        return none;
     };
     let baselines: Vec<_> = BASELINES.iter().filter_map(|&b| samples(b)).collect();
+    if baselines.is_empty() {
+        return none; // `--only` without ptr1: io_uring alone, nothing to divide by
+    }
     let reps = baselines
         .iter()
         .map(|b| b.len())
         .fold(engine.len(), usize::min);
     let mut ratios = Vec::new();
     for r in 0..reps {
-        let run = std::iter::once(&engine[r]).chain(baselines.iter().map(|b| &b[r]));
-        let slow: Vec<bool> = run
-            .map(|m| cpu_pair::is_slow(m.cpu_pair_us, usual))
-            .collect();
-        if slow.iter().any(|&s| s != slow[0]) {
+        let mut run = std::iter::once(&engine[r]).chain(baselines.iter().map(|b| &b[r]));
+        // A column not probed is not known to share the others' placement.
+        if !usual.is_finite() || run.clone().any(|m| !m.cpu_pair_us.is_finite()) {
+            continue;
+        }
+        let first = cpu_pair::is_slow(engine[r].cpu_pair_us, usual);
+        if run.any(|m| cpu_pair::is_slow(m.cpu_pair_us, usual) != first) {
             continue;
         }
         let best = case.best(baselines.iter().map(|b| case.figure(&b[r])));
@@ -195,6 +201,28 @@ mod tests {
         assert_eq!(r.paired, 2);
         let want = (1.1 + 80.0 / 90.0) / 2.0;
         assert!((r.value - want).abs() < 1e-9, "{r:?} against {want}");
+    }
+
+    #[test]
+    fn a_repetition_with_a_column_not_probed_is_not_paired() {
+        let p = pass([
+            &[(2.0, 1.5), (6.0, 1.5)],
+            &[(4.0, f64::NAN), (5.0, 1.5)],
+            &[(1.0, 1.5), (5.0, 1.5)],
+            &[(1.0, 1.5), (5.0, 1.5)],
+        ]);
+        let r = engine_over_baseline(&p, &case(Mode::OneWay), 0, 1.5);
+        assert_eq!((r.paired, r.reps), (1, 2));
+        assert!((r.value - 1.2).abs() < 1e-9, "{r:?}");
+    }
+
+    #[test]
+    fn without_baselines_there_is_no_ratio() {
+        let mut p = pass([&[(2.0, 1.5)], &[(4.0, 1.5)], &[(1.0, 1.5)], &[(1.0, 1.5)]]);
+        p.columns.truncate(1);
+        p.samples[0].truncate(1);
+        let r = engine_over_baseline(&p, &case(Mode::OneWay), 0, 1.5);
+        assert!(r.value.is_nan() && r.reps == 0 && !r.unpaired(), "{r:?}");
     }
 
     #[test]

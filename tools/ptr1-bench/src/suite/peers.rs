@@ -110,6 +110,8 @@ impl Peers {
             options.inflight.to_string(),
             "--inflight-bytes".into(),
             crate::suite::cases::IN_FLIGHT_BYTES.to_string(),
+            "--sporadic-gap".into(),
+            crate::suite::cases::SPORADIC_GAP.as_secs_f64().to_string(),
         ];
         if fresh {
             args.push("--fresh".into());
@@ -338,6 +340,8 @@ mod tests {
 {"kind": "sample", "peer": "tensorwire (Python)", "mode": "oneway", "size": 4096, "buffers": 1, "inflight": 1, "rep": 0, "value": 0.5, "transfer": "kernel", "cpu_s": 0.2, "seconds": 0.5}
 {"kind": "sample", "peer": "pyzmq", "mode": "oneway", "size": 4096, "buffers": 1, "inflight": 1, "rep": 0, "value": 0.2, "transfer": "kernel", "cpu_s": 0.1, "seconds": 0.5}
 {"kind": "sample", "peer": "pyzmq", "mode": "oneway", "size": 4096, "buffers": 1, "inflight": 1, "rep": 1, "value": 0.3, "transfer": "kernel", "cpu_s": 0.3, "seconds": 0.5}
+{"kind": "sample", "peer": "pyzmq", "mode": "rtt", "size": 4096, "buffers": 1, "inflight": 1, "rep": 0, "value": 30.0, "transfer": "kernel", "cpu_s": 0.1, "seconds": 0.5}
+{"kind": "sample", "peer": "pyzmq", "mode": "sporadic", "size": 4096, "buffers": 1, "inflight": 1, "rep": 0, "value": 150.0, "transfer": "kernel", "cpu_s": 0.1, "seconds": 1.2}
 {"kind": "sample", "peer": "MPI one host", "mode": "oneway", "size": 4096, "buffers": 1, "inflight": 1, "rep": 0, "value": 1.0, "transfer": "one_copy", "cpu_s": 1.0, "seconds": 0.5}
 {"kind": "not_applicable", "peer": "gRPC (Python)", "mode": "oneway", "size": 4096, "buffers": 16, "reason": "one bytes object per call"}
 {"kind": "failed", "peer": "Ray", "reason": "one-way 256 MiB × 1: the actor died"}
@@ -351,6 +355,20 @@ not json: ignored"#;
             gap: std::time::Duration::ZERO,
         };
         assert_eq!(peers.samples("pyzmq", &case), vec![0.2, 0.3]);
+        let rtt = Case {
+            mode: Mode::Rtt,
+            ..case
+        };
+        let sporadic = Case {
+            gap: crate::suite::cases::SPORADIC_GAP,
+            ..rtt
+        };
+        assert_eq!(peers.samples("pyzmq", &rtt), vec![30.0]);
+        assert_eq!(
+            peers.samples("pyzmq", &sporadic),
+            vec![150.0],
+            "apart from RTT"
+        );
         assert!((peers.cpu_median("pyzmq", &case) - 0.3).abs() < 1e-9);
         assert_eq!(
             peers.transfer("MPI one host", &case),

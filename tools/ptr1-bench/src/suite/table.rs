@@ -169,7 +169,9 @@ fn all_samples(pass: &Pass) -> impl Iterator<Item = &crate::suite::Measurement> 
 /// After an io_uring ÷ baseline ratio: † if no repetition ran the four on one placement,
 /// "(k of n)" if only k of the n did.
 fn paired_note(r: &paired::EngineRatio) -> String {
-    if r.unpaired() {
+    if !r.value.is_finite() {
+        String::new()
+    } else if r.unpaired() {
         " †".to_owned()
     } else if r.paired < r.reps {
         format!(" ({} of {})", r.paired, r.reps)
