@@ -80,6 +80,11 @@ impl Sample {
         self.ops as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 
+    /// What each `--gap` sleep took on average, in µs (0 without a gap).
+    pub(crate) fn gap_us(&self) -> f64 {
+        self.slept.as_secs_f64() * 1e6 / self.ops.max(1) as f64
+    }
+
     /// The latency at `quantile` in µs; NaN when nothing was timed.
     pub(crate) fn latency_us(&self, quantile: f64) -> f64 {
         if self.latencies.is_empty() {
@@ -116,8 +121,8 @@ impl Sample {
             "latency_p99_us": self.latency_us(0.99),
             "latency_p999_us": self.latency_us(0.999),
             "latency_max_us": max,
-            // What each `--gap` sleep took on average (a sleep overshoots by the timer slack).
-            "gap_us": self.slept.as_secs_f64() * 1e6 / self.ops.max(1) as f64,
+            // A sleep overshoots by the timer slack: this says by how much.
+            "gap_us": self.gap_us(),
             "verified": self.verified,
         })
     }

@@ -158,6 +158,20 @@ impl Case {
     }
 }
 
+#[cfg(test)]
+impl Case {
+    /// A case of `mode`, 1 MiB in one buffer, one ask at a time, no gap (for the tests).
+    pub(crate) fn of_one_mib(mode: Mode) -> Self {
+        Self {
+            mode,
+            size: 1 << 20,
+            buffers: 1,
+            inflight: 1,
+            gap: Duration::ZERO,
+        }
+    }
+}
+
 /// 4096 → "4 KiB", 1048576 → "1 MiB".
 pub(crate) fn human(bytes: usize) -> String {
     match bytes {

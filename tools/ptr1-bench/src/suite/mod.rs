@@ -405,7 +405,7 @@ impl Measurement {
             ops: sample.ops,
             seconds: sample.elapsed.as_secs_f64(),
             verified: sample.verified,
-            gap_us: sample.slept.as_secs_f64() * 1e6 / sample.ops.max(1) as f64,
+            gap_us: sample.gap_us(),
             cpu_pair_us: f64::NAN,
         }
     }

@@ -49,45 +49,45 @@ pub(crate) fn usual_probe(pass: &Pass) -> f64 {
 
 /// Case `c`'s ratio in `pass`, its probes read against the pass's `usual` one.
 pub(crate) fn engine_over_baseline(pass: &Pass, case: &Case, c: usize, usual: f64) -> EngineRatio {
-    let samples = |column: Column| pass.index(column).map(|l| &pass.samples[c][l]);
     let none = EngineRatio {
         value: f64::NAN,
         paired: 0,
         reps: 0,
     };
-    let Some(engine) = samples(Column::Engine) else {
+    let Some(engine) = pass.index(Column::Engine) else {
         return none;
     };
-    let baselines: Vec<_> = BASELINES.iter().filter_map(|&b| samples(b)).collect();
+    let baselines: Vec<usize> = BASELINES.iter().filter_map(|&b| pass.index(b)).collect();
     if baselines.is_empty() {
         return none; // `--only` without ptr1: io_uring alone, nothing to divide by
     }
+    let runs = |l: usize| &pass.samples[c][l];
     let reps = baselines
         .iter()
-        .map(|b| b.len())
-        .fold(engine.len(), usize::min);
+        .map(|&b| runs(b).len())
+        .fold(runs(engine).len(), usize::min);
     let mut ratios = Vec::new();
     for r in 0..reps {
-        let mut run = std::iter::once(&engine[r]).chain(baselines.iter().map(|b| &b[r]));
+        let mut run = std::iter::once(engine)
+            .chain(baselines.iter().copied())
+            .map(|l| &runs(l)[r]);
         // A column not probed is not known to share the others' placement.
         if !usual.is_finite() || run.clone().any(|m| !m.cpu_pair_us.is_finite()) {
             continue;
         }
-        let first = cpu_pair::is_slow(engine[r].cpu_pair_us, usual);
+        let first = cpu_pair::is_slow(runs(engine)[r].cpu_pair_us, usual);
         if run.any(|m| cpu_pair::is_slow(m.cpu_pair_us, usual) != first) {
             continue;
         }
-        let best = case.best(baselines.iter().map(|b| case.figure(&b[r])));
-        let ratio = case.better(case.figure(&engine[r]), best);
+        let best = case.best(baselines.iter().map(|&b| case.figure(&runs(b)[r])));
+        let ratio = case.better(case.figure(&runs(engine)[r]), best);
         if ratio.is_finite() {
             ratios.push(ratio);
         }
     }
     if ratios.is_empty() {
-        let median = |s: &[crate::suite::Measurement]| {
-            crate::suite::median(&s.iter().map(|m| case.figure(m)).collect::<Vec<_>>())
-        };
-        let best = case.best(baselines.iter().map(|b| median(b)));
+        let median = |l: usize| pass.median_of(c, l, |m| case.figure(m));
+        let best = case.best(baselines.iter().map(|&b| median(b)));
         return EngineRatio {
             value: case.better(median(engine), best),
             paired: 0,
@@ -120,13 +120,7 @@ mod tests {
     use crate::suite::Measurement;
 
     fn case(mode: Mode) -> Case {
-        Case {
-            mode,
-            size: 1 << 20,
-            buffers: 1,
-            inflight: 1,
-            gap: std::time::Duration::ZERO,
-        }
+        Case::of_one_mib(mode)
     }
 
     /// A cell whose figure is `value` in every mode, probed at `probe` µs.

@@ -180,13 +180,7 @@ mod tests {
     use crate::Mode;
 
     fn case(mode: Mode) -> Case {
-        Case {
-            mode,
-            size: 1 << 20,
-            buffers: 1,
-            inflight: 1,
-            gap: std::time::Duration::ZERO,
-        }
+        Case::of_one_mib(mode)
     }
 
     fn entrant(
