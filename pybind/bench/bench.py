@@ -30,7 +30,10 @@ message's bytes — a zero-copy hand-off, one copy through shared memory, or thr
   peers keep theirs (`--tw-inflight asyncio`: `ask_async` tasks on one event loop instead).
   "tensorwire into": the echo's reply received over shared memory into arrays allocated once
   (`ask(msg, into=...)`; counted with the one-copy peers, though it copies twice: into the
-  sender's slot and out into the arrays).
+  sender's slot and out into the arrays). "tensorwire spinning" and "tensorwire shm
+  spinning": the same against a second fixture whose threads poll through the sporadic row's
+  gaps (`serve --core-poll-us --shm-spin-us` at twice the gap), as MPI's ranks and iceoryx2's
+  server spin through them; measured on that row only.
 - Rust engine: `ptr1-bench run` against the same fixture (left out with `--skip rust`).
 - pyzmq: ROUTER/DEALER, `copy=False` both ways (kernel).
 - gRPC (Python): unary generic-bytes handlers, one `bytes` per call, so 16-buffer cases are not
@@ -92,7 +95,7 @@ PTR1_BENCH = ROOT / "target" / "release" / "ptr1-bench"  # --fixture overrides i
 VERSIONS = ["numpy", "tensorwire", "pyzmq", "grpcio", "ray", "iceoryx2", "mpi4py"]
 # --skip keys: a family key ("ray", "iceoryx2", "mpi") leaves out all its variants.
 KEYS = (
-    "tw,twshm,twloaned,twinto,rust,pyhandlers,zmq,grpc,mpshm,ray,rayinstore,iceoryx2,"
+    "tw,twshm,twloaned,twinto,twspin,twshmspin,rust,pyhandlers,zmq,grpc,mpshm,ray,rayinstore,iceoryx2,"
     "iceoryx2inplace,mpi,mpitcp"
 )
 FAMILIES = {"rayinstore": "ray", "iceoryx2inplace": "iceoryx2", "mpitcp": "mpi"}
@@ -106,9 +109,12 @@ def serve(what: str) -> None:
     ]()
 
 
-def makers(fresh: bool, shared: Any) -> list[tuple[str, str, Callable[[], Any]]]:
+def makers(
+    fresh: bool, shared: Any, spinning: Any, gap: float
+) -> list[tuple[str, str, Callable[[], Any]]]:
     """(skip key, name, constructor) of every peer. Warm, the tensorwire peers share one fixture
-    (`shared`); fresh, each makes its own."""
+    (`shared`), the spinning ones another (`spinning`, polling through `gap`); fresh, each
+    makes its own."""
     from iceoryx2_peer import Iceoryx2
     from mpi_peer import Mpi
     from peers import (
@@ -117,9 +123,11 @@ def makers(fresh: bool, shared: Any) -> list[tuple[str, str, Callable[[], Any]]]
         MpShm,
         PythonHandlers,
         RustEngine,
+        SpinningTensorwire,
         Tensorwire,
         TensorwireInto,
         Zmq,
+        spinning_flags,
     )
     from ray_peer import Ray
 
@@ -127,6 +135,13 @@ def makers(fresh: bool, shared: Any) -> list[tuple[str, str, Callable[[], Any]]]
         if fresh:
             return lambda: Tensorwire(Fixture(PTR1_BENCH), transport, owns_fixture=True)
         return lambda: Tensorwire(shared(), transport)
+
+    def spinning_tensorwire(transport: str) -> Callable[[], Any]:
+        if fresh:
+            return lambda: SpinningTensorwire(
+                Fixture(PTR1_BENCH, spinning_flags(gap)), transport, owns_fixture=True
+            )
+        return lambda: SpinningTensorwire(spinning(), transport)
 
     def into() -> Any:
         if fresh:
@@ -138,6 +153,8 @@ def makers(fresh: bool, shared: Any) -> list[tuple[str, str, Callable[[], Any]]]
         ("twshm", "tensorwire shm (Python)", tensorwire("shm")),
         ("twloaned", "tensorwire shm loaned (Python)", tensorwire("loaned")),
         ("twinto", "tensorwire into (Python)", into),
+        ("twspin", SpinningTensorwire.names["raw"], spinning_tensorwire("raw")),
+        ("twshmspin", SpinningTensorwire.names["shm"], spinning_tensorwire("shm")),
         ("rust", "Rust engine", lambda: RustEngine(PTR1_BENCH, shared().address)),
         ("pyhandlers", "Python handlers (Rust client)", lambda: PythonHandlers(PTR1_BENCH)),
         ("zmq", "pyzmq", Zmq),
@@ -165,6 +182,7 @@ class Run:
         self.not_applicable: dict[tuple[Case, str], str] = {}
         self.spent: dict[str, float] = {}  # seconds each peer took, set-up excluded
         self.fixture: Any = None
+        self.spinning: Any = None
 
     def emit(self, record: dict[str, Any]) -> None:
         if self.args.json:
@@ -176,6 +194,13 @@ class Run:
         if self.fixture is None:
             self.fixture = Fixture(PTR1_BENCH)
         return self.fixture
+
+    def spinning_fixture(self) -> Any:
+        from peers import Fixture, spinning_flags
+
+        if self.spinning is None:
+            self.spinning = Fixture(PTR1_BENCH, spinning_flags(self.args.sporadic_gap))
+        return self.spinning
 
     def make(self, name: str, make: Callable[[], Any]) -> Any:
         """The peer, or None (reported once) when it cannot be made here."""
@@ -276,12 +301,18 @@ class Run:
                 close(peer)
 
     def fresh(self, chosen: list[tuple[str, Callable[[], Any]]]) -> None:
+        from peers import SPINNING_ONLY, SpinningTensorwire
+
         for rep in range(self.args.reps):
             for c, case in enumerate(self.cases):
                 data = payload(case.size, case.buffers)
                 turn = (rep + c) % len(chosen)
                 for name, make in chosen[turn:] + chosen[:turn]:
                     if name in self.unavailable or name in self.failed:
+                        continue
+                    if not case.gap and name in SpinningTensorwire.names.values():
+                        # Measured on the sporadic row only: no processes for the others.
+                        self.not_applicable[(case, name)] = SPINNING_ONLY
                         continue
                     if (peer := self.make(name, make)) is None:
                         continue
@@ -299,8 +330,9 @@ class Run:
         from ray_peer import RaySession
 
         RaySession.shutdown()
-        if self.fixture is not None:
-            self.fixture.close()
+        for fixture in (self.fixture, self.spinning):
+            if fixture is not None:
+                fixture.close()
         for (case, name), why in self.not_applicable.items():
             self.emit(
                 {
@@ -417,7 +449,11 @@ def main() -> None:
         return not keys & skip and (not only or bool(keys & only))
 
     picked = [
-        (name, make) for key, name, make in makers(args.fresh, run.shared_fixture) if chosen(key)
+        (name, make)
+        for key, name, make in makers(
+            args.fresh, run.shared_fixture, run.spinning_fixture, args.sporadic_gap
+        )
+        if chosen(key)
     ]
     try:
         (run.fresh if args.fresh else run.warm)(picked)

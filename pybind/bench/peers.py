@@ -14,6 +14,7 @@ import json
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -78,8 +79,8 @@ class Peer:
 class Fixture:
     """The ptr1-bench fixture (`ptr1-bench serve`) the tensorwire peers ask."""
 
-    def __init__(self, binary: Path) -> None:
-        self.child, self.address = start([str(binary), "serve"])
+    def __init__(self, binary: Path, flags: Sequence[str] = ()) -> None:
+        self.child, self.address = start([str(binary), "serve", *flags])
 
     def close(self) -> None:
         self.child.kill()
@@ -189,6 +190,40 @@ class Tensorwire(Peer):
         self.node.close()
         if self.owns_fixture:
             self.fixture.close()
+
+
+def spinning_flags(gap: float) -> list[str]:
+    """The fixture's flags for the spinning peers: its io_uring threads and its shared-memory
+    thread keep polling for twice the sporadic row's gap after the last message, so they never
+    sleep between that row's asks, as MPI's ranks and iceoryx2's server spin through them
+    (`NodeBuilder::core_busy_poll` and `shm_spin`)."""
+    window = str(round(2 * gap * 1e6))
+    return ["--core-poll-us", window, "--shm-spin-us", window]
+
+
+SPINNING_ONLY = "spins through the sporadic row's gaps; measured on that row only"
+
+
+class SpinningTensorwire(Tensorwire):
+    """tensorwire from Python against a fixture that spins through the sporadic row's gaps
+    (`spinning_flags`): the like-with-like figure beside peers that spin through them. Measured
+    on that row only; on the others the default fixture's own bounded polling is the one."""
+
+    names = {"raw": "tensorwire spinning (Python)", "shm": "tensorwire shm spinning (Python)"}
+    note = (
+        "the fixture's threads poll through the sporadic row's gaps (serve --core-poll-us and "
+        "--shm-spin-us at twice the gap), as MPI's ranks and iceoryx2's server do; the CPU "
+        "they burn is counted"
+    )
+
+    def __init__(self, fixture: Fixture, transport: str, owns_fixture: bool = False) -> None:
+        super().__init__(fixture, transport, owns_fixture)
+        self.name = self.names[transport]
+
+    def measure(self, case: Case, data: list[np.ndarray], seconds: float) -> float:
+        if not case.gap:
+            raise NotApplicable(SPINNING_ONLY)
+        return super().measure(case, data, seconds)
 
 
 class TensorwireInto(Tensorwire):

@@ -63,6 +63,11 @@ def test_the_driver_measures_every_case_or_says_why_not() -> None:
             (peer, "sporadic", 4096, 1)
         ]
     assert ("multiprocessing.shared_memory", "sporadic", 4096, 1) in cells
+    # Against the fixture that spins through the gaps: that row only.
+    spinning = ("tensorwire spinning (Python)", "tensorwire shm spinning (Python)")
+    assert {c for c in cells if c[0] in spinning} == {
+        (peer, "sporadic", 4096, 1) for peer in spinning
+    }
     assert all(r["value"] > 0 for r in samples)
     assert all(r["cpu_s"] >= 0 and r["seconds"] > 0 for r in samples)
     kinds = {(r["peer"], r["size"]): r["transfer"] for r in samples}
@@ -85,7 +90,7 @@ def test_the_driver_measures_every_case_or_says_why_not() -> None:
     assert {(r["peer"], r["mode"]) for r in refused} == {
         ("multiprocessing.shared_memory", "inflight"),
         ("tensorwire into (Python)", "oneway"),
-    }
+    } | {(peer, mode) for peer in spinning for mode in ("oneway", "rtt", "inflight")}
     versions = {r["name"] for r in records if r["kind"] == "version"}
     assert {"python", "numpy", "tensorwire"} <= versions
 

@@ -70,6 +70,10 @@ pub(crate) struct ServeArgs {
     /// (`NodeBuilder::core_busy_poll`).
     #[arg(long = "core-poll-us")]
     core_poll_us: Option<u64>,
+    /// How long the engine's shared-memory threads keep reading their queues after the last
+    /// message, in microseconds (`NodeBuilder::shm_spin`).
+    #[arg(long = "shm-spin-us")]
+    shm_spin_us: Option<u64>,
     /// Most stripes the fixture takes per striped request (`NodeBuilder::stripes_taken`,
     /// 16 by default; 0 or 1: none, it answers like a PTR1 peer that never heard of
     /// striping and is sent whole frames).
@@ -145,6 +149,10 @@ pub(crate) struct RunArgs {
     /// (`NodeBuilder::core_busy_poll`).
     #[arg(long = "core-poll-us")]
     core_poll_us: Option<u64>,
+    /// How long the engine's shared-memory threads keep reading their queues after the last
+    /// message, in microseconds (`NodeBuilder::shm_spin`).
+    #[arg(long = "shm-spin-us")]
+    shm_spin_us: Option<u64>,
     /// Request bytes on their way to the fixture at once, per driver thread
     /// (`NodeBuilder::busy_bytes_per_peer`; 2MiB by default): how many connections asks of
     /// a given size spread over (engine and tokio transports).
@@ -277,6 +285,7 @@ impl From<&ServeArgs> for Options {
             handlers: a.handlers,
             busy_poll: a.busy_poll_us.map(Duration::from_micros),
             core_poll: a.core_poll_us.map(Duration::from_micros),
+            shm_spin: a.shm_spin_us.map(Duration::from_micros),
             cert: a.tls.cert.clone(),
             key: a.tls.key.clone(),
             client_ca: a.tls.client_ca.clone(),
@@ -304,6 +313,7 @@ impl From<&RunArgs> for Options {
             loaned: a.loaned,
             busy_poll: a.busy_poll_us.map(Duration::from_micros),
             core_poll: a.core_poll_us.map(Duration::from_micros),
+            shm_spin: a.shm_spin_us.map(Duration::from_micros),
             busy_bytes: a.busy_bytes,
             ca: a.ca.clone(),
             cert: a.cert.clone(),

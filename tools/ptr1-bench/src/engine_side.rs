@@ -39,6 +39,9 @@ fn builder(
     if let Some(budget) = options.core_poll {
         builder = builder.core_busy_poll(budget);
     }
+    if let Some(window) = options.shm_spin {
+        builder = builder.shm_spin(window);
+    }
     match (serving, options.stripes) {
         (true, Some(taken)) => builder = builder.stripes_taken(taken),
         (false, Some(stripes)) => builder = builder.stripes(stripes),

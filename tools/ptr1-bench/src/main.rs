@@ -201,6 +201,8 @@ pub(crate) struct Options {
     pub(crate) busy_poll: Option<Duration>,
     /// The io_uring threads' busy-poll budget (`NodeBuilder::core_busy_poll`), if set.
     pub(crate) core_poll: Option<Duration>,
+    /// The shared-memory threads' spin window (`NodeBuilder::shm_spin`), if set.
+    pub(crate) shm_spin: Option<Duration>,
     /// run: the client node's `NodeBuilder::busy_bytes_per_peer`, if set.
     pub(crate) busy_bytes: Option<usize>,
     pub(crate) mode: Mode,
@@ -302,6 +304,7 @@ impl Options {
             handlers: Handlers::Core,
             busy_poll: None,
             core_poll: None,
+            shm_spin: None,
             busy_bytes: None,
             mode: Mode::OneWay,
             size: 0,
