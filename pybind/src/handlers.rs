@@ -4,7 +4,8 @@
 //! it waits), so a request costs one GIL hand-over, not a thread state made and destroyed. A
 //! thread that just answered polls its mailbox for the next request before it sleeps — for
 //! `busy_poll`, stretched towards ten times that while requests keep coming at short gaps — so a
-//! conversation does not pay a sleeping thread's wake-up per request. The engine's threads
+//! conversation does not pay a sleeping thread's wake-up per request; a node made with `spin=`
+//! polls for that long instead. The engine's threads
 //! never wait for the GIL: requests reach these threads through the endpoint's mailbox.
 
 use std::sync::{Arc, Mutex};
@@ -49,6 +50,7 @@ pub(crate) fn spawn(
     slot: &Arc<HandlerSlot>,
     threads: usize,
     pickle: bool,
+    spin: Option<Duration>,
 ) -> std::io::Result<Vec<JoinHandle<()>>> {
     (0..threads)
         .map(|i| {
@@ -59,20 +61,27 @@ pub(crate) fn spawn(
             );
             std::thread::Builder::new()
                 .name(name)
-                .spawn(move || Python::attach(|py| serve(py, &endpoint, &slot, pickle)))
+                .spawn(move || Python::attach(|py| serve(py, &endpoint, &slot, pickle, spin)))
         })
         .collect()
 }
 
 /// One handler thread's life: wait (detached), answer (attached), until the mailbox closes.
-fn serve(py: Python<'_>, endpoint: &Endpoint, slot: &HandlerSlot, pickle: bool) {
+/// `fixed`: the node's `spin=` window after each answer instead of the adaptive one.
+fn serve(
+    py: Python<'_>,
+    endpoint: &Endpoint,
+    slot: &HandlerSlot,
+    pickle: bool,
+    fixed: Option<Duration>,
+) {
     let mut last = Instant::now();
     let mut gap = Duration::from_secs(1);
     loop {
-        let spin = if gap <= BUSY_POLL * 10 {
-            (gap * 3 / 2).clamp(BUSY_POLL, BUSY_POLL * 10)
-        } else {
-            BUSY_POLL
+        let spin = match fixed {
+            Some(window) => window,
+            None if gap <= BUSY_POLL * 10 => (gap * 3 / 2).clamp(BUSY_POLL, BUSY_POLL * 10),
+            None => BUSY_POLL,
         };
         let spin = spin.saturating_sub(last.elapsed());
         let next = py.detach(|| next_request(endpoint, spin));

@@ -36,6 +36,9 @@ pub(crate) struct PyNode {
     handlers: Mutex<Vec<Arc<HandlerSlot>>>,
     /// The handler threads, joined when the node closes.
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// `spin=`: how long its handler threads poll their mailbox before they sleep (`None`:
+    /// their own adaptive window).
+    spin: Option<Duration>,
 }
 
 impl Drop for PyNode {
@@ -65,6 +68,22 @@ impl Drop for PyNode {
         }
     }
 }
+
+/// `spin=` seconds as a window: finite, at least 0 and at most a second (a longer poll is a
+/// CPU kept busy for nothing a sleep would not do as well).
+fn spin_window(seconds: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(seconds)
+        .ok()
+        .filter(|window| *window <= MAX_SPIN)
+        .ok_or_else(|| {
+            InvalidArgument::new_err(format!(
+                "spin must be a number of seconds from 0 to 1, not {seconds}"
+            ))
+        })
+}
+
+/// The longest `spin=` window.
+const MAX_SPIN: Duration = Duration::from_secs(1);
 
 /// Whether the interpreter is shutting down: a thread that tries to take the GIL then blocks
 /// forever, so handler threads must not be joined (the process's exit ends them).
@@ -116,7 +135,7 @@ impl PyNode {
         bind = "127.0.0.1:0", *, transport = None, shared_memory = None, cores = None,
         mailbox_capacity = None, cert = None, key = None, ca = None,
         require_client_cert = false, require_tls = None, server_name = None,
-        shm_idle_keep = None, shm_idle_after = None,
+        shm_idle_keep = None, shm_idle_after = None, spin = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -134,6 +153,7 @@ impl PyNode {
         server_name: Option<String>,
         shm_idle_keep: Option<u64>,
         shm_idle_after: Option<f64>,
+        spin: Option<f64>,
     ) -> PyResult<Self> {
         drain_releases(py);
         let bind = resolve(bind)?;
@@ -175,6 +195,13 @@ impl PyNode {
             })?;
             builder = builder.shm_idle_after(idle);
         }
+        let spin = spin.map(spin_window).transpose()?;
+        if let Some(window) = spin {
+            builder = builder
+                .core_busy_poll(window)
+                .shm_spin(window)
+                .busy_poll(window);
+        }
         let node = py
             .detach(move || builder.build())
             .map_err(|e| to_py(&e, &format!("starting a node on {bind}")))?;
@@ -182,6 +209,7 @@ impl PyNode {
             node,
             handlers: Mutex::new(Vec::new()),
             threads: Mutex::new(Vec::new()),
+            spin,
         })
     }
 
@@ -228,8 +256,8 @@ impl PyNode {
             .endpoint(name)
             .map_err(|e| to_py(&e, &format!("serving {name:?}")))?;
         let slot = HandlerSlot::new(handler);
-        let threads =
-            handlers::spawn(&Arc::new(endpoint), &slot, threads, pickle).map_err(|e| {
+        let threads = handlers::spawn(&Arc::new(endpoint), &slot, threads, pickle, self.spin)
+            .map_err(|e| {
                 to_py(
                     &tensorwire_engine::Error::io("spawning a handler thread", e),
                     name,

@@ -3,6 +3,8 @@ without a copy, received views are read-only."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -91,3 +93,30 @@ def test_a_lease_past_its_ttl_no_longer_maps(node: tw.Node) -> None:
 def test_a_reservation_over_the_quota_is_a_clean_error() -> None:
     with tw.Node() as n, pytest.raises(MemoryError):
         n.loan(1 << 50)
+
+
+def test_spin_keeps_the_threads_polling_through_gaps_and_zero_never_polls() -> None:
+    """`Node(spin=...)`: the server's shared-memory thread polls through the gaps between
+    asks (counted in `shm_spin_micros`); `spin=0` never polls."""
+
+    def spun(spin: float) -> int:
+        with tw.Node(spin=0) as client, tw.Node(spin=spin) as server:
+            server.serve("echo", lambda m: m)
+            echo = client.ref(server.address, "echo", transport="shm")
+            msg = tw.TensorMessage(b"", [np.ones(4096, np.uint8)])
+            assert echo.ask(msg, timeout=5).total_bytes == 4096  # the hello
+            before = tw.tensor_transport_stats()["shm_spin_micros"]
+            for _ in range(20):
+                time.sleep(0.005)
+                assert echo.ask(msg, timeout=5).total_bytes == 4096
+            return int(tw.tensor_transport_stats()["shm_spin_micros"] - before)
+
+    # 20 gaps of 5 ms: at least half of them spun through by the server's thread.
+    assert spun(0.05) >= 50_000
+    assert spun(0) < 2_000
+
+
+@pytest.mark.parametrize("spin", [-0.001, 1.5, float("nan"), float("inf")])
+def test_spin_outside_zero_to_a_second_is_refused(spin: float) -> None:
+    with pytest.raises(tw.InvalidArgument, match="spin must be a number of seconds from 0 to 1"):
+        tw.Node(spin=spin)

@@ -227,6 +227,7 @@ class Node:
         server_name: str | None = None,
         shm_idle_keep: int | None = None,
         shm_idle_after: float | None = None,
+        spin: float | None = None,
     ) -> Node: ...
     @property
     def address(self) -> str: ...

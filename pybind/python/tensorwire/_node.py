@@ -74,6 +74,11 @@ class Node:
     Shared-memory segments beyond an idle cache of ``shm_idle_keep`` bytes (default 128 MiB)
     go back to the system once idle for ``shm_idle_after`` seconds (default 30: a training
     step's messages, step after step, reuse memory already faulted in).
+    ``spin`` (seconds, at most 1) is how long the node's threads keep polling for the next
+    message before they sleep: its io_uring and shared-memory threads, its handler threads, and
+    a caller waiting for a reply. The default (``None``) polls for microseconds; a larger window
+    answers messages that come that far apart without a wake-up, for a CPU kept busy through
+    the gaps (``0``: never poll).
     Use it as a context manager, or call :meth:`close`.
     """
 
@@ -93,6 +98,7 @@ class Node:
         server_name: str | None = None,
         shm_idle_keep: int | None = None,
         shm_idle_after: float | None = None,
+        spin: float | None = None,
     ) -> None:
         self._native = _native.Node(
             bind,
@@ -108,6 +114,7 @@ class Node:
             server_name=server_name,
             shm_idle_keep=shm_idle_keep,
             shm_idle_after=shm_idle_after,
+            spin=spin,
         )
         #: The tasks serving coroutine handlers.
         self._serving: set[asyncio.Task[None]] = set()
