@@ -98,6 +98,8 @@ KEYS = (
     "tw,twshm,twloaned,twinto,twspin,twshmspin,rust,pyhandlers,zmq,grpc,mpshm,ray,rayinstore,iceoryx2,"
     "iceoryx2inplace,mpi,mpitcp"
 )
+#: The peers measured on the sporadic row only (left out when no case has a gap).
+SPORADIC_ONLY_KEYS = ("twspin", "twshmspin")
 FAMILIES = {"rayinstore": "ray", "iceoryx2inplace": "iceoryx2", "mpitcp": "mpi"}
 
 
@@ -234,6 +236,7 @@ class Run:
                 "peer": name,
                 "language": peer.language,
                 "spins": peer.spins,
+                "spins_through_gaps": peer.spins_through_gaps,
                 "ours": peer.ours,
             }
         )
@@ -310,7 +313,9 @@ class Run:
                 for name, make in chosen[turn:] + chosen[:turn]:
                     if name in self.unavailable or name in self.failed:
                         continue
-                    if not case.gap and name in SpinningTensorwire.names.values():
+                    if name in SpinningTensorwire.names.values() and not SpinningTensorwire.applies(
+                        case
+                    ):
                         # Measured on the sporadic row only: no processes for the others.
                         self.not_applicable[(case, name)] = SPINNING_ONLY
                         continue
@@ -327,12 +332,10 @@ class Run:
         print(f"peers: rep {rep + 1}/{self.args.reps} done ({took})", file=sys.stderr)
 
     def finish(self) -> None:
+        """Says which cells each peer could not run, then closes Ray and the fixtures (every
+        one of them, whichever close fails)."""
         from ray_peer import RaySession
 
-        RaySession.shutdown()
-        for fixture in (self.fixture, self.spinning):
-            if fixture is not None:
-                fixture.close()
         for (case, name), why in self.not_applicable.items():
             self.emit(
                 {
@@ -344,6 +347,19 @@ class Run:
                     "reason": why,
                 }
             )
+        with contextlib.ExitStack() as closing:
+            for fixture in (self.fixture, self.spinning):
+                if fixture is not None:
+                    closing.callback(fixture.close)
+            RaySession.shutdown()
+
+
+def positive_seconds(text: str) -> float:
+    """A number of seconds above 0 (argparse type)."""
+    seconds = float(text)
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, not {text}")
+    return seconds
 
 
 def close(peer: Any) -> None:
@@ -370,7 +386,7 @@ def main() -> None:
     parser.add_argument("--inflight", type=int, default=64)
     parser.add_argument(
         "--sporadic-gap",
-        type=float,
+        type=positive_seconds,
         default=SPORADIC_GAP,
         help="seconds of untimed sleep before each ask of the sporadic row (the suite passes "
         "its own)",
@@ -453,7 +469,7 @@ def main() -> None:
         for key, name, make in makers(
             args.fresh, run.shared_fixture, run.spinning_fixture, args.sporadic_gap
         )
-        if chosen(key)
+        if chosen(key) and (key not in SPORADIC_ONLY_KEYS or any(c.gap for c in cases))
     ]
     try:
         (run.fresh if args.fresh else run.warm)(picked)

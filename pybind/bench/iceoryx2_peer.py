@@ -51,6 +51,7 @@ class Iceoryx2:
     module = "iceoryx2"
     language = "python"
     spins = True
+    spins_through_gaps = True  # its server polls through gaps up to 100 ms without a nap
     ours = False
 
     def __init__(self, in_place: bool) -> None:

@@ -91,6 +91,7 @@ class Mpi:
         self.name = "MPI over TCP" if tcp else "MPI one host"
         self.transfer_kind = KERNEL if tcp else ONE_COPY
         self.spins = True
+        self.spins_through_gaps = True  # both ranks' progress loops spin inside a cell
         args, env, said = mpirun_command(tcp)
         transport = (
             "ob1 + tcp BTL (--mca pml ob1 --mca btl self,tcp)"

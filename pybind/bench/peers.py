@@ -60,6 +60,9 @@ class Peer:
     module = ""
     language = "python"
     spins = False
+    #: Whether its threads stay busy between messages however far apart they come (the suite
+    #: divides ours that do only by peers that do).
+    spins_through_gaps = False
     ours = False  # tensorwire itself, never a divisor
 
     def transfer(self, case: Case) -> str:
@@ -193,10 +196,10 @@ class Tensorwire(Peer):
 
 
 def spinning_flags(gap: float) -> list[str]:
-    """The fixture's flags for the spinning peers: its io_uring threads and its shared-memory
-    thread keep polling for twice the sporadic row's gap after the last message, so they never
-    sleep between that row's asks, as MPI's ranks and iceoryx2's server spin through them
-    (`NodeBuilder::core_busy_poll` and `shm_spin`)."""
+    """The fixture's flags for the spinning peers: its shared-memory thread polls for twice the
+    sporadic row's gap after each message, its io_uring threads for up to that long (they back
+    off after a poll that found nothing: `NodeBuilder::core_busy_poll`), so they sleep through
+    few if any of that row's gaps, as MPI's ranks and iceoryx2's server spin through them."""
     window = str(round(2 * gap * 1e6))
     return ["--core-poll-us", window, "--shm-spin-us", window]
 
@@ -210,6 +213,7 @@ class SpinningTensorwire(Tensorwire):
     on that row only; on the others the default fixture's own bounded polling is the one."""
 
     names = {"raw": "tensorwire spinning (Python)", "shm": "tensorwire shm spinning (Python)"}
+    spins_through_gaps = True
     note = (
         "the fixture's threads poll through the sporadic row's gaps (serve --core-poll-us and "
         "--shm-spin-us at twice the gap), as MPI's ranks and iceoryx2's server do; the CPU "
@@ -220,8 +224,13 @@ class SpinningTensorwire(Tensorwire):
         super().__init__(fixture, transport, owns_fixture)
         self.name = self.names[transport]
 
+    @staticmethod
+    def applies(case: Case) -> bool:
+        """Whether it measures `case`: the sporadic row only."""
+        return case.gap > 0
+
     def measure(self, case: Case, data: list[np.ndarray], seconds: float) -> float:
-        if not case.gap:
+        if not self.applies(case):
             raise NotApplicable(SPINNING_ONLY)
         return super().measure(case, data, seconds)
 

@@ -4,13 +4,18 @@ between, as a training step's sends do), and prints each gap's p50 and p90. `soc
 the same over a plain TCP socket between two Python processes (blocking `recv`,
 `TCP_NODELAY`), the floor a Python user knows.
 
-    .venv/bin/python pybind/bench/sporadic.py [raw|shm|auto|socket]
+    .venv/bin/python pybind/bench/sporadic.py [raw|shm|auto|socket|handlers]
 
-Needs `cargo build --release -p ptr1-bench` (but for `socket`). docs/benchmarks.md, "Asks
-that come now and then", reads it."""
+`handlers` asks a Python handler (`node.serve` with a function) in another node of this
+process over shared memory instead, the serving node made with `spin=` None (the default), 0
+and 0.05 s, and says how long its shared-memory threads spun (`shm_spin_micros`).
+
+Needs `cargo build --release -p ptr1-bench` (but for `socket` and `handlers`).
+docs/benchmarks.md, "Asks that come now and then" and "Spinning through the gaps", reads it."""
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import socket
 import sys
@@ -36,6 +41,9 @@ def main() -> None:
     if transport == "socket":
         over_a_socket()
         return
+    if transport == "handlers":
+        python_handlers()
+        return
     if not PTR1_BENCH.exists():
         raise SystemExit(f"{PTR1_BENCH} is missing: cargo build --release -p ptr1-bench")
     fixture = Fixture(PTR1_BENCH)
@@ -46,6 +54,21 @@ def main() -> None:
             report(transport, lambda: echo.ask(message))
     finally:
         fixture.close()
+
+
+def python_handlers() -> None:
+    message = tw.TensorMessage(b"", [np.ones(SIZE, np.uint8)])
+    for spin in (None, 0.0, 0.05):
+        with tw.Node(spin=spin) as server, tw.Node() as client:
+            server.serve("echo", lambda m: m)
+            echo = client.ref(server.address, "echo", transport="shm")
+            before = tw.tensor_transport_stats()["shm_spin_micros"]
+            report(f"Python handler, spin={spin}", functools.partial(echo.ask, message))
+            spun = tw.tensor_transport_stats()["shm_spin_micros"] - before
+            print(
+                f"Python handler, spin={spin}: the shared-memory threads of both nodes (the "
+                f"asking one at its default) spun {spun / 1e6:.2f} s"
+            )
 
 
 def report(label: str, ask: Callable[[], object]) -> None:

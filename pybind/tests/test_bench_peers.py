@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,38 +16,40 @@ BENCH = ROOT / "pybind" / "bench" / "bench.py"
 PTR1_BENCH = ROOT / "target" / "release" / "ptr1-bench"
 
 
+def drive(*args: str, timeout: int = 300) -> list[dict[str, Any]]:
+    """The records of one `bench.py --json` run with `args`."""
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=True,
+    )
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
 @pytest.mark.skipif(
     not PTR1_BENCH.exists(),
     reason=f"{PTR1_BENCH} is not built (cargo build --release -p ptr1-bench; "
     "scripts/test-all builds it)",
 )
 def test_the_driver_measures_every_case_or_says_why_not() -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH),
-            "--json",
-            "--reps",
-            "1",
-            "--seconds",
-            "0.02",
-            "--sizes",
-            "4KiB,64KiB",
-            "--buffers",
-            "1,16",
-            "--modes",
-            "oneway,rtt,sporadic,inflight",
-            "--sporadic-gap",
-            "0.002",
-            "--skip",
-            "rust,zmq,grpc,ray,iceoryx2,mpi",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
+    records = drive(
+        "--reps",
+        "1",
+        "--seconds",
+        "0.02",
+        "--sizes",
+        "4KiB,64KiB",
+        "--buffers",
+        "1,16",
+        "--modes",
+        "oneway,rtt,sporadic,inflight",
+        "--sporadic-gap",
+        "0.002",
+        "--skip",
+        "rust,zmq,grpc,ray,iceoryx2,mpi",
     )
-    records = [json.loads(line) for line in out.stdout.splitlines()]
     samples = [r for r in records if r["kind"] == "sample"]
     cells = {(r["peer"], r["mode"], r["size"], r["buffers"]) for r in samples}
     for peer in (
@@ -83,6 +86,9 @@ def test_the_driver_measures_every_case_or_says_why_not() -> None:
         described["tensorwire (Python)"]["ours"]
         and not described["multiprocessing.shared_memory"]["ours"]
     )
+    # The suite divides ours that spin through gaps only by peers that do too.
+    assert all(described[peer]["spins_through_gaps"] for peer in spinning)
+    assert not described["tensorwire (Python)"]["spins_through_gaps"]
     for mode in ("rtt", "inflight"):
         assert ("tensorwire into (Python)", mode, 65536, 16) in cells
     assert ("multiprocessing.shared_memory", "rtt", 65536, 16) in cells
@@ -116,30 +122,21 @@ def test_the_mpi_peers_measure_one_host_and_tcp_in_fresh_processes() -> None:
         if os.environ.get("TENSORWIRE_REQUIRE_PEERS") == "1":
             pytest.fail(missing)
         pytest.skip(missing)
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH),
-            "--json",
-            "--fresh",
-            "--reps",
-            "1",
-            "--seconds",
-            "0.05",
-            "--sizes",
-            "4KiB,64KiB",
-            "--buffers",
-            "1,16",
-            "--only",
-            "mpi,mpitcp",
-        ],
-        capture_output=True,
-        text=True,
+    records = drive(
+        "--fresh",
+        "--reps",
+        "1",
+        "--seconds",
+        "0.05",
+        "--sizes",
+        "4KiB,64KiB",
+        "--buffers",
+        "1,16",
+        "--only",
+        "mpi,mpitcp",
         timeout=600,
-        check=True,
     )
-    records = [json.loads(line) for line in out.stdout.splitlines()]
-    assert not [r for r in records if r["kind"] in ("unavailable", "failed")], out.stdout
+    assert not [r for r in records if r["kind"] in ("unavailable", "failed")], records
     samples = [r for r in records if r["kind"] == "sample"]
     cells = {(r["peer"], r["mode"], r["size"], r["buffers"]): r for r in samples}
     for peer, transfer in (("MPI one host", "one_copy"), ("MPI over TCP", "kernel")):
@@ -150,3 +147,27 @@ def test_the_mpi_peers_measure_one_host_and_tcp_in_fresh_processes() -> None:
                     assert cell["value"] > 0 and cell["transfer"] == transfer
     described = {r["peer"]: r for r in records if r["kind"] == "peer"}
     assert described["MPI one host"]["spins"] and not described["MPI one host"]["ours"]
+
+
+@pytest.mark.skipif(not PTR1_BENCH.exists(), reason=f"{PTR1_BENCH} is not built")
+def test_fresh_the_spinning_peers_start_processes_for_the_sporadic_row_only() -> None:
+    records = drive(
+        "--fresh",
+        "--reps",
+        "1",
+        "--seconds",
+        "0.02",
+        "--sizes",
+        "4KiB",
+        "--modes",
+        "rtt,sporadic",
+        "--sporadic-gap",
+        "0.002",
+        "--only",
+        "twspin,twshmspin",
+    )
+    spinning = {"tensorwire spinning (Python)", "tensorwire shm spinning (Python)"}
+    samples = {(r["peer"], r["mode"]) for r in records if r["kind"] == "sample"}
+    assert samples == {(peer, "sporadic") for peer in spinning}
+    refused = {(r["peer"], r["mode"]) for r in records if r["kind"] == "not_applicable"}
+    assert refused == {(peer, "rtt") for peer in spinning}

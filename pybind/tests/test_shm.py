@@ -99,7 +99,7 @@ def test_spin_keeps_the_threads_polling_through_gaps_and_zero_never_polls() -> N
     """`Node(spin=...)`: the server's shared-memory thread polls through the gaps between
     asks (counted in `shm_spin_micros`); `spin=0` never polls."""
 
-    def spun(spin: float) -> int:
+    def spun(spin: float | None) -> int:
         with tw.Node(spin=0) as client, tw.Node(spin=spin) as server:
             server.serve("echo", lambda m: m)
             echo = client.ref(server.address, "echo", transport="shm")
@@ -113,7 +113,19 @@ def test_spin_keeps_the_threads_polling_through_gaps_and_zero_never_polls() -> N
 
     # 20 gaps of 5 ms: at least half of them spun through by the server's thread.
     assert spun(0.05) >= 50_000
-    assert spun(0) < 2_000
+    # The default spins a short window (100 µs) after each message; 0 none at all.
+    default, zero = spun(None), spun(0)
+    assert zero < 500 and zero <= default / 4, (zero, default)
+
+
+def test_an_idle_node_does_not_spin() -> None:
+    """A node's shared-memory thread spins only after messages, not after every tick of its
+    timer: an idle node with a 0.3 s window spun 0.3 s every half second before."""
+    with tw.Node(spin=0.3):
+        before = tw.tensor_transport_stats()["shm_spin_micros"]
+        time.sleep(1.2)
+        spent = tw.tensor_transport_stats()["shm_spin_micros"] - before
+    assert spent < 50_000
 
 
 @pytest.mark.parametrize("spin", [-0.001, 1.5, float("nan"), float("inf")])

@@ -126,9 +126,13 @@ pub(super) fn run(t: &Arc<Transport>, listener: &OwnedFd) {
             spin.pause();
             continue;
         }
-        d.sleep(t, next_tick);
+        // The window starts again after a wake-up only if it brought work (a bell's messages
+        // are pumped inside the sleep): an idle node spun a whole window after every tick of
+        // its timer when every wake-up counted.
+        if d.sleep(t, next_tick) > 0 {
+            spin.worked(Instant::now());
+        }
         d.full_next = true;
-        spin.worked(Instant::now());
         next_poll = Instant::now();
     }
     d.stop(t);
@@ -239,8 +243,8 @@ impl Driver {
     }
 
     /// Marks every queue "may sleep", looks once more, and sleeps until an event or the next
-    /// deadline.
-    fn sleep(&mut self, t: &Arc<Transport>, next_tick: Instant) {
+    /// deadline; how many events it handled on waking (0: a timer, or nothing to do).
+    fn sleep(&mut self, t: &Arc<Transport>, next_tick: Instant) -> usize {
         t.wake.sleeping();
         let mut input = !lock(&t.joining).is_empty();
         let mut wake_at = next_tick;
@@ -255,10 +259,11 @@ impl Driver {
         if let Some(at) = self.listener_paused_until {
             wake_at = wake_at.min(at);
         }
+        let mut handled = 0;
         if !input && !t.is_stopping() {
             t.wake.plan(Some(wake_at));
             let timeout = wake_at.saturating_duration_since(Instant::now());
-            self.poll(t, timeout);
+            handled = self.poll(t, timeout);
         }
         t.wake.plan(None);
         t.wake.awake();
@@ -267,6 +272,7 @@ impl Driver {
                 conn.awake();
             }
         }
+        handled
     }
 
     /// Deadlines and stalls of every connection.

@@ -24,6 +24,11 @@ pub(super) const ACTIVE_WINDOW: Duration = Duration::from_millis(10);
 /// nothing.
 pub(super) const BACKOFF: u32 = 32;
 
+/// Budgets beyond which an idle spell counts as simply long (see [`PollPolicy::idle_spell`]):
+/// twice the longest spell after which a core still polls, so one long spell keeps it from
+/// polling for a few spells (6), not for dozens.
+const LONG_SPELL: u32 = 4;
+
 /// One core's busy-poll state.
 #[derive(Debug)]
 pub(super) struct PollPolicy {
@@ -32,7 +37,8 @@ pub(super) struct PollPolicy {
     skips: u32,
     /// Polls in a row that found nothing.
     misses: u32,
-    /// The longest recent idle spell (busy-polling or asleep), forgetting an eighth per spell.
+    /// The longest recent idle spell (busy-polling or asleep; at most [`LONG_SPELL`] budgets),
+    /// forgetting an eighth per spell.
     idle_estimate: Duration,
 }
 
@@ -43,7 +49,7 @@ impl PollPolicy {
             budget,
             skips: 0,
             misses: 0,
-            idle_estimate: Duration::from_secs(1),
+            idle_estimate: budget.saturating_mul(LONG_SPELL),
         }
     }
 
@@ -75,8 +81,13 @@ impl PollPolicy {
         self.misses = 0;
     }
 
-    /// The core was idle (polling or asleep) for `spell`.
+    /// The core was idle (polling or asleep) for `spell`. A spell counts as at most
+    /// [`LONG_SPELL`] budgets: any longer one only says "too long to poll", and remembering
+    /// it whole kept a core from polling for dozens of spells after a pause (57 after a 1 s
+    /// pause at the default budget, 24 at a 20 ms one: a quarter of a conversation of asks
+    /// 10 ms apart that resumed after a second went unpolled).
     pub(super) fn idle_spell(&mut self, spell: Duration) {
+        let spell = spell.min(self.budget.saturating_mul(LONG_SPELL));
         self.idle_estimate = spell.max(self.idle_estimate - self.idle_estimate / 8);
     }
 }
@@ -203,7 +214,34 @@ mod tests {
             spells += 1;
             assert!(spells < 100, "the long spell is never forgotten");
         }
-        assert!(spells > 10, "forgotten after {spells} spells: too fast");
+        assert!(spells > 3, "forgotten after {spells} spells: too fast");
+        assert!(spells <= 6, "remembered for {spells} spells: too long");
+    }
+
+    #[test]
+    fn after_a_pause_of_any_length_a_conversation_is_polled_again_within_six_spells() {
+        for pause in [
+            Duration::from_millis(1),
+            Duration::from_secs(1),
+            Duration::MAX,
+        ] {
+            let mut policy = settled(Duration::from_micros(30));
+            policy.idle_spell(pause);
+            let mut spells = 0;
+            while policy.poll_for(1, 1).is_none() {
+                policy.idle_spell(Duration::from_micros(30));
+                spells += 1;
+            }
+            assert!(spells <= 6, "{spells} spells after a pause of {pause:?}");
+        }
+        let mut fresh = PollPolicy::new(BUDGET);
+        assert_eq!(fresh.poll_for(1, 1), None, "a new core sleeps first");
+        let mut spells = 0;
+        while fresh.poll_for(1, 1).is_none() {
+            fresh.idle_spell(Duration::from_micros(30));
+            spells += 1;
+        }
+        assert!(spells <= 6, "a new core polls after {spells} spells");
     }
 
     #[test]

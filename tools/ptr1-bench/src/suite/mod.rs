@@ -458,6 +458,7 @@ impl Pass {
                     transfer: column.transfer(case)?,
                     language: "rust",
                     value: self.median(cases, c, l),
+                    spins_through_gaps: false,
                 })
             })
             .collect();

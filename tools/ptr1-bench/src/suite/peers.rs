@@ -45,6 +45,9 @@ pub(crate) struct Peers {
 pub(crate) struct PeerInfo {
     pub(crate) language: String,
     pub(crate) spins: bool,
+    /// Whether its threads stay busy between messages however far apart they come (the
+    /// verdict divides ours that do only by peers that do).
+    pub(crate) spins_through_gaps: bool,
     pub(crate) ours: bool,
 }
 
@@ -161,6 +164,7 @@ impl Peers {
                     let info = PeerInfo {
                         language: record["language"].as_str().unwrap_or("python").to_owned(),
                         spins: record["spins"].as_bool().unwrap_or(false),
+                        spins_through_gaps: record["spins_through_gaps"].as_bool().unwrap_or(false),
                         ours: record["ours"]
                             .as_bool()
                             .unwrap_or_else(|| is_tensorwire(&name)),
@@ -243,6 +247,7 @@ impl Peers {
         self.info.get(peer).cloned().unwrap_or_else(|| PeerInfo {
             language: "python".into(),
             spins: false,
+            spins_through_gaps: false,
             ours: is_tensorwire(peer),
         })
     }
@@ -263,6 +268,7 @@ impl Peers {
                     transfer: self.transfer(name, case)?,
                     language: &info.language,
                     value: self.median(name, case),
+                    spins_through_gaps: info.spins_through_gaps,
                 })
             })
             .collect()
@@ -335,7 +341,7 @@ mod tests {
         let text = r#"{"kind": "version", "name": "pyzmq", "version": "26.2.0"}
 {"kind": "load", "loadavg": 0.25, "fresh": true}
 {"kind": "peer", "peer": "tensorwire (Python)", "language": "python", "spins": true, "ours": true}
-{"kind": "peer", "peer": "MPI one host", "language": "python", "spins": true, "ours": false}
+{"kind": "peer", "peer": "MPI one host", "language": "python", "spins": true, "spins_through_gaps": true, "ours": false}
 {"kind": "unavailable", "peer": "Ray", "reason": "not installed (No module named 'ray')"}
 {"kind": "sample", "peer": "tensorwire (Python)", "mode": "oneway", "size": 4096, "buffers": 1, "inflight": 1, "rep": 0, "value": 0.5, "transfer": "kernel", "cpu_s": 0.2, "seconds": 0.5}
 {"kind": "sample", "peer": "pyzmq", "mode": "oneway", "size": 4096, "buffers": 1, "inflight": 1, "rep": 0, "value": 0.2, "transfer": "kernel", "cpu_s": 0.1, "seconds": 0.5}
@@ -375,6 +381,8 @@ not json: ignored"#;
             Some(Transfer::OneCopy)
         );
         assert!(peers.info("MPI one host").spins);
+        assert!(peers.info("MPI one host").spins_through_gaps);
+        assert!(!peers.info("tensorwire (Python)").spins_through_gaps);
         assert!(peers.info("tensorwire (Python)").ours);
         assert!(!peers.info("pyzmq").ours, "undescribed peers are not ours");
         assert_eq!(peers.versions["pyzmq"], "26.2.0");

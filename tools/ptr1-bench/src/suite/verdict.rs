@@ -4,7 +4,9 @@
 //! hand them off by reference, copy them once through shared memory, or pass them through the
 //! kernel — and run from the same language. A hand-off that moves no bytes, divided by a peer
 //! that copies every byte, or a Rust client divided by a Python one, says nothing about either;
-//! where a kind has no peer the verdict says so instead of dividing.
+//! where a kind has no peer the verdict says so instead of dividing. Nor does a figure of ours
+//! bought by keeping a CPU busy between messages get divided by peers that sleep: ours that
+//! spin through gaps count only where a peer that does too was measured.
 
 use std::fmt;
 
@@ -67,6 +69,9 @@ pub(crate) struct Entrant<'a> {
     /// The language its client runs in ("rust", "python", …): compared only with the same.
     pub(crate) language: &'a str,
     pub(crate) value: f64,
+    /// Whether its threads keep a CPU busy between messages, however far apart they come (MPI's
+    /// ranks, iceoryx2's server, tensorwire against a fixture told to spin).
+    pub(crate) spins_through_gaps: bool,
 }
 
 /// The verdict of one kind of transfer from one language, in one case.
@@ -91,9 +96,18 @@ pub(crate) enum Verdict<'a> {
 
 /// For every kind of transfer and language in which one of ours has a figure in `case`: the best
 /// of ours against the best peer of the same kind and language, or that there is no such peer.
-/// Ordered by kind, then by the order languages first appear.
+/// Ours that spin through gaps take part only where a peer of the same kind and language that
+/// spins through them has a figure. Ordered by kind, then by the order languages first appear.
 pub(crate) fn verdicts<'a>(case: &Case, entrants: &[Entrant<'a>]) -> Vec<Verdict<'a>> {
-    let measured = |e: &&Entrant<'a>| e.value.is_finite() && e.value > 0.0;
+    let figure = |e: &&Entrant<'a>| e.value.is_finite() && e.value > 0.0;
+    let spinning_peer = |transfer: Transfer, language: &str| {
+        entrants.iter().filter(figure).any(|p| {
+            !p.ours && p.spins_through_gaps && p.transfer == transfer && p.language == language
+        })
+    };
+    let measured = |e: &&Entrant<'a>| {
+        figure(e) && !(e.ours && e.spins_through_gaps && !spinning_peer(e.transfer, e.language))
+    };
     let mut groups: Vec<(Transfer, &'a str)> = Vec::new();
     for e in entrants.iter().filter(|e| e.ours).filter(measured) {
         if !groups.contains(&(e.transfer, e.language)) {
@@ -196,7 +210,64 @@ mod tests {
             transfer,
             language,
             value,
+            spins_through_gaps: false,
         }
+    }
+
+    /// An entrant whose threads stay busy between messages.
+    fn spinning(entrant: Entrant<'static>) -> Entrant<'static> {
+        Entrant {
+            spins_through_gaps: true,
+            ..entrant
+        }
+    }
+
+    #[test]
+    fn ours_that_spin_through_gaps_are_divided_only_where_a_peer_spins_too() {
+        let sporadic = case(Mode::Rtt);
+        let sleeping = entrant(
+            "tensorwire (Python)",
+            true,
+            Transfer::Kernel,
+            "python",
+            48.0,
+        );
+        let spinning_ours = spinning(entrant(
+            "tensorwire spinning (Python)",
+            true,
+            Transfer::Kernel,
+            "python",
+            30.0,
+        ));
+        let pyzmq = entrant("pyzmq", false, Transfer::Kernel, "python", 170.0);
+        let mpi = spinning(entrant(
+            "MPI over TCP",
+            false,
+            Transfer::Kernel,
+            "python",
+            25.0,
+        ));
+        let ratio = |entrants: &[Entrant<'static>]| match verdicts(&sporadic, entrants).as_slice() {
+            [
+                Verdict::Ratio {
+                    ours, peer, ratio, ..
+                },
+            ] => (*ours, *peer, *ratio),
+            other => panic!("expected one ratio, got {other:?}"),
+        };
+        // Only sleeping peers: the spinning figure is left out.
+        let (ours, peer, r) = ratio(&[sleeping, spinning_ours, pyzmq]);
+        assert_eq!((ours, peer), ("tensorwire (Python)", "pyzmq"));
+        assert!((r - 170.0 / 48.0).abs() < 1e-9);
+        // A peer that spins too: the spinning figure counts, against the best peer.
+        let (ours, peer, r) = ratio(&[sleeping, spinning_ours, pyzmq, mpi]);
+        assert_eq!(
+            (ours, peer),
+            ("tensorwire spinning (Python)", "MPI over TCP")
+        );
+        assert!((r - 25.0 / 30.0).abs() < 1e-9);
+        // Nothing of ours but the spinning figure, and no peer that spins: no verdict at all.
+        assert_eq!(verdicts(&sporadic, &[spinning_ours, pyzmq]), vec![]);
     }
 
     #[test]
