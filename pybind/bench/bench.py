@@ -336,22 +336,22 @@ class Run:
         one of them, whichever close fails)."""
         from ray_peer import RaySession
 
-        for (case, name), why in self.not_applicable.items():
-            self.emit(
-                {
-                    "kind": "not_applicable",
-                    "peer": name,
-                    "mode": case.key,
-                    "size": case.size,
-                    "buffers": case.buffers,
-                    "reason": why,
-                }
-            )
         with contextlib.ExitStack() as closing:
             for fixture in (self.fixture, self.spinning):
                 if fixture is not None:
                     closing.callback(fixture.close)
-            RaySession.shutdown()
+            closing.callback(RaySession.shutdown)
+            for (case, name), why in self.not_applicable.items():
+                self.emit(
+                    {
+                        "kind": "not_applicable",
+                        "peer": name,
+                        "mode": case.key,
+                        "size": case.size,
+                        "buffers": case.buffers,
+                        "reason": why,
+                    }
+                )
 
 
 def positive_seconds(text: str) -> float:

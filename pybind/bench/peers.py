@@ -200,7 +200,7 @@ def spinning_flags(gap: float) -> list[str]:
     sporadic row's gap after each message, its io_uring threads for up to that long (they back
     off after a poll that found nothing: `NodeBuilder::core_busy_poll`), so they sleep through
     few if any of that row's gaps, as MPI's ranks and iceoryx2's server spin through them."""
-    window = str(round(2 * gap * 1e6))
+    window = str(max(1, round(2 * gap * 1e6)))
     return ["--core-poll-us", window, "--shm-spin-us", window]
 
 

@@ -118,18 +118,20 @@ pub(crate) fn verdicts<'a>(case: &Case, entrants: &[Entrant<'a>]) -> Vec<Verdict
     groups
         .into_iter()
         .filter_map(|(transfer, language)| {
-            let best = |ours: bool| {
+            // `spinning_only`: only entrants that spin through gaps.
+            let best = |ours: bool, spinning_only: bool| {
                 let side: Vec<&Entrant<'a>> = entrants
                     .iter()
                     .filter(|e| e.ours == ours && e.transfer == transfer)
                     .filter(|e| e.language == language)
+                    .filter(|e| e.spins_through_gaps || !spinning_only)
                     .filter(measured)
                     .collect();
                 let value = case.best(side.iter().map(|e| e.value));
                 side.into_iter().find(|e| e.value == value)
             };
-            let ours = best(true)?;
-            Some(match best(false) {
+            let ours = best(true, false)?;
+            Some(match best(false, ours.spins_through_gaps) {
                 Some(peer) => Verdict::Ratio {
                     transfer,
                     language,
@@ -259,13 +261,20 @@ mod tests {
         let (ours, peer, r) = ratio(&[sleeping, spinning_ours, pyzmq]);
         assert_eq!((ours, peer), ("tensorwire (Python)", "pyzmq"));
         assert!((r - 170.0 / 48.0).abs() < 1e-9);
-        // A peer that spins too: the spinning figure counts, against the best peer.
+        // A peer that spins too: the spinning figure counts, against the best spinning peer.
         let (ours, peer, r) = ratio(&[sleeping, spinning_ours, pyzmq, mpi]);
         assert_eq!(
             (ours, peer),
             ("tensorwire spinning (Python)", "MPI over TCP")
         );
         assert!((r - 25.0 / 30.0).abs() < 1e-9);
+        // Even where a sleeping peer is faster than every spinning one.
+        let fast_sleeper = entrant("gRPC (Python)", false, Transfer::Kernel, "python", 20.0);
+        let (ours, peer, _) = ratio(&[sleeping, spinning_ours, fast_sleeper, mpi]);
+        assert_eq!(
+            (ours, peer),
+            ("tensorwire spinning (Python)", "MPI over TCP")
+        );
         // Nothing of ours but the spinning figure, and no peer that spins: no verdict at all.
         assert_eq!(verdicts(&sporadic, &[spinning_ours, pyzmq]), vec![]);
     }
