@@ -95,11 +95,9 @@ PTR1_BENCH = ROOT / "target" / "release" / "ptr1-bench"  # --fixture overrides i
 VERSIONS = ["numpy", "tensorwire", "pyzmq", "grpcio", "ray", "iceoryx2", "mpi4py"]
 # --skip keys: a family key ("ray", "iceoryx2", "mpi") leaves out all its variants.
 KEYS = (
-    "tw,twshm,twloaned,twinto,twspin,twshmspin,rust,pyhandlers,zmq,grpc,mpshm,ray,rayinstore,iceoryx2,"
-    "iceoryx2inplace,mpi,mpitcp"
+    "tw,twshm,twloaned,twinto,twspin,twshmspin,rust,pyhandlers,zmq,grpc,mpshm,ray,rayinstore,"
+    "iceoryx2,iceoryx2inplace,mpi,mpitcp"
 )
-#: The peers measured on the sporadic row only (left out when no case has a gap).
-SPORADIC_ONLY_KEYS = ("twspin", "twshmspin")
 FAMILIES = {"rayinstore": "ray", "iceoryx2inplace": "iceoryx2", "mpitcp": "mpi"}
 
 
@@ -313,9 +311,7 @@ class Run:
                 for name, make in chosen[turn:] + chosen[:turn]:
                     if name in self.unavailable or name in self.failed:
                         continue
-                    if name in SpinningTensorwire.names.values() and not SpinningTensorwire.applies(
-                        case
-                    ):
+                    if not SpinningTensorwire.measures(name, case):
                         # Measured on the sporadic row only: no processes for the others.
                         self.not_applicable[(case, name)] = SPINNING_ONLY
                         continue
@@ -427,7 +423,7 @@ def main() -> None:
     PTR1_BENCH = args.fixture
     if not PTR1_BENCH.exists():
         raise SystemExit(f"{PTR1_BENCH} is missing: cargo build --release -p ptr1-bench")
-    from peers import Tensorwire
+    from peers import SpinningTensorwire, Tensorwire
 
     import tensorwire  # noqa: F401  (fails here, early, when the package is missing)
 
@@ -469,7 +465,8 @@ def main() -> None:
         for key, name, make in makers(
             args.fresh, run.shared_fixture, run.spinning_fixture, args.sporadic_gap
         )
-        if chosen(key) and (key not in SPORADIC_ONLY_KEYS or any(c.gap for c in cases))
+        # The spinning peers measure the sporadic row only: left out without it.
+        if chosen(key) and any(SpinningTensorwire.measures(name, case) for case in cases)
     ]
     try:
         (run.fresh if args.fresh else run.warm)(picked)

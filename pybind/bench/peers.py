@@ -229,6 +229,11 @@ class SpinningTensorwire(Tensorwire):
         """Whether it measures `case`: the sporadic row only."""
         return case.gap > 0
 
+    @classmethod
+    def measures(cls, peer: str, case: Case) -> bool:
+        """Whether the peer called `peer` measures `case` (every other peer: every case)."""
+        return peer not in cls.names.values() or cls.applies(case)
+
     def measure(self, case: Case, data: list[np.ndarray], seconds: float) -> float:
         if not self.applies(case):
             raise NotApplicable(SPINNING_ONLY)
