@@ -6,7 +6,7 @@
 //! withdrawn by its ticket, so it cannot swallow the wake-up meant for another.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -40,6 +40,8 @@ pub(crate) struct Mailbox {
     spinning: AtomicUsize,
     /// Requests in the queue (mirrors `state.queue`, read without the lock by pollers).
     queued: AtomicUsize,
+    /// Mirrors `state.closed` for pollers, so a close ends a poll at once.
+    closed: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -65,6 +67,7 @@ impl Mailbox {
             waiting_capacity,
             spinning: AtomicUsize::new(0),
             queued: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -140,9 +143,9 @@ impl Mailbox {
         }
         let mut pause = Pause::default();
         let found = loop {
-            if self.queued.load(Ordering::Acquire) > 0
-                && let Some(found) = self.pop(Some(Duration::ZERO)).transpose()
-            {
+            let ready =
+                self.queued.load(Ordering::Acquire) > 0 || self.closed.load(Ordering::Acquire);
+            if ready && let Some(found) = self.pop(Some(Duration::ZERO)).transpose() {
                 break Some(found);
             }
             let idled = start.elapsed();
@@ -183,6 +186,7 @@ impl Mailbox {
         let (queued, waiting, wakers) = {
             let mut state = self.lock();
             state.closed = true;
+            self.closed.store(true, Ordering::Release);
             self.queued.store(0, Ordering::Release);
             (
                 std::mem::take(&mut state.queue),
@@ -235,5 +239,29 @@ impl Mailbox {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         crate::sync::lock(&self.state)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use super::*;
+
+    #[test]
+    fn a_close_ends_a_taker_s_poll_at_once() {
+        let mailbox = Arc::new(Mailbox::new(4, 4));
+        let taker = {
+            let mailbox = Arc::clone(&mailbox);
+            std::thread::spawn(move || mailbox.pop_spinning(Duration::from_secs(30), None))
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        let closed_at = Instant::now();
+        mailbox.close();
+        let taken = taker.join().expect("the taker panicked");
+        assert!(matches!(taken, Err(Error::MailboxClosed)), "{taken:?}");
+        // Not the rest of its 30 s poll.
+        assert!(closed_at.elapsed() < Duration::from_secs(10));
     }
 }
