@@ -74,7 +74,11 @@ pub(crate) async fn step(
     }
     if ready.is_writable() || ready.is_write_closed() {
         let outcome = transmit.as_mut().map(|tx| {
-            let slices: Vec<IoSlice<'_>> = tx.slices().take(MAX_SLICES).map(IoSlice::new).collect();
+            let slices: Vec<IoSlice<'_>> = tx
+                .write_slices(usize::MAX)
+                .take(MAX_SLICES)
+                .map(IoSlice::new)
+                .collect();
             let result = stream.try_write_vectored(&slices);
             drop(slices);
             result.map(|n| (n, tx.advance(n)))

@@ -1,6 +1,12 @@
 //! `SENDMSG` of a frame: head, path, metadata and every buffer as iovecs (`MSG_WAITALL |
 //! MSG_NOSIGNAL`), at most one progress quantum per submission so a slow peer is seen to keep
 //! the minimum rate; the same operation is submitted again for the rest.
+//!
+//! Unlike the blocking and tokio drivers, a large frame's first write is not cut to
+//! `FIRST_WRITE` here: on this driver the cut itself made loopback segments arrive out of
+//! order (42–57 `TcpExtTCPOFOQueue` per 2 s of 1 MiB asks one at a time, against 0–5 whole) and
+//! cost 1 MiB asks 25–30 % (one and 64 in flight; docs/benchmarks.md, "The first write of a
+//! large frame").
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
