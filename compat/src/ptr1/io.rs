@@ -75,7 +75,7 @@ pub(crate) async fn step(
     if ready.is_writable() || ready.is_write_closed() {
         let outcome = transmit.as_mut().map(|tx| {
             let slices: Vec<IoSlice<'_>> = tx
-                .write_slices(usize::MAX)
+                .write_slices()
                 .take(MAX_SLICES)
                 .map(IoSlice::new)
                 .collect();

@@ -212,11 +212,8 @@ impl Conn {
             }
             let mut want_write = false;
             if let Some(tx) = &mut transmit {
-                let slices: Vec<IoSlice<'_>> = tx
-                    .write_slices(usize::MAX)
-                    .take(1024)
-                    .map(IoSlice::new)
-                    .collect();
+                let slices: Vec<IoSlice<'_>> =
+                    tx.write_slices().take(1024).map(IoSlice::new).collect();
                 match self.stream.write_vectored(&slices) {
                     Ok(n) => {
                         progress = true;

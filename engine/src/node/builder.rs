@@ -430,13 +430,15 @@ impl NodeBuilder {
     /// byte left, and sleeping through that wait cost 15–25 % of the rate
     /// (`docs/benchmarks.md`, "1 MiB one-way").
     ///
-    /// A driver thread polls only while it carries the driver's only active connection (one
-    /// that moved bytes in the last 10 ms: idle pooled connections do not count) and its
-    /// recent idle spells were at most twice this; each poll lasts at most twice the longest
-    /// recent idle spell after the last bytes it saw move; and after a poll that found
-    /// nothing it sleeps through the next idle spells (1, then twice as many after each
-    /// further miss in a row, at most 32). With more connections some thread has work
-    /// anyway, and polling would take the CPU from the threads that produce it. Polling reads
+    /// A driver thread that carries the driver's only active connection (one that moved bytes
+    /// in the last 10 ms: idle pooled connections do not count) polls while its recent idle
+    /// spells were at most twice this; each poll lasts at most twice the longest recent idle
+    /// spell after the last bytes it saw move; and after a poll that found nothing it sleeps
+    /// through the next idle spells (1, then twice as many after each further miss in a row,
+    /// at most 32). While several connections are active and the thread carries at least one,
+    /// it polls 20 µs at most (within this budget) before it sleeps: enough to take a busy
+    /// exchange's next completion without a wake-up, short enough to leave the CPU to the
+    /// threads that produce the work. A thread with no active connection never polls. Polling reads
     /// the ring's shared memory and enters the kernel only to run work the kernel deferred to
     /// the thread, never to wait. What it buys, on 2 CPUs (`docs/benchmarks.md`,
     /// "Busy-polling"): a thread that does not sleep is not pulled onto its peer's CPU when

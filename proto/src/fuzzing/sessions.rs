@@ -83,7 +83,8 @@ pub fn ptr1_server_session(data: &[u8]) {
                     writing = session.poll_transmit(now);
                 }
                 if let Some(transmit) = &mut writing {
-                    let n = script.len(transmit.remaining());
+                    let offered: usize = transmit.write_slices().map(<[u8]>::len).sum();
+                    let n = script.len(u64::try_from(offered).unwrap_or(u64::MAX));
                     collect(transmit, n, &mut written);
                     if transmit.advance(n) {
                         writing = None;
@@ -291,10 +292,10 @@ fn arrive(
     true
 }
 
-/// Appends the next `n` bytes of `transmit` to `out`.
+/// Appends the next `n` bytes of `transmit` to `out`, from what one write would cover.
 fn collect(transmit: &Transmit, n: usize, out: &mut Vec<u8>) {
     let mut left = n;
-    for slice in transmit.slices() {
+    for slice in transmit.write_slices() {
         let take = slice.len().min(left);
         out.extend_from_slice(&slice[..take]);
         left -= take;

@@ -37,7 +37,7 @@ pub use driven::DrivenSession;
 pub use pool::{Checkin, Checkout, ConnectionPool, Expired, WaiterId};
 pub use read_buf::ReadBuf;
 pub use server::{ServerEvent, ServerSession};
-pub use transmit::{FIRST_WRITE, RateMeter, SPLIT_ABOVE, Transmit};
+pub use transmit::{RateMeter, Transmit};
 
 use crate::encode::Encoded;
 use crate::error::WireError;

@@ -5,23 +5,26 @@ use std::time::{Duration, Instant};
 use crate::encode::Encoded;
 use crate::len::len_u64;
 
-/// The most a large frame's first write covers, for drivers that write from the caller's
-/// thread (blocking calls, the tokio driver); the rest follows in the next write.
+/// The most a large frame's first write covers in the blocking calls and the tokio driver
+/// (not the io_uring driver: `engine/src/uring/op/sendmsg.rs` says why); the rest follows in
+/// the next write.
 ///
-/// Over loopback with the kernel's default congestion control here (BBR), one non-blocking
-/// `sendmsg` of a whole 1 MiB frame let segments reach the receiver out of order: about 100–350
-/// `TcpExtTCPOFOQueue` and 40–170 spurious retransmissions per 2 s of one-way 1 MiB asks, one
-/// ask in five taking twice as long. Writing the first 64 KiB on its own left 0–8 and took
-/// one-way 1 MiB from 4.3–6.9 to 7.6–11.7 GB/s from Rust (both drivers), and 512 KiB from
-/// 6.2–7.1 to 6.7–10.1; at 256 KiB it cost 10–27 %, at 4 and 64 MiB it changed nothing
+/// Over loopback with the kernel's default congestion control here (BBR), one write of a
+/// whole 1 MiB frame let segments reach the receiver out of order: 282–354
+/// `TcpExtTCPOFOQueue` and 45–171 spurious retransmissions per 2 s of one-way 1 MiB asks,
+/// against 0–1 of each with the first 64 KiB written alone, and the median ask took twice as
+/// long (p50 254–260 µs against 122–127). One-way 1 MiB went from 5.80 to 10.21 GB/s
+/// (io_uring fixture, blocking client) and from 4.28 to 9.20 (tokio), medians of fresh pairs.
+/// A first write of 4 KiB did as well. At 512 KiB the cut lost 5–8 % in three runs of four, at
+/// 256 KiB 10–30 %, hence [`SPLIT_ABOVE`]; at 4 and 64 MiB it changed nothing
 /// (docs/benchmarks.md, "The first write of a large frame").
-pub const FIRST_WRITE: usize = 64 << 10;
+pub(crate) const FIRST_WRITE: usize = 64 << 10;
 /// Frames at most this long go out in one write.
-pub const SPLIT_ABOVE: u64 = 384 << 10;
+pub(crate) const SPLIT_ABOVE: u64 = 768 << 10;
 
 /// An encoded frame for a driver to write in full: head, path, metadata and every buffer, in
 /// order (one `sendmsg` over [`Transmit::slices`] or [`Transmit::write_slices`], more past
-/// 1024 slices or after a short write). It owns the frame, so a driver keeps it alive as long
+/// 1024 slices, after a short write, or after a large frame's first bytes). It owns the frame, so a driver keeps it alive as long
 /// as the kernel may read it.
 #[derive(Debug)]
 pub struct Transmit {
@@ -54,11 +57,10 @@ impl Transmit {
             .filter(|slice| !slice.is_empty())
     }
 
-    /// What the next write should cover: what is left, at most `budget` bytes, and for a
-    /// large frame's first write at most [`FIRST_WRITE`] bytes (why, and which drivers:
-    /// [`FIRST_WRITE`]).
-    pub fn write_slices(&self, budget: usize) -> impl Iterator<Item = &[u8]> {
-        let mut budget = budget.min(self.first_write_limit());
+    /// What the next write should cover: what is left, but for a large frame's first write
+    /// at most [`FIRST_WRITE`] bytes (why, and which drivers: [`FIRST_WRITE`]).
+    pub fn write_slices(&self) -> impl Iterator<Item = &[u8]> {
+        let mut budget = self.first_write_limit();
         self.slices().map_while(move |slice| {
             if budget == 0 {
                 return None;
@@ -211,50 +213,66 @@ mod tests {
         Transmit::new(encoded)
     }
 
-    fn covered(tx: &Transmit, budget: usize) -> usize {
-        tx.write_slices(budget).map(<[u8]>::len).sum()
+    fn covered(tx: &Transmit) -> usize {
+        tx.write_slices().map(<[u8]>::len).sum()
+    }
+
+    /// A frame of one buffer whose whole wire length is `wire_len`.
+    fn frame_of(wire_len: u64) -> Transmit {
+        let overhead = frame(&[1]).wire_len() - 1;
+        let payload = usize::try_from(wire_len - overhead).unwrap();
+        let tx = frame(&[payload]);
+        assert_eq!(tx.wire_len(), wire_len);
+        tx
     }
 
     #[test]
     fn a_large_frame_s_first_write_is_limited_then_the_rest_goes_whole() {
         let mut tx = frame(&[1 << 20]);
-        assert!(tx.wire_len() > SPLIT_ABOVE);
-        assert_eq!(covered(&tx, usize::MAX), FIRST_WRITE);
-        assert_eq!(covered(&tx, 1000), 1000, "a smaller budget still bounds it");
+        assert_eq!(covered(&tx), FIRST_WRITE);
         assert!(!tx.advance(FIRST_WRITE));
-        let rest = usize::try_from(tx.remaining()).unwrap();
-        assert_eq!(covered(&tx, usize::MAX), rest);
-        assert_eq!(covered(&tx, 4096), 4096);
+        assert_eq!(u64::try_from(covered(&tx)).unwrap(), tx.remaining());
+        assert!(tx.advance(covered(&tx)));
+        assert_eq!(covered(&tx), 0, "nothing left: no slices");
     }
 
     #[test]
     fn a_first_write_cut_short_by_the_kernel_lifts_the_limit() {
-        let mut tx = frame(&[300 << 10, 300 << 10]);
+        let mut tx = frame(&[600 << 10, 600 << 10]);
         assert!(!tx.advance(10));
-        assert_eq!(
-            u64::try_from(covered(&tx, usize::MAX)).unwrap(),
-            tx.remaining()
-        );
+        assert_eq!(u64::try_from(covered(&tx)).unwrap(), tx.remaining());
+    }
+
+    #[test]
+    fn the_threshold_itself_goes_whole_and_one_byte_more_is_cut() {
+        let at = frame_of(SPLIT_ABOVE);
+        assert_eq!(u64::try_from(covered(&at)).unwrap(), SPLIT_ABOVE);
+        let above = frame_of(SPLIT_ABOVE + 1);
+        assert_eq!(covered(&above), FIRST_WRITE);
     }
 
     #[test]
     fn frames_up_to_the_threshold_go_in_one_write_across_their_slices() {
         let tx = frame(&[150 << 10, 150 << 10]);
         assert!(tx.wire_len() <= SPLIT_ABOVE);
-        let slices: Vec<&[u8]> = tx.write_slices(usize::MAX).collect();
-        assert_eq!(slices.len(), 4, "head, metadata and both buffers");
         assert_eq!(
-            u64::try_from(covered(&tx, usize::MAX)).unwrap(),
-            tx.wire_len()
+            tx.write_slices().count(),
+            4,
+            "head, metadata and both buffers"
         );
+        assert_eq!(u64::try_from(covered(&tx)).unwrap(), tx.wire_len());
     }
 
     #[test]
-    fn the_limit_cuts_inside_a_slice_and_never_yields_an_empty_one() {
-        let tx = frame(&[16, 1 << 20]);
-        let slices: Vec<&[u8]> = tx.write_slices(usize::MAX).collect();
+    fn the_cut_ends_inside_a_slice_and_no_slice_after_it_is_offered() {
+        let tx = frame(&[1 << 20, 16]);
+        let slices: Vec<&[u8]> = tx.write_slices().collect();
+        assert_eq!(
+            slices.len(),
+            3,
+            "head, metadata and the start of the first buffer"
+        );
         assert!(slices.iter().all(|slice| !slice.is_empty()));
         assert_eq!(slices.iter().map(|s| s.len()).sum::<usize>(), FIRST_WRITE);
-        assert_eq!(slices.len(), 4);
     }
 }

@@ -348,9 +348,9 @@ impl Core {
     }
 
     /// Active connections of every core of this driver (0, 1 or 2 for more each), from the
-    /// other cores' stamps and `own` for this one: a core polls only while the whole driver
-    /// carries one conversation, since with more, some thread of this process has work and
-    /// polling would take its CPU.
+    /// other cores' stamps and `own` for this one: a core polls as long as the budget allows
+    /// only while the whole driver carries one conversation; with more, some thread of this
+    /// process has work, and a core polls briefly at most ([`poll_policy::SHARED_POLL`]).
     fn driver_active(&self, own: usize, now: Instant) -> usize {
         let others = self.ctx.cores.get().map_or(0, |cores| {
             cores

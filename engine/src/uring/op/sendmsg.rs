@@ -5,7 +5,7 @@
 //! Unlike the blocking and tokio drivers, a large frame's first write is not cut to
 //! `FIRST_WRITE` here: on this driver the cut itself made loopback segments arrive out of
 //! order (42–57 `TcpExtTCPOFOQueue` per 2 s of 1 MiB asks one at a time, against 0–5 whole) and
-//! cost 1 MiB asks 25–30 % (one and 64 in flight; docs/benchmarks.md, "The first write of a
+//! cost 1 MiB asks 24–31 % (one and 64 in flight; docs/benchmarks.md, "The first write of a
 //! large frame").
 
 use std::os::fd::{AsRawFd, OwnedFd};

@@ -471,7 +471,7 @@ impl Pair {
 fn write_into(tx: &Transmit, pipe: &mut Pipe, capacity: usize) -> usize {
     let mut room = capacity.saturating_sub(pipe.bytes.len());
     let mut n = 0;
-    for slice in tx.write_slices(usize::MAX) {
+    for slice in tx.write_slices() {
         let take = slice.len().min(room);
         pipe.bytes.extend(&slice[..take]);
         n += take;
