@@ -436,7 +436,8 @@ impl NodeBuilder {
     /// spell after the last bytes it saw move; and after a poll that found nothing it sleeps
     /// through the next idle spells (1, then twice as many after each further miss in a row,
     /// at most 32). While several connections are active and the thread carries at least one,
-    /// it polls 20 µs at most (within this budget) before it sleeps: enough to take a busy
+    /// it polls up to 20 µs (within this budget) after the last bytes it saw move before it
+    /// sleeps: enough to take a busy
     /// exchange's next completion without a wake-up, short enough to leave the CPU to the
     /// threads that produce the work. A thread with no active connection never polls. Polling reads
     /// the ring's shared memory and enters the kernel only to run work the kernel deferred to

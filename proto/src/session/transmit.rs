@@ -15,8 +15,8 @@ use crate::len::len_u64;
 /// against 0–1 of each with the first 64 KiB written alone, and the median ask took twice as
 /// long (p50 254–260 µs against 122–127). One-way 1 MiB went from 5.80 to 10.21 GB/s
 /// (io_uring fixture, blocking client) and from 4.28 to 9.20 (tokio), medians of fresh pairs.
-/// A first write of 4 KiB did as well. At 512 KiB the cut lost 5–8 % in three runs of four, at
-/// 256 KiB 10–30 %, hence [`SPLIT_ABOVE`]; at 4 and 64 MiB it changed nothing
+/// A first write of 4 KiB did about as well. At 512 KiB the cut lost 5–8 % in three runs of
+/// five, at 256 KiB 10–30 % one-way, hence [`SPLIT_ABOVE`]; at 4 and 64 MiB it changed nothing
 /// (docs/benchmarks.md, "The first write of a large frame").
 pub(crate) const FIRST_WRITE: usize = 64 << 10;
 /// Frames at most this long go out in one write.

@@ -77,8 +77,8 @@ class Node:
     ``spin`` (seconds, at most 1) is how long the node's threads keep polling for the next
     message before they sleep: its shared-memory and handler threads after each message, a
     caller waiting for a reply at most that long, its io_uring threads at most that long while
-    they carry its one active connection (at most 20 µs within it while several connections
-    are active). The default (``None``) polls for microseconds; a
+    they carry its one active connection (up to 20 µs within it, after the last bytes moved,
+    while several connections are active). The default (``None``) polls for microseconds; a
     larger window answers messages that come that far apart without a wake-up, for a CPU kept
     busy through the gaps (``0``: never poll). An idle node does not poll.
     Use it as a context manager, or call :meth:`close`.

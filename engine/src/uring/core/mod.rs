@@ -281,8 +281,9 @@ impl Core {
     }
 
     /// Polls the ring and the queues instead of going to sleep, when [`poll_policy`] says a
-    /// quick request-reply conversation is on (measured in `docs/benchmarks.md`,
-    /// "Busy-polling"). Polling reads only shared memory; it enters the kernel only to submit
+    /// quick request-reply conversation is on, or briefly while this core carries one of
+    /// several active connections (measured in `docs/benchmarks.md`, "Busy-polling" and
+    /// "Several conversations"). Polling reads only shared memory; it enters the kernel only to submit
     /// what the last turn queued and to run work the kernel deferred to this thread
     /// (`IORING_SQ_TASKRUN`), never to wait. Returns whether work arrived.
     fn busy_poll(&mut self, idle_since: Instant) -> io::Result<bool> {
