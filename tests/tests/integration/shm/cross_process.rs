@@ -10,12 +10,13 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tensorwire_engine::{Node, Preference, Reply, TensorMessage};
 use tensorwire_proto::stats;
 use tensorwire_tests::*;
+
+use super::data_path::eventually;
 
 struct Peer {
     child: Child,
@@ -72,17 +73,6 @@ fn client() -> Node {
         .preference(Preference::SharedMemory)
         .build()
         .unwrap()
-}
-
-fn eventually(mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !f() {
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    true
 }
 
 fn dev_shm() -> Vec<String> {

@@ -69,10 +69,11 @@ fn a_message_above_8_kib_goes_in_a_slot_copied_by_the_thread_that_sends_it() {
         "copies on the copy thread per try: {seen:?}"
     );
     let held = through(&client, &server, &inbox, patterned(2, 3, 4096));
-    assert_eq!(
-        client.stats().shm_leases,
-        1,
-        "the 12 KiB message holds one slot"
+    // The tries dropped just before release their slots asynchronously.
+    assert!(
+        eventually(|| client.stats().shm_leases == 1),
+        "the 12 KiB message holds one slot: {} lent",
+        client.stats().shm_leases
     );
     drop(held);
     assert!(eventually(|| client.stats().shm_leases == 0));
