@@ -37,6 +37,7 @@ pub mod shm;
 pub mod stats;
 mod sync;
 mod sys;
+mod tcp_options;
 mod uring;
 
 pub use endpoint::{Endpoint, Incoming, Recv, Replier, Request};

@@ -127,6 +127,11 @@ pub(crate) fn peer_addr(fd: RawFd) -> io::Result<SocketAddr> {
     socket_address(fd, true)
 }
 
+/// The local address of a bound or connected socket.
+pub(crate) fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
+    socket_address(fd, false)
+}
+
 fn socket_address(fd: RawFd, peer: bool) -> io::Result<SocketAddr> {
     let mut raw = RawAddr::new(SocketAddr::from(([0, 0, 0, 0], 0)));
     raw.len = socklen(size_of::<libc::sockaddr_storage>());
@@ -232,6 +237,39 @@ pub(crate) fn set_keepalive(fd: RawFd, keepalive: Option<Keepalive>) -> io::Resu
 /// Sets `TCP_NODELAY`: frames end in partial segments that must not wait for an ACK.
 pub(crate) fn set_nodelay(fd: RawFd) -> io::Result<()> {
     set_int_option(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1)
+}
+
+/// Sets `TCP_CONGESTION`: the congestion control this TCP socket uses from now on.
+pub(crate) fn set_congestion(fd: RawFd, name: &str) -> io::Result<()> {
+    // SAFETY: `name` is live for the call and the length passed is its length; the kernel
+    // copies at most that many bytes.
+    syscall!(setsockopt(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_CONGESTION,
+        name.as_ptr().cast(),
+        socklen(name.len())
+    ))?;
+    Ok(())
+}
+
+/// The congestion control this TCP socket uses.
+#[cfg(test)]
+pub(crate) fn congestion(fd: RawFd) -> io::Result<String> {
+    let mut name = [0u8; 16];
+    let mut len = socklen(name.len());
+    // SAFETY: `name` and `len` are live locals; `len` holds `name`'s size, so the kernel
+    // writes at most that much.
+    syscall!(getsockopt(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_CONGESTION,
+        name.as_mut_ptr().cast(),
+        &raw mut len
+    ))?;
+    let name = &name[..usize::try_from(len).unwrap_or(0).min(name.len())];
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    Ok(String::from_utf8_lossy(&name[..end]).into_owned())
 }
 
 /// Sets `SO_RCVLOWAT`: the socket reports readable (and wakes a waiting receive) only once this

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::congestion::SameHostCongestion;
 use crate::limits::Limits;
 
 /// How long each phase of a connection may take, and how receive memory is exposed.
@@ -48,6 +49,10 @@ pub struct SessionConfig {
     /// bytes in flight (keepalive does not probe those), is bounded by the request's
     /// deadline instead. `None` turns it off.
     pub keepalive: Option<Keepalive>,
+    /// The TCP congestion control a connection asks for when both its ends are on this host
+    /// (default `reno`, where BBR's pacing reorders segments; [`SameHostCongestion`]). A
+    /// connection to another host keeps the kernel's.
+    pub same_host_congestion: SameHostCongestion,
 }
 
 /// TCP keepalive settings: after `idle` without traffic, `probes` probes `interval` apart; the
@@ -102,6 +107,7 @@ impl Default for SessionConfig {
             scratch_len: 16 << 10,
             max_window: 16 << 20,
             keepalive: Some(Keepalive::default()),
+            same_host_congestion: SameHostCongestion::default(),
         }
     }
 }

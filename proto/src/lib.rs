@@ -13,8 +13,10 @@
 //!
 //! It opens no sockets, reads no clock, starts no threads and contains no `unsafe` code. It never
 //! looks inside `metadata`, never converts or checks tensor dtypes, shapes or byte order, and
-//! never retries anything. The only environment it reads is the limit and transport-preference
-//! variables, and only when a caller asks it to ([`Limits::from_env`], [`route::Preference::from_env`]).
+//! never retries anything. The only environment it reads is the limit, transport-preference and
+//! same-host congestion-control variables, and only when a caller asks it to
+//! ([`Limits::from_env`], [`route::Preference::from_env`],
+//! [`congestion::SameHostCongestion::from_env`]).
 //!
 //! # Decoding without copies
 //!
@@ -31,6 +33,7 @@
 
 mod body;
 mod config;
+pub mod congestion;
 mod encode;
 mod error;
 pub mod fast_hash;

@@ -11,6 +11,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use crate::ptr1::io::{self, Ready};
+use crate::ptr1::socket_options;
 use crate::ptr1::{Command, Outgoing, Shared, lock, stopped};
 
 /// Starts a request: on an idle pooled connection, a new one, or in its peer's queue.
@@ -104,7 +105,7 @@ async fn connection(
     let stream = tokio::select! {
         connected = TcpStream::connect(peer) => match connected {
             Ok(stream) => {
-                io::tune(&stream, shared.session.keepalive);
+                socket_options::tune(&stream, &shared.session);
                 session.handle_connected();
                 Some(stream)
             }

@@ -2,30 +2,13 @@
 //! or write.
 
 use std::io::{self, IoSlice, IoSliceMut};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use tensorwire_proto::session::{Keepalive, ReadBuf, Transmit};
+use tensorwire_proto::session::{ReadBuf, Transmit};
 use tokio::net::TcpStream;
 
 /// Most slices one `readv`/`writev` takes.
 const MAX_SLICES: usize = 1024;
-
-/// Sets up a new connection: `TCP_NODELAY` (frames end in partial segments that must not wait
-/// for an ACK) and the session's TCP keepalive.
-pub(crate) fn tune(stream: &TcpStream, keepalive: Option<Keepalive>) {
-    let _ = stream.set_nodelay(true);
-    let Some(keepalive) = keepalive else {
-        return;
-    };
-    let (idle, interval, probes) = keepalive.socket_values();
-    let params = socket2::TcpKeepalive::new()
-        .with_time(Duration::from_secs(idle.into()))
-        .with_interval(Duration::from_secs(interval.into()))
-        .with_retries(probes);
-    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&params) {
-        tracing::debug!(error = %e, "TCP keepalive not set");
-    }
-}
 
 /// What one readiness wait brought.
 pub(crate) enum Ready {

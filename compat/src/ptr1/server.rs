@@ -11,6 +11,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use crate::ptr1::io::{self, Ready};
+use crate::ptr1::socket_options;
 use crate::ptr1::{Shared, stopped};
 
 /// Pause before accepting again after an error (for instance out of file descriptors).
@@ -23,7 +24,7 @@ pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    io::tune(&stream, shared.session.keepalive);
+                    socket_options::tune(&stream, &shared.session);
                     // Counted here, so a drain that starts now waits for it.
                     shared.serving.fetch_add(1, Ordering::AcqRel);
                     Shared::spawn(&shared, serve(Arc::clone(&shared), stream, peer));

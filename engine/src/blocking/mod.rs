@@ -29,6 +29,7 @@ use tensorwire_proto::transport::{ActorPath, Answer, Deadline, Error, ReceiveMem
 use crate::pause::Pause;
 use crate::sync::lock;
 use crate::sys;
+use crate::tcp_options;
 use idle::IdleConns;
 use spin::SpinPolicy;
 
@@ -149,11 +150,8 @@ impl BlockingPool {
             Err(source) => return Err(Error::Connect { peer, source }),
         };
         let setup = |source| Error::Connect { peer, source };
-        stream.set_nodelay(true).map_err(setup)?;
         stream.set_nonblocking(true).map_err(setup)?;
-        if let Err(e) = sys::set_keepalive(stream.as_raw_fd(), self.session.keepalive) {
-            tracing::debug!(error = %e, "TCP keepalive not set");
-        }
+        tcp_options::tune(stream.as_raw_fd(), &self.session);
         let session =
             ClientSession::connected(Arc::clone(&self.session), Arc::clone(&self.memory), peer);
         Ok(Conn {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tensorwire_proto::Limits;
+use tensorwire_proto::congestion::SameHostCongestion;
 use tensorwire_proto::route::Preference;
 use tensorwire_proto::session::{ConnectionPoolConfig, Keepalive, SessionConfig};
 use tensorwire_proto::shm::{PeerBounds, QueueShape};
@@ -34,6 +35,7 @@ pub struct NodeBuilder {
     session: SessionConfig,
     pool: ConnectionPoolConfig,
     limits: Option<Limits>,
+    same_host_congestion: Option<SameHostCongestion>,
     receive_pool: PoolConfig,
     handoff: Option<Arc<dyn HandOff>>,
     fallback: Option<Arc<dyn DriverFactory>>,
@@ -90,6 +92,7 @@ impl NodeBuilder {
             session: SessionConfig::default(),
             pool: ConnectionPoolConfig::default(),
             limits: None,
+            same_host_congestion: None,
             receive_pool: PoolConfig::default(),
             handoff: None,
             transport: None,
@@ -184,6 +187,17 @@ impl NodeBuilder {
     /// peer that vanished without a FIN is noticed on an idle connection; `None` turns it off.
     pub fn keepalive(mut self, keepalive: Option<Keepalive>) -> Self {
         self.session.keepalive = keepalive;
+        self
+    }
+
+    /// The TCP congestion control a PTR1 connection asks for when both its ends are on this
+    /// host (default: `TENSORWIRE_SAME_HOST_CONGESTION`, read once at build, else `reno`):
+    /// the kernel's default may pace (BBR), which reorders segments over loopback and costs a
+    /// 64 MiB message half again its time (`docs/benchmarks.md`, "Same-host TCP without
+    /// pacing"). [`SameHostCongestion::system`] keeps the kernel's. Connections to other hosts
+    /// always keep the kernel's.
+    pub fn same_host_congestion(mut self, choice: SameHostCongestion) -> Self {
+        self.same_host_congestion = Some(choice);
         self
     }
 

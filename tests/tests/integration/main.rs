@@ -4,6 +4,7 @@
 mod across;
 mod close;
 mod conformance;
+mod congestion;
 mod defects;
 mod engine;
 mod fallback;

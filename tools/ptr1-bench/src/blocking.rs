@@ -23,7 +23,7 @@ pub(crate) fn serve(listen: SocketAddr) -> Result<()> {
     std::io::stdout().flush()?;
     for stream in listener.incoming() {
         let mut stream = stream?;
-        stream.set_nodelay(true)?;
+        crate::socket_options::like_tensorwire(&stream)?;
         std::thread::spawn(move || {
             let limits = Limits::default();
             while let Ok(Some(frame)) = read_frame(&mut stream, &limits) {
@@ -83,7 +83,7 @@ fn ask(stream: &mut TcpStream, path: &str, message: &TensorMessage) -> Result<Fr
 
 fn connect(peer: SocketAddr) -> Result<TcpStream> {
     let stream = TcpStream::connect(peer)?;
-    stream.set_nodelay(true)?;
+    crate::socket_options::like_tensorwire(&stream)?;
     Ok(stream)
 }
 

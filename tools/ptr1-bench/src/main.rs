@@ -33,6 +33,7 @@ mod plots;
 mod progress;
 mod report;
 mod seed;
+mod socket_options;
 mod suite;
 mod tls;
 mod units;

@@ -50,7 +50,7 @@ pub(crate) fn serve(listen: SocketAddr) -> Result<()> {
         std::io::stdout().flush()?;
         loop {
             let (stream, _) = listener.accept().await?;
-            stream.set_nodelay(true)?;
+            crate::socket_options::like_tensorwire(&stream)?;
             tokio::spawn(async move {
                 let _ = serve_connection(stream).await;
             });
@@ -128,7 +128,7 @@ async fn ask(stream: &mut TcpStream, path: &str, message: &TensorMessage) -> Res
 
 async fn connect(peer: SocketAddr) -> Result<TcpStream> {
     let stream = TcpStream::connect(peer).await?;
-    stream.set_nodelay(true)?;
+    crate::socket_options::like_tensorwire(&stream)?;
     Ok(stream)
 }
 

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tensorwire_proto::Limits;
+use tensorwire_proto::congestion::SameHostCongestion;
 use tensorwire_proto::route::Preference;
 use tensorwire_proto::session::{SessionConfig, StripeStore};
 use tensorwire_proto::shm::PeerBounds;
@@ -53,6 +54,10 @@ impl NodeBuilder {
             .map_err(|e| Error::io("getsockname", e))?;
         let mut session = self.session.clone();
         session.limits = limits;
+        session.same_host_congestion = match &self.same_host_congestion {
+            Some(choice) => choice.clone(),
+            None => SameHostCongestion::from_env()?,
+        };
         let session = Arc::new(session);
         let registry = Arc::new(Registry::new(self.mailbox_capacity, self.mailbox_waiting));
         let pool = ReceivePool::new(self.receive_pool);

@@ -9,6 +9,7 @@ use tensorwire_proto::transport::Error;
 
 use super::{Backlog, Core};
 use crate::sys;
+use crate::tcp_options;
 use crate::uring::commands::{Event, Outgoing};
 use crate::uring::conn::{Client, Conn, ConnKey, InFlight, Role};
 use crate::uring::op::{Connect, Op, Owner};
@@ -77,10 +78,8 @@ impl Core {
                 return;
             }
         };
-        let _ = sys::set_nodelay(fd.as_raw_fd());
-        if let Err(e) = sys::set_keepalive(fd.as_raw_fd(), self.ctx.session.keepalive) {
-            tracing::debug!(error = %e, "TCP keepalive not set");
-        }
+        // Not connected yet: the congestion control is chosen once it is (`on_connected`).
+        tcp_options::tune(fd.as_raw_fd(), &self.ctx.session);
         let session = ClientSession::connecting(
             Arc::clone(&self.ctx.session),
             Arc::clone(&self.ctx.memory),
@@ -166,6 +165,9 @@ impl Core {
                 .handle_connect_error(std::io::Error::from_raw_os_error(-res));
         } else {
             client.session.handle_connected();
+            if let Some(conn) = self.conns.get_mut(key) {
+                tcp_options::choose_congestion(conn.fd.as_raw_fd(), &self.ctx.session);
+            }
         }
         self.pump(key);
     }

@@ -10,6 +10,7 @@ use tensorwire_proto::transport::{Delivery, Reply, Responder};
 
 use super::Core;
 use crate::sys;
+use crate::tcp_options;
 use crate::uring::commands::{CoreHandle, Event};
 use crate::uring::conn::{Conn, ConnKey, Role, Server};
 use crate::uring::next_live;
@@ -52,10 +53,7 @@ impl Core {
         if self.stopping || self.draining {
             return;
         }
-        let _ = sys::set_nodelay(fd.as_raw_fd());
-        if let Err(e) = sys::set_keepalive(fd.as_raw_fd(), self.ctx.session.keepalive) {
-            tracing::debug!(error = %e, "TCP keepalive not set");
-        }
+        tcp_options::tune(fd.as_raw_fd(), &self.ctx.session);
         let peer = sys::peer_addr(fd.as_raw_fd()).ok();
         let zero_copy = self.ctx.zero_copy.allowed(peer);
         let session = ServerSession::new(

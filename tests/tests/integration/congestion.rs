@@ -1,0 +1,79 @@
+//! Same-host PTR1 connections ask for the congestion control the node names (reno unless
+//! `TENSORWIRE_SAME_HOST_CONGESTION` or `NodeBuilder::same_host_congestion` says otherwise),
+//! on both drivers and the blocking calls, in both roles; `system` keeps the kernel's. Read
+//! from outside, with `ss` (iproute2).
+
+use std::process::Command;
+
+use tensorwire_engine::{Node, Reply};
+use tensorwire_proto::congestion::SameHostCongestion;
+use tensorwire_tests::*;
+
+#[test]
+fn same_host_connections_ask_for_reno_on_both_drivers_and_the_blocking_calls() {
+    let _serial = serial();
+    for driver in [Driver::Uring, Driver::Tokio] {
+        let seen = congestion_after_asks(driver, SameHostCongestion::default());
+        assert!(
+            seen.len() >= 2,
+            "{driver:?}: both ends of a connection: {seen:?}"
+        );
+        assert!(seen.iter().all(|cc| cc == "reno"), "{driver:?}: {seen:?}");
+    }
+}
+
+#[test]
+fn system_keeps_the_kernels_congestion_control() {
+    let _serial = serial();
+    let kernel = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").unwrap();
+    let kernel = kernel.trim();
+    if kernel == "reno" {
+        eprintln!("NOTE: the kernel's default is reno here: `system` cannot be told apart");
+    }
+    for driver in [Driver::Uring, Driver::Tokio] {
+        let seen = congestion_after_asks(driver, SameHostCongestion::system());
+        assert!(seen.len() >= 2, "{driver:?}: {seen:?}");
+        assert!(seen.iter().all(|cc| cc == kernel), "{driver:?}: {seen:?}");
+    }
+}
+
+/// The congestion control of every established connection to a fresh server on `driver`,
+/// after one ask through the driver and one blocking ask from a client node on it.
+fn congestion_after_asks(driver: Driver, choice: SameHostCongestion) -> Vec<String> {
+    let build = || {
+        driver
+            .builder()
+            .same_host_congestion(choice.clone())
+            .in_process_delivery(false)
+            .build()
+            .unwrap()
+    };
+    let (server, client): (Node, Node) = (build(), build());
+    server
+        .serve_on_core("echo", |r| Ok(Reply::Tensor(r.message)))
+        .unwrap();
+    let message = patterned(1, 1, 256 << 10);
+    let to = server.local_addr();
+    client
+        .ask(to, "echo", message.clone(), TIMEOUT)
+        .wait()
+        .unwrap();
+    client.ask_blocking(to, "echo", message, TIMEOUT).unwrap();
+    congestion_of_connections(to.port())
+}
+
+/// `ss`'s congestion-control name for each end of the established TCP connections from or to
+/// `port`.
+fn congestion_of_connections(port: u16) -> Vec<String> {
+    let filter = format!("( sport = :{port} or dport = :{port} )");
+    let out = Command::new("ss")
+        .args(["-tinH", "state", "established", &filter])
+        .output()
+        .expect("ss (iproute2) runs");
+    assert!(out.status.success(), "ss: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|line| line.starts_with(char::is_whitespace))
+        .filter_map(|info| info.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
