@@ -27,6 +27,7 @@
 mod http2;
 mod ptr1;
 mod runtime;
+mod socket_options;
 mod sync;
 
 pub use http2::{Http2, Http2Config, Http2Transport, TlsConfig, TlsConfigBuilder};

@@ -19,6 +19,7 @@ use crate::http2::read_ahead::ReadAhead;
 use crate::http2::service::{self, Peer};
 use crate::http2::tls::{ALPN_H2, identity};
 use crate::http2::{Guard, Shared};
+use crate::socket_options;
 
 /// What a connection's first bytes say it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +46,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, prefix: Vec<u8
     let _guard = Guard::connection(&shared);
     let Ok(addr) = stream.peer_addr() else { return };
     let _ = stream.set_nodelay(true);
+    socket_options::choose_congestion(&stream, &shared.session);
     // A second handle on the socket, for a close that loses nothing written (`linger`).
     let kept = stream.as_fd().try_clone_to_owned().ok();
     serve_stream(&shared, addr, stream, prefix).await;

@@ -28,6 +28,7 @@ use crate::http2::send_body::ChunkBody;
 use crate::http2::tls::ALPN_H2;
 use crate::http2::wire;
 use crate::http2::{Guard, Shared};
+use crate::socket_options;
 
 /// Connections by peer. Peers whose connection closed (or never opened) and that no request
 /// is using are swept out whenever the map has doubled since the last sweep, so it stays
@@ -359,6 +360,7 @@ async fn connect(shared: &Arc<Shared>, peer: SocketAddr) -> Result<SendRequest<C
         })?
         .map_err(|source| Error::Connect { peer, source })?;
     let _ = tcp.set_nodelay(true);
+    socket_options::choose_congestion(&tcp, &shared.session);
     match &shared.config.tls {
         None => handshake(shared, peer, tcp).await,
         Some(tls) => {

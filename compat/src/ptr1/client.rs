@@ -11,8 +11,8 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use crate::ptr1::io::{self, Ready};
-use crate::ptr1::socket_options;
 use crate::ptr1::{Command, Outgoing, Shared, lock, stopped};
+use crate::socket_options;
 
 /// Starts a request: on an idle pooled connection, a new one, or in its peer's queue.
 pub(crate) fn start(shared: &Arc<Shared>, outgoing: Outgoing) {

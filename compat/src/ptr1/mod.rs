@@ -3,7 +3,6 @@
 mod client;
 mod io;
 mod server;
-mod socket_options;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

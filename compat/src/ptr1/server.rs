@@ -11,8 +11,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use crate::ptr1::io::{self, Ready};
-use crate::ptr1::socket_options;
 use crate::ptr1::{Shared, stopped};
+use crate::socket_options;
 
 /// Pause before accepting again after an error (for instance out of file descriptors).
 const ACCEPT_RETRY_DELAY: std::time::Duration = std::time::Duration::from_millis(100);

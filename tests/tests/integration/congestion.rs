@@ -1,23 +1,31 @@
-//! Same-host PTR1 connections ask for the congestion control the node names (reno unless
-//! `TENSORWIRE_SAME_HOST_CONGESTION` or `NodeBuilder::same_host_congestion` says otherwise),
-//! on both drivers and the blocking calls, in both roles; `system` keeps the kernel's. Read
-//! from outside, with `ss` (iproute2).
+//! Same-host connections ask for the congestion control the node names (reno unless
+//! `TENSORWIRE_SAME_HOST_CONGESTION` or `NodeBuilder::same_host_congestion` says otherwise):
+//! PTR1 on both drivers and the blocking calls, and HTTP/2, in both roles; `system` keeps the
+//! kernel's. Read from outside, with `ss` (iproute2).
 
 use std::process::Command;
 
-use tensorwire_engine::{Node, Reply};
+use tensorwire_engine::{Node, NodeBuilder, Reply};
 use tensorwire_proto::congestion::SameHostCongestion;
+use tensorwire_tests::http2::Wire;
 use tensorwire_tests::*;
 
 #[test]
 fn same_host_connections_ask_for_reno_on_both_drivers_and_the_blocking_calls() {
     let _serial = serial();
     for driver in [Driver::Uring, Driver::Tokio] {
-        let seen = congestion_after_asks(driver, SameHostCongestion::default());
-        assert!(
-            seen.len() >= 2,
-            "{driver:?}: both ends of a connection: {seen:?}"
-        );
+        let seen = congestion_after_asks(driver.builder(), SameHostCongestion::default());
+        assert!(seen.len() >= 2, "{driver:?}: both ends: {seen:?}");
+        assert!(seen.iter().all(|cc| cc == "reno"), "{driver:?}: {seen:?}");
+    }
+}
+
+#[test]
+fn same_host_http2_connections_ask_for_reno_too() {
+    let _serial = serial();
+    for driver in [Driver::Uring, Driver::Tokio] {
+        let seen = congestion_after_asks(Wire::H2c.builder(driver), SameHostCongestion::default());
+        assert!(seen.len() >= 2, "{driver:?}: both ends: {seen:?}");
         assert!(seen.iter().all(|cc| cc == "reno"), "{driver:?}: {seen:?}");
     }
 }
@@ -31,18 +39,19 @@ fn system_keeps_the_kernels_congestion_control() {
         eprintln!("NOTE: the kernel's default is reno here: `system` cannot be told apart");
     }
     for driver in [Driver::Uring, Driver::Tokio] {
-        let seen = congestion_after_asks(driver, SameHostCongestion::system());
+        let seen = congestion_after_asks(driver.builder(), SameHostCongestion::system());
         assert!(seen.len() >= 2, "{driver:?}: {seen:?}");
         assert!(seen.iter().all(|cc| cc == kernel), "{driver:?}: {seen:?}");
     }
 }
 
-/// The congestion control of every established connection to a fresh server on `driver`,
-/// after one ask through the driver and one blocking ask from a client node on it.
-fn congestion_after_asks(driver: Driver, choice: SameHostCongestion) -> Vec<String> {
+/// The congestion control of every established connection to a fresh server built by
+/// `builder`, after one ask through the driver and one blocking ask from a client node built
+/// the same way.
+fn congestion_after_asks(builder: NodeBuilder, choice: SameHostCongestion) -> Vec<String> {
     let build = || {
-        driver
-            .builder()
+        builder
+            .clone()
             .same_host_congestion(choice.clone())
             .in_process_delivery(false)
             .build()

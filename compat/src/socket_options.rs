@@ -1,8 +1,8 @@
-//! The socket options every PTR1 connection of the tokio driver gets, in both roles:
-//! `TCP_NODELAY` (frames end in partial segments that must not wait for an ACK), the session's
-//! TCP keepalive, and on a same-host connection the congestion control the session names
-//! (`SessionConfig::same_host_congestion`). An option the kernel refuses is logged and the
-//! connection goes on without it.
+//! The socket options the tokio driver's connections get. PTR1, in both roles: `TCP_NODELAY`
+//! (frames end in partial segments that must not wait for an ACK), the session's TCP
+//! keepalive, and on a same-host connection the congestion control the session names
+//! (`SessionConfig::same_host_congestion`); HTTP/2 connections get the congestion control too.
+//! An option the kernel refuses is logged and the connection goes on without it.
 
 use std::time::Duration;
 
@@ -24,6 +24,13 @@ pub(crate) fn tune(stream: &TcpStream, session: &SessionConfig) {
             tracing::debug!(error = %e, "TCP keepalive not set");
         }
     }
+    choose_congestion(stream, session);
+}
+
+/// On a stream whose two ends are on this host, asks for the session's same-host congestion
+/// control.
+pub(crate) fn choose_congestion(stream: &TcpStream, session: &SessionConfig) {
+    let socket = socket2::SockRef::from(stream);
     let (Ok(local), Ok(peer)) = (stream.local_addr(), stream.peer_addr()) else {
         return;
     };
