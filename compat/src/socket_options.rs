@@ -2,25 +2,42 @@
 //! (frames end in partial segments that must not wait for an ACK), the session's TCP
 //! keepalive, and on a same-host connection the congestion control the session names
 //! (`SessionConfig::same_host_congestion`); HTTP/2 connections get the congestion control too.
-//! An option the kernel refuses is logged and the connection goes on without it.
+//! Outgoing connections ask for it before `connect` ([`connect`]): a socket that leaves BBR
+//! once connected keeps BBR's pacing. An option the kernel refuses is logged and the
+//! connection goes on without it.
 
+use std::io;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::Duration;
 
-use tensorwire_proto::congestion::Refused;
+use socket2::SockRef;
+use tensorwire_proto::congestion::{self, Refused};
 use tensorwire_proto::session::SessionConfig;
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
-/// Sets the options of a connected (or just accepted) stream.
+/// Connects to `peer`, on a socket that asked for the same-host congestion control first if
+/// `peer` is on this host.
+pub(crate) async fn connect(peer: SocketAddr, session: &SessionConfig) -> io::Result<TcpStream> {
+    let socket = if peer.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    let on_this_host = congestion::peer_on_this_host(peer, own_address);
+    set_congestion(SockRef::from(&socket), on_this_host, session);
+    socket.connect(peer).await
+}
+
+/// Sets the options of a connected (or just accepted) PTR1 stream.
 pub(crate) fn tune(stream: &TcpStream, session: &SessionConfig) {
     let _ = stream.set_nodelay(true);
-    let socket = socket2::SockRef::from(stream);
     if let Some(keepalive) = session.keepalive {
         let (idle, interval, probes) = keepalive.socket_values();
         let params = socket2::TcpKeepalive::new()
             .with_time(Duration::from_secs(idle.into()))
             .with_interval(Duration::from_secs(interval.into()))
             .with_retries(probes);
-        if let Err(e) = socket.set_tcp_keepalive(&params) {
+        if let Err(e) = SockRef::from(stream).set_tcp_keepalive(&params) {
             tracing::debug!(error = %e, "TCP keepalive not set");
         }
     }
@@ -28,14 +45,22 @@ pub(crate) fn tune(stream: &TcpStream, session: &SessionConfig) {
 }
 
 /// On a stream whose two ends are on this host, asks for the session's same-host congestion
-/// control.
+/// control (for an accepted stream: a connected one that switches keeps BBR's pacing, at the
+/// new congestion control's rate; one that asked before `connect` already has it).
 pub(crate) fn choose_congestion(stream: &TcpStream, session: &SessionConfig) {
-    let socket = socket2::SockRef::from(stream);
     let (Ok(local), Ok(peer)) = (stream.local_addr(), stream.peer_addr()) else {
         return;
     };
+    set_congestion(
+        SockRef::from(stream),
+        congestion::same_host(local, peer),
+        session,
+    );
+}
+
+fn set_congestion(socket: SockRef<'_>, on_this_host: bool, session: &SessionConfig) {
     let set = |name: &str| socket.set_tcp_congestion(name.as_bytes());
-    if let Err(refused) = session.same_host_congestion.apply(local, peer, set) {
+    if let Err(refused) = session.same_host_congestion.apply(on_this_host, set) {
         let (name, error) = (refused.name, &refused.error);
         if refused.first {
             tracing::warn!(%error, name, "{}", Refused::<()>::MESSAGE);
@@ -43,6 +68,11 @@ pub(crate) fn choose_congestion(stream: &TcpStream, session: &SessionConfig) {
             tracing::debug!(%error, name, "{}", Refused::<()>::MESSAGE);
         }
     }
+}
+
+/// Whether `ip` is one of this host's addresses: the kernel lets a socket bind only to those.
+fn own_address(ip: IpAddr) -> bool {
+    UdpSocket::bind((ip, 0)).is_ok()
 }
 
 #[cfg(test)]
@@ -53,7 +83,7 @@ mod tests {
     use super::*;
 
     fn congestion(stream: &TcpStream) -> Vec<u8> {
-        let name = socket2::SockRef::from(stream).tcp_congestion().unwrap();
+        let name = SockRef::from(stream).tcp_congestion().unwrap();
         name.into_iter().take_while(|&b| b != 0).collect()
     }
 
@@ -77,5 +107,13 @@ mod tests {
             tune(stream, &SessionConfig::default());
             assert_eq!(congestion(stream), b"reno");
         }
+        let connected = connect(listener.local_addr().unwrap(), &SessionConfig::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            congestion(&connected),
+            b"reno",
+            "asked for before connecting"
+        );
     }
 }

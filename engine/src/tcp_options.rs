@@ -1,34 +1,54 @@
-//! The socket options every PTR1 connection gets, in both roles, from the io_uring driver and
-//! the blocking client alike: `TCP_NODELAY`, the session's keepalive, and on a same-host
-//! connection the congestion control the session names (`SessionConfig::same_host_congestion`).
-//! An option the kernel refuses is logged and the connection goes on without it.
+//! The socket options every connection gets, in both roles, from the io_uring driver and the
+//! blocking client alike: `TCP_NODELAY`, the session's keepalive, and on a same-host
+//! connection the congestion control the session names (`SessionConfig::same_host_congestion`),
+//! asked for before `connect` (client) or on a loopback listener (server) where that is
+//! possible, since a socket that leaves BBR once connected keeps BBR's pacing. An option the
+//! kernel refuses is logged and the connection goes on without it.
 
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::RawFd;
-use tensorwire_proto::congestion::Refused;
+
+use tensorwire_proto::congestion::{self, Refused};
 use tensorwire_proto::session::SessionConfig;
 
 use crate::sys;
 
-/// Sets the options of a connected (or just accepted) TCP socket. A socket still connecting
-/// gets all but the congestion control: call [`choose_congestion`] once it is connected.
-pub(crate) fn tune(fd: RawFd, session: &SessionConfig) {
+/// Sets the options of a socket about to connect to `peer`.
+pub(crate) fn tune_connecting(fd: RawFd, peer: SocketAddr, session: &SessionConfig) {
+    tune_common(fd, session);
+    let on_this_host = congestion::peer_on_this_host(peer, own_address);
+    set_congestion(fd, on_this_host, session);
+}
+
+/// Sets the options of an accepted socket. One accepted on a loopback listener already has
+/// the same-host congestion control ([`tune_listener`]); one accepted on a wildcard listener
+/// from this host switches now, keeping BBR's pacing at the new congestion control's rate.
+pub(crate) fn tune_accepted(fd: RawFd, session: &SessionConfig) {
+    tune_common(fd, session);
+    let (Ok(local), Ok(peer)) = (sys::local_addr(fd), sys::peer_addr(fd)) else {
+        return;
+    };
+    set_congestion(fd, congestion::same_host(local, peer), session);
+}
+
+/// A listener bound to a loopback address asks for the same-host congestion control: the
+/// sockets it accepts inherit it from the start.
+pub(crate) fn tune_listener(fd: RawFd, local: SocketAddr, session: &SessionConfig) {
+    set_congestion(fd, local.ip().to_canonical().is_loopback(), session);
+}
+
+fn tune_common(fd: RawFd, session: &SessionConfig) {
     if let Err(e) = sys::set_nodelay(fd) {
         tracing::debug!(error = %e, "TCP_NODELAY not set");
     }
     if let Err(e) = sys::set_keepalive(fd, session.keepalive) {
         tracing::debug!(error = %e, "TCP keepalive not set");
     }
-    choose_congestion(fd, session);
 }
 
-/// On a connected socket whose two ends are on this host, asks for the session's same-host
-/// congestion control; otherwise (or not connected yet) does nothing.
-pub(crate) fn choose_congestion(fd: RawFd, session: &SessionConfig) {
-    let (Ok(local), Ok(peer)) = (sys::local_addr(fd), sys::peer_addr(fd)) else {
-        return;
-    };
+fn set_congestion(fd: RawFd, on_this_host: bool, session: &SessionConfig) {
     let set = |name: &str| sys::set_congestion(fd, name);
-    if let Err(refused) = session.same_host_congestion.apply(local, peer, set) {
+    if let Err(refused) = session.same_host_congestion.apply(on_this_host, set) {
         let (name, error) = (refused.name, &refused.error);
         if refused.first {
             tracing::warn!(%error, name, "{}", Refused::<()>::MESSAGE);
@@ -36,6 +56,11 @@ pub(crate) fn choose_congestion(fd: RawFd, session: &SessionConfig) {
             tracing::debug!(%error, name, "{}", Refused::<()>::MESSAGE);
         }
     }
+}
+
+/// Whether `ip` is one of this host's addresses: the kernel lets a socket bind only to those.
+fn own_address(ip: IpAddr) -> bool {
+    UdpSocket::bind((ip, 0)).is_ok()
 }
 
 #[cfg(test)]
@@ -56,14 +81,31 @@ mod tests {
     }
 
     #[test]
-    fn a_loopback_connection_asks_for_reno_in_both_roles_and_keeps_its_other_options() {
-        let (client, server) = loopback_pair();
+    fn loopback_sockets_ask_for_reno_in_every_role_and_keep_their_other_options() {
         let session = SessionConfig::default();
-        for stream in [&client, &server] {
-            tune(stream.as_raw_fd(), &session);
-            assert_eq!(sys::congestion(stream.as_raw_fd()).unwrap(), "reno");
-            assert!(stream.nodelay().unwrap());
-        }
+        let (client, server) = loopback_pair();
+        tune_accepted(server.as_raw_fd(), &session);
+        assert_eq!(sys::congestion(server.as_raw_fd()).unwrap(), "reno");
+        assert!(server.nodelay().unwrap());
+        let peer = client.peer_addr().unwrap();
+        let connecting = sys::tcp_socket(&peer).unwrap();
+        tune_connecting(connecting.as_raw_fd(), peer, &session);
+        assert_eq!(sys::congestion(connecting.as_raw_fd()).unwrap(), "reno");
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let local = listener.local_addr().unwrap();
+        tune_listener(listener.as_raw_fd(), local, &session);
+        let _client = TcpStream::connect(local).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        assert_eq!(sys::congestion(accepted.as_raw_fd()).unwrap(), "reno");
+    }
+
+    #[test]
+    fn a_wildcard_listener_keeps_the_kernels_choice_for_what_it_accepts_from_afar() {
+        let listener = TcpListener::bind("0.0.0.0:0").unwrap();
+        let before = sys::congestion(listener.as_raw_fd()).unwrap();
+        let local = listener.local_addr().unwrap();
+        tune_listener(listener.as_raw_fd(), local, &SessionConfig::default());
+        assert_eq!(sys::congestion(listener.as_raw_fd()).unwrap(), before);
     }
 
     #[test]
@@ -72,14 +114,20 @@ mod tests {
         let before = sys::congestion(client.as_raw_fd()).unwrap();
         let mut session = SessionConfig::default();
         session.same_host_congestion = SameHostCongestion::system();
-        tune(client.as_raw_fd(), &session);
+        tune_accepted(client.as_raw_fd(), &session);
         assert_eq!(sys::congestion(client.as_raw_fd()).unwrap(), before);
         session.same_host_congestion = SameHostCongestion::named("no_such_cc").unwrap();
-        tune(client.as_raw_fd(), &session);
+        tune_accepted(client.as_raw_fd(), &session);
         assert_eq!(sys::congestion(client.as_raw_fd()).unwrap(), before);
         assert!(
             client.nodelay().unwrap(),
             "the other options were still set"
         );
+    }
+
+    #[test]
+    fn only_this_hosts_addresses_are_own() {
+        assert!(own_address("127.0.0.1".parse().unwrap()));
+        assert!(!own_address("192.0.2.1".parse().unwrap()), "TEST-NET-1");
     }
 }

@@ -51,7 +51,9 @@ pub struct SessionConfig {
     pub keepalive: Option<Keepalive>,
     /// The TCP congestion control a connection asks for when both its ends are on this host
     /// (default `reno`, where BBR's pacing reorders segments; [`SameHostCongestion`]). A
-    /// connection to another host keeps the kernel's.
+    /// connection to another host keeps the kernel's. A node sets this from
+    /// `NodeBuilder::same_host_congestion` or the environment, over what a
+    /// `NodeBuilder::session` config held (as it does `limits`).
     pub same_host_congestion: SameHostCongestion,
 }
 

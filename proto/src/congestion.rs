@@ -13,7 +13,7 @@
 //! kernel's choice.
 
 use std::ffi::OsStr;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::error::ConfigError;
@@ -52,19 +52,23 @@ impl SameHostCongestion {
     /// digits and `_`) is a [`ConfigError`]. A well-formed name the kernel lacks or does not
     /// allow this process is not: setting it fails per connection, which keeps the kernel's.
     pub fn named(name: &str) -> Result<Self, ConfigError> {
-        let error = || ConfigError {
-            variable: Self::VARIABLE,
-            value: name.to_owned(),
-            expected: "`system`, or a congestion control's name (1 to 15 ASCII letters, digits \
-                       or `_`, such as reno or cubic)",
-        };
         let well_formed = !name.is_empty()
             && name.len() <= Self::MAX_NAME
             && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
         if !well_formed {
-            return Err(error());
+            return Err(Self::error(name));
         }
         Ok(Self(Some(name.to_owned())))
+    }
+
+    /// The error for a value that is neither `system` nor a well-formed name.
+    fn error(value: &str) -> ConfigError {
+        ConfigError {
+            variable: Self::VARIABLE,
+            value: value.to_owned(),
+            expected: "unset, `system`, or a congestion control's name (1 to 15 ASCII letters, \
+                       digits or `_`, such as reno or cubic)",
+        }
     }
 
     /// Reads [`SameHostCongestion::VARIABLE`] from the process environment.
@@ -87,35 +91,32 @@ impl SameHostCongestion {
         let Some(raw) = value else {
             return Ok(Self::default());
         };
-        let Some(text) = raw.to_str().map(str::trim_ascii) else {
-            return Err(ConfigError {
-                variable: Self::VARIABLE,
-                value: raw.to_string_lossy().into_owned(),
-                expected: "UTF-8: `system` or a congestion control's name",
-            });
-        };
+        let error = || Self::error(&raw.to_string_lossy());
+        let text = raw.to_str().ok_or_else(error)?.trim_ascii();
         match text {
             "" => Ok(Self::default()),
             t if t.eq_ignore_ascii_case(Self::SYSTEM) => Ok(Self::system()),
-            name => Self::named(name),
+            name => Self::named(name).map_err(|_| error()),
         }
     }
 
-    /// On a connection from `local` to `peer` whose ends are on this host, calls `set` with
-    /// the configured name (a driver's `setsockopt(TCP_CONGESTION)`); its error comes back as
-    /// a [`Refused`].
+    /// On a connection whose ends are on this host (`on_this_host`: [`same_host`] once
+    /// connected, [`peer_on_this_host`] before), calls `set` with the configured name (a
+    /// driver's `setsockopt(TCP_CONGESTION)`); its error comes back as a [`Refused`]. Drivers
+    /// set it before `connect` and on a loopback listener where they can: a socket that
+    /// switches away from BBR once connected keeps the pacing BBR turned on, at the new
+    /// congestion control's rate (`docs/benchmarks.md`, "Same-host TCP without pacing").
     ///
     /// # Errors
     ///
     /// [`Refused`] with `set`'s error.
     pub fn apply<E>(
         &self,
-        local: SocketAddr,
-        peer: SocketAddr,
+        on_this_host: bool,
         set: impl FnOnce(&str) -> Result<(), E>,
     ) -> Result<(), Refused<'_, E>> {
         static REFUSED_BEFORE: AtomicBool = AtomicBool::new(false);
-        let Some(name) = self.for_connection(local, peer) else {
+        let Some(name) = self.0.as_deref().filter(|_| on_this_host) else {
             return Ok(());
         };
         set(name).map_err(|error| Refused {
@@ -150,6 +151,14 @@ impl<E> Refused<'_, E> {
     pub const MESSAGE: &'static str = "same-host TCP connections keep the kernel's congestion \
                                        control: it refused the one \
                                        TENSORWIRE_SAME_HOST_CONGESTION names";
+}
+
+/// Whether a connection to `peer`, not made yet, will stay on this host: `peer` is a loopback
+/// address, or `own_address` says it is one of this host's (a driver asks the kernel, by
+/// binding a socket to it).
+pub fn peer_on_this_host(peer: SocketAddr, own_address: impl FnOnce(IpAddr) -> bool) -> bool {
+    let peer = peer.ip().to_canonical();
+    peer.is_loopback() || own_address(peer)
 }
 
 /// Whether a TCP connection between `local` and `peer` stays on this host: the peer is a
@@ -207,22 +216,32 @@ mod tests {
     fn apply_sets_only_same_host_connections_and_says_loudly_once_that_it_was_refused() {
         let choice = SameHostCongestion::default();
         let mut asked = Vec::new();
-        let remote = choice.apply(addr("10.0.0.5:1"), addr("10.0.0.6:2"), |name| {
+        let remote = choice.apply(false, |name| {
             asked.push(name.to_owned());
             Err("not reached")
         });
         assert!(remote.is_ok() && asked.is_empty());
+        let system = SameHostCongestion::system();
+        assert!(system.apply(true, |_| Err("not reached")).is_ok());
         let refusals: Vec<bool> = (0..2)
             .map(|_| {
-                let refused = choice
-                    .apply(addr("127.0.0.1:1"), addr("127.0.0.1:2"), |_| Err("EPERM"))
-                    .unwrap_err();
+                let refused = choice.apply(true, |_| Err("EPERM")).unwrap_err();
                 assert_eq!((refused.name, refused.error), ("reno", "EPERM"));
                 refused.first
             })
             .collect();
         // The flag is process-wide: no other test in this crate is refused.
         assert_eq!(refusals, [true, false]);
+    }
+
+    #[test]
+    fn a_peer_not_connected_yet_is_on_this_host_if_loopback_or_an_own_address() {
+        let own = |ip: IpAddr| ip == "10.0.0.5".parse::<IpAddr>().unwrap();
+        assert!(peer_on_this_host(addr("127.0.0.1:1"), |_| false));
+        assert!(peer_on_this_host(addr("[::ffff:127.0.0.1]:1"), |_| false));
+        assert!(peer_on_this_host(addr("[::ffff:10.0.0.5]:1"), own));
+        assert!(peer_on_this_host(addr("10.0.0.5:1"), own));
+        assert!(!peer_on_this_host(addr("10.0.0.6:1"), own));
     }
 
     #[test]
@@ -241,10 +260,17 @@ mod tests {
                 .for_connection(addr("[::1]:1"), addr("[::1]:2")),
             Some("cubic")
         );
-        for bad in ["bbr;rm", "a-b", "sixteen_letters_", "ré"] {
+        assert!(parse("fifteen_letters").is_ok());
+        for bad in ["bbr;rm", "a-b", " sixteen_letters_ ", "ré"] {
             let error = parse(bad).unwrap_err();
             assert_eq!(error.variable, SameHostCongestion::VARIABLE);
-            assert_eq!(error.value, bad, "{bad}");
+            assert_eq!(error.value, bad, "the raw value: {bad}");
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::ffi::OsStrExt;
+            let not_utf8 = OsStr::from_bytes(b"re\xffno");
+            assert!(SameHostCongestion::parse(Some(not_utf8)).is_err());
         }
     }
 }

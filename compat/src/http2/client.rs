@@ -18,7 +18,6 @@ use tensorwire_proto::transport::{
 };
 use tensorwire_proto::{Encoded, Format, Limits, Malformed, WireError, stats};
 use tokio::io::AsyncReadExt;
-use tokio::net::TcpStream;
 use tokio::sync::{Mutex as AsyncMutex, oneshot};
 
 use crate::http2::prefixed::Prefixed;
@@ -352,7 +351,7 @@ async fn connection(
 
 async fn connect(shared: &Arc<Shared>, peer: SocketAddr) -> Result<SendRequest<ChunkBody>, Error> {
     let timeout = shared.session.connect_timeout;
-    let tcp = tokio::time::timeout(timeout, TcpStream::connect(peer))
+    let tcp = tokio::time::timeout(timeout, socket_options::connect(peer, &shared.session))
         .await
         .map_err(|_| Error::Timeout {
             what: "connect",
@@ -360,7 +359,6 @@ async fn connect(shared: &Arc<Shared>, peer: SocketAddr) -> Result<SendRequest<C
         })?
         .map_err(|source| Error::Connect { peer, source })?;
     let _ = tcp.set_nodelay(true);
-    socket_options::choose_congestion(&tcp, &shared.session);
     match &shared.config.tls {
         None => handshake(shared, peer, tcp).await,
         Some(tls) => {

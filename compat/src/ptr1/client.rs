@@ -7,7 +7,6 @@ use std::time::Instant;
 
 use tensorwire_proto::session::{Checkin, Checkout, ClientEvent, ClientSession};
 use tensorwire_proto::transport::{Completion, Error};
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use crate::ptr1::io::{self, Ready};
@@ -103,7 +102,7 @@ async fn connection(
     let mut current = begin(&mut session, first, &sender, &mut next_request);
     let mut shutdown = shared.shutdown.subscribe();
     let stream = tokio::select! {
-        connected = TcpStream::connect(peer) => match connected {
+        connected = socket_options::connect(peer, &shared.session) => match connected {
             Ok(stream) => {
                 socket_options::tune(&stream, &shared.session);
                 session.handle_connected();

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use socket2::{Domain, Socket, Type};
 use tensorwire_proto::Limits;
 use tensorwire_proto::TensorMessage;
 use tensorwire_proto::session::{ClientEvent, ClientRequest, ClientSession, SessionConfig};
@@ -144,14 +145,15 @@ impl BlockingPool {
                 },
             ),
         };
-        let stream = match TcpStream::connect_timeout(&peer, limit) {
-            Ok(stream) => stream,
+        let setup = |source| Error::Connect { peer, source };
+        let socket = Socket::new(Domain::for_address(peer), Type::STREAM, None).map_err(setup)?;
+        tcp_options::tune_connecting(socket.as_raw_fd(), peer, &self.session);
+        let stream = match socket.connect_timeout(&peer.into(), limit) {
+            Ok(()) => TcpStream::from(socket),
             Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return Err(what),
             Err(source) => return Err(Error::Connect { peer, source }),
         };
-        let setup = |source| Error::Connect { peer, source };
         stream.set_nonblocking(true).map_err(setup)?;
-        tcp_options::tune(stream.as_raw_fd(), &self.session);
         let session =
             ClientSession::connected(Arc::clone(&self.session), Arc::clone(&self.memory), peer);
         Ok(Conn {

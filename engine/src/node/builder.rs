@@ -190,12 +190,12 @@ impl NodeBuilder {
         self
     }
 
-    /// The TCP congestion control a PTR1 connection asks for when both its ends are on this
-    /// host (default: `TENSORWIRE_SAME_HOST_CONGESTION`, read once at build, else `reno`):
-    /// the kernel's default may pace (BBR), which reorders segments over loopback and costs a
-    /// 64 MiB message half again its time (`docs/benchmarks.md`, "Same-host TCP without
-    /// pacing"). [`SameHostCongestion::system`] keeps the kernel's. Connections to other hosts
-    /// always keep the kernel's.
+    /// The TCP congestion control a connection (PTR1 or HTTP/2) asks for when both its ends
+    /// are on this host (default: `TENSORWIRE_SAME_HOST_CONGESTION`, read once at build, else
+    /// `reno`): the kernel's default may pace (BBR), which reorders segments over loopback
+    /// and costs a 64 MiB message half again its time (`docs/benchmarks.md`, "Same-host TCP
+    /// without pacing"). [`SameHostCongestion::system`] keeps the kernel's. Connections to
+    /// other hosts always keep the kernel's.
     pub fn same_host_congestion(mut self, choice: SameHostCongestion) -> Self {
         self.same_host_congestion = Some(choice);
         self

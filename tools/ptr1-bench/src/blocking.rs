@@ -2,7 +2,7 @@
 //! `read_exact`. The simplest thing one would write by hand; the latency reference.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
@@ -18,12 +18,13 @@ use crate::{Mode, Options};
 const MAX_SLICES: usize = 1024;
 
 pub(crate) fn serve(listen: SocketAddr) -> Result<()> {
-    let listener = TcpListener::bind(listen)?;
+    let choice = crate::socket_options::choice()?;
+    let listener = crate::socket_options::listen(listen, &choice)?;
     println!("listening on {}", listener.local_addr()?);
     std::io::stdout().flush()?;
     for stream in listener.incoming() {
         let mut stream = stream?;
-        crate::socket_options::like_tensorwire(&stream)?;
+        crate::socket_options::like_tensorwire(&stream, &choice);
         std::thread::spawn(move || {
             let limits = Limits::default();
             while let Ok(Some(frame)) = read_frame(&mut stream, &limits) {
@@ -82,9 +83,7 @@ fn ask(stream: &mut TcpStream, path: &str, message: &TensorMessage) -> Result<Fr
 }
 
 fn connect(peer: SocketAddr) -> Result<TcpStream> {
-    let stream = TcpStream::connect(peer)?;
-    crate::socket_options::like_tensorwire(&stream)?;
-    Ok(stream)
+    crate::socket_options::connect(peer)
 }
 
 pub(crate) fn run(peer: SocketAddr, options: &Options, message: &TensorMessage) -> Result<Sample> {

@@ -45,12 +45,15 @@ pub(crate) fn fixture_reply(frame: Frame) -> Frame {
 pub(crate) fn serve(listen: SocketAddr) -> Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
-        let listener = TcpListener::bind(listen).await?;
+        let choice = crate::socket_options::choice()?;
+        let listener = crate::socket_options::listen(listen, &choice)?;
+        listener.set_nonblocking(true)?;
+        let listener = TcpListener::from_std(listener)?;
         println!("listening on {}", listener.local_addr()?);
         std::io::stdout().flush()?;
         loop {
             let (stream, _) = listener.accept().await?;
-            crate::socket_options::like_tensorwire(&stream)?;
+            crate::socket_options::like_tensorwire(&stream, &choice);
             tokio::spawn(async move {
                 let _ = serve_connection(stream).await;
             });
@@ -127,9 +130,11 @@ async fn ask(stream: &mut TcpStream, path: &str, message: &TensorMessage) -> Res
 }
 
 async fn connect(peer: SocketAddr) -> Result<TcpStream> {
-    let stream = TcpStream::connect(peer).await?;
-    crate::socket_options::like_tensorwire(&stream)?;
-    Ok(stream)
+    // A blocking connect (instant to the fixture on this host), so the congestion control is
+    // asked for before it, as tensorwire's drivers do.
+    let stream = crate::socket_options::connect(peer)?;
+    stream.set_nonblocking(true)?;
+    Ok(TcpStream::from_std(stream)?)
 }
 
 /// A seed-design client: a tokio runtime and one pooled connection.

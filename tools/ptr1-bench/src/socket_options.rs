@@ -1,26 +1,63 @@
 //! The baselines' (std, seed) sockets get the options tensorwire's drivers set on theirs —
 //! `TCP_NODELAY`, and on a same-host connection the same congestion control
-//! (`TENSORWIRE_SAME_HOST_CONGESTION`, default reno) — so a ratio of a driver to a baseline
-//! compares the drivers, not a kernel setting one of them changed.
+//! (`TENSORWIRE_SAME_HOST_CONGESTION`, default reno), asked for the same way: before
+//! `connect`, on a loopback listener, else once accepted — so a ratio of a driver to a
+//! baseline compares the drivers, not a kernel setting one of them changed.
 
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsFd;
 
-use anyhow::Result;
-use tensorwire_proto::congestion::SameHostCongestion;
+use socket2::{Domain, SockRef, Socket, Type};
 
-/// Sets the options of a baseline's connected (or accepted) stream.
-pub(crate) fn like_tensorwire(stream: &impl AsFd) -> Result<()> {
-    let socket = socket2::SockRef::from(stream);
-    socket.set_tcp_nodelay(true)?;
-    let (Some(local), Some(peer)) = (
-        socket.local_addr()?.as_socket(),
-        socket.peer_addr()?.as_socket(),
-    ) else {
-        return Ok(());
+use tensorwire_proto::congestion::{self, SameHostCongestion};
+
+/// The same-host congestion control, from `TENSORWIRE_SAME_HOST_CONGESTION` as a node reads it.
+pub(crate) fn choice() -> anyhow::Result<SameHostCongestion> {
+    Ok(SameHostCongestion::from_env()?)
+}
+
+/// A blocking connection to `peer` whose socket asked for the same-host congestion control
+/// before connecting if `peer` is on this host (a loopback address or one of this host's).
+pub(crate) fn connect(peer: SocketAddr) -> anyhow::Result<TcpStream> {
+    let socket = Socket::new(Domain::for_address(peer), Type::STREAM, None)?;
+    let own = |ip: IpAddr| UdpSocket::bind((ip, 0)).is_ok();
+    let on_this_host = congestion::peer_on_this_host(peer, own);
+    // As in tensorwire: a refused name keeps the kernel's choice.
+    let _ = choice()?.apply(on_this_host, |name| {
+        socket.set_tcp_congestion(name.as_bytes())
+    });
+    socket.connect(&peer.into())?;
+    let stream = TcpStream::from(socket);
+    like_tensorwire(&stream, &choice()?);
+    Ok(stream)
+}
+
+/// A listener on `listen`; bound to a loopback address, it asks for the same-host congestion
+/// control, which the sockets it accepts inherit.
+pub(crate) fn listen(
+    listen: SocketAddr,
+    choice: &SameHostCongestion,
+) -> anyhow::Result<TcpListener> {
+    let listener = TcpListener::bind(listen)?;
+    let loopback = listener.local_addr()?.ip().to_canonical().is_loopback();
+    let socket = SockRef::from(&listener);
+    let _ = choice.apply(loopback, |name| socket.set_tcp_congestion(name.as_bytes()));
+    Ok(listener)
+}
+
+/// Sets the options of a baseline's connected (or accepted) stream. A stream whose peer is
+/// already gone is left as it is: the baseline finds out on its first read.
+pub(crate) fn like_tensorwire(stream: &impl AsFd, choice: &SameHostCongestion) {
+    let socket = SockRef::from(stream);
+    let _ = socket.set_tcp_nodelay(true);
+    let (Ok(local), Ok(peer)) = (socket.local_addr(), socket.peer_addr()) else {
+        return;
     };
-    if let Some(name) = SameHostCongestion::from_env()?.for_connection(local, peer) {
+    let (Some(local), Some(peer)) = (local.as_socket(), peer.as_socket()) else {
+        return;
+    };
+    if let Some(name) = choice.for_connection(local, peer) {
         // As in tensorwire: a refused name keeps the kernel's choice.
         let _ = socket.set_tcp_congestion(name.as_bytes());
     }
-    Ok(())
 }

@@ -2,6 +2,7 @@
 //! driver (io_uring, or the fallback and why), and the receive pool's upkeep timer.
 
 use std::net::{SocketAddr, TcpListener};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,7 +22,7 @@ use crate::pool::ReceivePool;
 use crate::shm::transport::{KnockDesk, KnockHandOff, ShmConfig, ShmTransport};
 use crate::shm::{Segments, SegmentsConfig, ShmManager};
 use crate::uring::{UringConfig, UringDriver};
-use crate::{stats, uring};
+use crate::{stats, tcp_options, uring};
 
 use super::{NodeBuilder, ShmAccess};
 
@@ -37,7 +38,8 @@ impl NodeBuilder {
     /// # Errors
     ///
     /// [`Error::DriverUnavailable`] if io_uring cannot be used here (the reason says why) and
-    /// no fallback is plugged in; [`Error::Config`] for a bad limit or transport variable;
+    /// no fallback is plugged in; [`Error::Config`] for a bad limit, transport or same-host
+    /// congestion-control variable;
     /// [`Error::Io`] if binding fails.
     pub fn build(self) -> Result<Node, Error> {
         let limits = match self.limits {
@@ -48,16 +50,18 @@ impl NodeBuilder {
             Some(preference) => preference,
             None => Preference::from_env()?,
         };
+        let same_host_congestion = match &self.same_host_congestion {
+            Some(choice) => choice.clone(),
+            None => SameHostCongestion::from_env()?,
+        };
         let listener = TcpListener::bind(self.bind).map_err(|e| Error::io("bind", e))?;
         let local_addr = listener
             .local_addr()
             .map_err(|e| Error::io("getsockname", e))?;
         let mut session = self.session.clone();
         session.limits = limits;
-        session.same_host_congestion = match &self.same_host_congestion {
-            Some(choice) => choice.clone(),
-            None => SameHostCongestion::from_env()?,
-        };
+        session.same_host_congestion = same_host_congestion;
+        tcp_options::tune_listener(listener.as_raw_fd(), local_addr, &session);
         let session = Arc::new(session);
         let registry = Arc::new(Registry::new(self.mailbox_capacity, self.mailbox_waiting));
         let pool = ReceivePool::new(self.receive_pool);

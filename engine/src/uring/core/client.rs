@@ -78,8 +78,7 @@ impl Core {
                 return;
             }
         };
-        // Not connected yet: the congestion control is chosen once it is (`on_connected`).
-        tcp_options::tune(fd.as_raw_fd(), &self.ctx.session);
+        tcp_options::tune_connecting(fd.as_raw_fd(), peer, &self.ctx.session);
         let session = ClientSession::connecting(
             Arc::clone(&self.ctx.session),
             Arc::clone(&self.ctx.memory),
@@ -165,9 +164,6 @@ impl Core {
                 .handle_connect_error(std::io::Error::from_raw_os_error(-res));
         } else {
             client.session.handle_connected();
-            if let Some(conn) = self.conns.get_mut(key) {
-                tcp_options::choose_congestion(conn.fd.as_raw_fd(), &self.ctx.session);
-            }
         }
         self.pump(key);
     }

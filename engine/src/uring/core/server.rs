@@ -53,7 +53,7 @@ impl Core {
         if self.stopping || self.draining {
             return;
         }
-        tcp_options::tune(fd.as_raw_fd(), &self.ctx.session);
+        tcp_options::tune_accepted(fd.as_raw_fd(), &self.ctx.session);
         let peer = sys::peer_addr(fd.as_raw_fd()).ok();
         let zero_copy = self.ctx.zero_copy.allowed(peer);
         let session = ServerSession::new(
