@@ -7,7 +7,7 @@
 //! connection goes on without it.
 
 use std::io;
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::time::Duration;
 
 use socket2::SockRef;
@@ -23,9 +23,21 @@ pub(crate) async fn connect(peer: SocketAddr, session: &SessionConfig) -> io::Re
     } else {
         TcpSocket::new_v6()?
     };
-    let on_this_host = congestion::peer_on_this_host(peer, own_address);
+    let on_this_host = congestion::peer_on_this_host(peer, routed_source);
     set_congestion(SockRef::from(&socket), on_this_host, session);
-    socket.connect(peer).await
+    let stream = socket.connect(peer).await?;
+    // A same-host connection the check above missed switches now.
+    choose_congestion(&stream, session);
+    Ok(stream)
+}
+
+/// A listener bound to a loopback address asks for the same-host congestion control: the
+/// sockets it accepts inherit it from the start.
+pub(crate) fn tune_listener(listener: &std::net::TcpListener, session: &SessionConfig) {
+    let loopback = listener
+        .local_addr()
+        .is_ok_and(|local| local.ip().to_canonical().is_loopback());
+    set_congestion(SockRef::from(listener), loopback, session);
 }
 
 /// Sets the options of a connected (or just accepted) PTR1 stream.
@@ -70,9 +82,17 @@ fn set_congestion(socket: SockRef<'_>, on_this_host: bool, session: &SessionConf
     }
 }
 
-/// Whether `ip` is one of this host's addresses: the kernel lets a socket bind only to those.
-fn own_address(ip: IpAddr) -> bool {
-    UdpSocket::bind((ip, 0)).is_ok()
+/// The local address the kernel's routing would send to `peer` from: a UDP socket connected
+/// to it (which sends nothing) is given one.
+fn routed_source(peer: SocketAddr) -> Option<SocketAddr> {
+    let any: IpAddr = if peer.is_ipv4() {
+        Ipv4Addr::UNSPECIFIED.into()
+    } else {
+        Ipv6Addr::UNSPECIFIED.into()
+    };
+    let socket = UdpSocket::bind((any, 0)).ok()?;
+    socket.connect(peer).ok()?;
+    socket.local_addr().ok()
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! possible, since a socket that leaves BBR once connected keeps BBR's pacing. An option the
 //! kernel refuses is logged and the connection goes on without it.
 
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::os::fd::RawFd;
 
 use tensorwire_proto::congestion::{self, Refused};
@@ -13,18 +13,25 @@ use tensorwire_proto::session::SessionConfig;
 
 use crate::sys;
 
-/// Sets the options of a socket about to connect to `peer`.
+/// Sets the options of a socket about to connect to `peer`; [`connected`] checks again once
+/// it is.
 pub(crate) fn tune_connecting(fd: RawFd, peer: SocketAddr, session: &SessionConfig) {
     tune_common(fd, session);
-    let on_this_host = congestion::peer_on_this_host(peer, own_address);
+    let on_this_host = congestion::peer_on_this_host(peer, routed_source);
     set_congestion(fd, on_this_host, session);
 }
 
 /// Sets the options of an accepted socket. One accepted on a loopback listener already has
-/// the same-host congestion control ([`tune_listener`]); one accepted on a wildcard listener
-/// from this host switches now, keeping BBR's pacing at the new congestion control's rate.
+/// the same-host congestion control ([`tune_listener`]); one accepted from this host on any
+/// other listener switches now, keeping BBR's pacing at the new congestion control's rate.
 pub(crate) fn tune_accepted(fd: RawFd, session: &SessionConfig) {
     tune_common(fd, session);
+    connected(fd, session);
+}
+
+/// Once connected: a same-host connection the check before `connect` missed switches now
+/// (the kernel ignores asking again for the congestion control a socket already has).
+pub(crate) fn connected(fd: RawFd, session: &SessionConfig) {
     let (Ok(local), Ok(peer)) = (sys::local_addr(fd), sys::peer_addr(fd)) else {
         return;
     };
@@ -58,9 +65,20 @@ fn set_congestion(fd: RawFd, on_this_host: bool, session: &SessionConfig) {
     }
 }
 
-/// Whether `ip` is one of this host's addresses: the kernel lets a socket bind only to those.
-fn own_address(ip: IpAddr) -> bool {
-    UdpSocket::bind((ip, 0)).is_ok()
+/// The local address the kernel's routing would send to `peer` from: a UDP socket connected
+/// to it (which sends nothing) is given one.
+fn routed_source(peer: SocketAddr) -> Option<SocketAddr> {
+    let any = SocketAddr::new(unspecified(peer.ip()), 0);
+    let socket = UdpSocket::bind(any).ok()?;
+    socket.connect(peer).ok()?;
+    socket.local_addr().ok()
+}
+
+fn unspecified(like: IpAddr) -> IpAddr {
+    match like {
+        IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+        IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+    }
 }
 
 #[cfg(test)]
@@ -126,8 +144,14 @@ mod tests {
     }
 
     #[test]
-    fn only_this_hosts_addresses_are_own() {
-        assert!(own_address("127.0.0.1".parse().unwrap()));
-        assert!(!own_address("192.0.2.1".parse().unwrap()), "TEST-NET-1");
+    fn a_peer_at_an_address_of_this_host_is_routed_from_that_address() {
+        let loopback: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        assert_eq!(routed_source(loopback).map(|s| s.ip()), Some(loopback.ip()));
+        let own = routed_source("192.0.2.1:9".parse().unwrap()).map(|s| s.ip());
+        if let Some(own) = own.filter(|ip| !ip.is_loopback()) {
+            // The address this host would send from is its own: a peer there is on this host.
+            let peer = SocketAddr::new(own, 9);
+            assert_eq!(routed_source(peer).map(|s| s.ip()), Some(own));
+        }
     }
 }

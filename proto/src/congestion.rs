@@ -13,7 +13,7 @@
 //! kernel's choice.
 
 use std::ffi::OsStr;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::error::ConfigError;
@@ -154,11 +154,15 @@ impl<E> Refused<'_, E> {
 }
 
 /// Whether a connection to `peer`, not made yet, will stay on this host: `peer` is a loopback
-/// address, or `own_address` says it is one of this host's (a driver asks the kernel, by
-/// binding a socket to it).
-pub fn peer_on_this_host(peer: SocketAddr, own_address: impl FnOnce(IpAddr) -> bool) -> bool {
-    let peer = peer.ip().to_canonical();
-    peer.is_loopback() || own_address(peer)
+/// address, or `source_for` — the local address the kernel's routing would send from, which a
+/// driver learns by connecting a UDP socket to `peer` (that sends nothing) — is `peer`'s own
+/// address, as it is for every address of this host. `None` (no route, no socket) is "not
+/// known": the driver checks again once connected ([`same_host`]).
+pub fn peer_on_this_host(
+    peer: SocketAddr,
+    source_for: impl FnOnce(SocketAddr) -> Option<SocketAddr>,
+) -> bool {
+    peer.ip().to_canonical().is_loopback() || source_for(peer).is_some_and(|s| same_host(s, peer))
 }
 
 /// Whether a TCP connection between `local` and `peer` stays on this host: the peer is a
@@ -235,13 +239,23 @@ mod tests {
     }
 
     #[test]
-    fn a_peer_not_connected_yet_is_on_this_host_if_loopback_or_an_own_address() {
-        let own = |ip: IpAddr| ip == "10.0.0.5".parse::<IpAddr>().unwrap();
-        assert!(peer_on_this_host(addr("127.0.0.1:1"), |_| false));
-        assert!(peer_on_this_host(addr("[::ffff:127.0.0.1]:1"), |_| false));
-        assert!(peer_on_this_host(addr("[::ffff:10.0.0.5]:1"), own));
-        assert!(peer_on_this_host(addr("10.0.0.5:1"), own));
-        assert!(!peer_on_this_host(addr("10.0.0.6:1"), own));
+    fn a_peer_not_connected_yet_is_on_this_host_if_loopback_or_routed_from_its_own_address() {
+        let routed = |source: &'static str| move |_| Some(addr(source));
+        assert!(peer_on_this_host(addr("127.0.0.1:1"), |_| None));
+        assert!(peer_on_this_host(addr("[::ffff:127.0.0.1]:1"), |_| None));
+        assert!(peer_on_this_host(
+            addr("10.0.0.5:1"),
+            routed("10.0.0.5:40000")
+        ));
+        assert!(peer_on_this_host(
+            addr("[::ffff:10.0.0.5]:1"),
+            routed("[::ffff:10.0.0.5]:40000")
+        ));
+        assert!(!peer_on_this_host(
+            addr("10.0.0.6:1"),
+            routed("10.0.0.5:40000")
+        ));
+        assert!(!peer_on_this_host(addr("10.0.0.6:1"), |_| None));
     }
 
     #[test]

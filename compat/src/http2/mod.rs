@@ -36,7 +36,7 @@ use tokio::sync::watch;
 pub use config::Http2Config;
 pub use tls::{TlsConfig, TlsConfigBuilder};
 
-use crate::runtime;
+use crate::{runtime, socket_options};
 
 /// Starts [`Http2Transport`]s: plug it into a node with `NodeBuilder::transport`.
 #[derive(Clone, Debug, Default)]
@@ -160,6 +160,7 @@ impl Http2Transport {
         listener
             .set_nonblocking(true)
             .map_err(|e| Error::io("set_nonblocking", e))?;
+        socket_options::tune_listener(&listener, &self.shared.session);
         let shared = Arc::clone(&self.shared);
         let _enter = self.shared.handle.enter();
         let listener = tokio::net::TcpListener::from_std(listener)

@@ -154,6 +154,7 @@ impl BlockingPool {
             Err(source) => return Err(Error::Connect { peer, source }),
         };
         stream.set_nonblocking(true).map_err(setup)?;
+        tcp_options::connected(stream.as_raw_fd(), &self.session);
         let session =
             ClientSession::connected(Arc::clone(&self.session), Arc::clone(&self.memory), peer);
         Ok(Conn {

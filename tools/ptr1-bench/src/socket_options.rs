@@ -4,12 +4,12 @@
 //! `connect`, on a loopback listener, else once accepted — so a ratio of a driver to a
 //! baseline compares the drivers, not a kernel setting one of them changed.
 
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
 
 use socket2::{Domain, SockRef, Socket, Type};
 
-use tensorwire_proto::congestion::{self, SameHostCongestion};
+use tensorwire_proto::congestion::SameHostCongestion;
 
 /// The same-host congestion control, from `TENSORWIRE_SAME_HOST_CONGESTION` as a node reads it.
 pub(crate) fn choice() -> anyhow::Result<SameHostCongestion> {
@@ -17,18 +17,17 @@ pub(crate) fn choice() -> anyhow::Result<SameHostCongestion> {
 }
 
 /// A blocking connection to `peer` whose socket asked for the same-host congestion control
-/// before connecting if `peer` is on this host (a loopback address or one of this host's).
+/// before connecting if `peer` is a loopback address (where the fixtures run), as tensorwire's
+/// drivers do; a peer at another address of this host switches once connected.
 pub(crate) fn connect(peer: SocketAddr) -> anyhow::Result<TcpStream> {
+    let choice = choice()?;
     let socket = Socket::new(Domain::for_address(peer), Type::STREAM, None)?;
-    let own = |ip: IpAddr| UdpSocket::bind((ip, 0)).is_ok();
-    let on_this_host = congestion::peer_on_this_host(peer, own);
+    let loopback = peer.ip().to_canonical().is_loopback();
     // As in tensorwire: a refused name keeps the kernel's choice.
-    let _ = choice()?.apply(on_this_host, |name| {
-        socket.set_tcp_congestion(name.as_bytes())
-    });
+    let _ = choice.apply(loopback, |name| socket.set_tcp_congestion(name.as_bytes()));
     socket.connect(&peer.into())?;
     let stream = TcpStream::from(socket);
-    like_tensorwire(&stream, &choice()?);
+    like_tensorwire(&stream, &choice);
     Ok(stream)
 }
 

@@ -164,6 +164,9 @@ impl Core {
                 .handle_connect_error(std::io::Error::from_raw_os_error(-res));
         } else {
             client.session.handle_connected();
+            if let Some(conn) = self.conns.get_mut(key) {
+                tcp_options::connected(conn.fd.as_raw_fd(), &self.ctx.session);
+            }
         }
         self.pump(key);
     }
