@@ -17,7 +17,9 @@ use crate::len::len_u64;
 /// (io_uring fixture, blocking client) and from 4.28 to 9.20 (tokio), medians of fresh pairs.
 /// A first write of 4 KiB did about as well. At 512 KiB the cut lost 5–8 % in three runs of
 /// five, at 256 KiB 10–30 % one-way, hence [`SPLIT_ABOVE`]; at 4 and 64 MiB it changed nothing
-/// (docs/benchmarks.md, "The first write of a large frame").
+/// (docs/benchmarks.md, "The first write of a large frame"). Same-host connections now ask for
+/// reno, which does not pace ([`crate::congestion`]); the cut stays for connections that keep
+/// a pacing congestion control (another host's, or `TENSORWIRE_SAME_HOST_CONGESTION=system`).
 pub(crate) const FIRST_WRITE: usize = 64 << 10;
 /// Frames at most this long go out in one write.
 pub(crate) const SPLIT_ABOVE: u64 = 768 << 10;
