@@ -26,10 +26,10 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    /// Maps `len` bytes (a multiple of the page size), 2 MiB-aligned with `MADV_HUGEPAGE` when
-    /// at least that large.
-    pub(super) fn new(len: usize) -> std::io::Result<Self> {
-        let huge = len >= HUGE_PAGE;
+    /// Maps `len` bytes (a multiple of the page size); with `huge_pages`, 2 MiB-aligned with
+    /// `MADV_HUGEPAGE` when at least that large (otherwise the kernel's own THP setting holds).
+    pub(super) fn new(len: usize, huge_pages: bool) -> std::io::Result<Self> {
+        let huge = huge_pages && len >= HUGE_PAGE;
         let reserve = if huge { len + HUGE_PAGE } else { len };
         // SAFETY: an anonymous private mapping with no address hint touches no existing memory.
         let base = unsafe {

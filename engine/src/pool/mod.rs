@@ -2,8 +2,8 @@
 //! of a node through [`ReceiveMemory`].
 //!
 //! Small sections (below [`PoolConfig::min_pooled_bytes`]) come from the heap. Larger ones get a
-//! *slot*: a private anonymous mapping, 2 MiB-aligned with `MADV_HUGEPAGE` when it is at least
-//! 2 MiB. A fresh slot commits nothing when it is made; the sessions expose it to reads a
+//! *slot*: a private anonymous mapping (of 4 KiB pages unless [`PoolConfig::huge_pages`] asks
+//! for transparent huge pages). A fresh slot commits nothing when it is made; the sessions expose it to reads a
 //! bounded window ahead of the bytes that arrived, and each exposed range is pre-faulted
 //! (`MADV_POPULATE_WRITE`) just before the kernel copies into it, so memory is committed for
 //! data that arrives, never for what a peer declares.
@@ -58,6 +58,15 @@ pub struct PoolConfig {
     /// the physical memory). A section is mapped whole when its first byte arrives but
     /// committed only as bytes come, so this bounds what declared-but-unsent sizes can take.
     pub max_reserved_bytes: u64,
+    /// Ask for transparent huge pages (`MADV_HUGEPAGE`, slots 2 MiB-aligned) on slots of
+    /// 2 MiB and more (default `false`: the kernel's THP setting holds). On virtual machines
+    /// whose guest hands free 2 MiB blocks back to the hypervisor (virtio-balloon free page
+    /// reporting), a huge page faulted in after an idle spell of a few seconds is a
+    /// hypervisor fault too: measured at 0.2–0.4 GB/s against 2.5–3.3 GB/s with 4 KiB pages,
+    /// and a receiver stalled in those faults held 8 asks of 64 MiB in flight to a third of
+    /// the rate (`docs/benchmarks.md`, "Fresh memory on these VMs"). Where huge pages fault
+    /// in fast (bare metal), they save page faults on a slot's first fill.
+    pub huge_pages: bool,
 }
 
 impl Default for PoolConfig {
@@ -69,6 +78,7 @@ impl Default for PoolConfig {
             idle_keep_bytes: 64 << 20,
             max_receiving_bytes: half_of_physical_memory(),
             max_reserved_bytes: half_of_physical_memory().saturating_mul(32),
+            huge_pages: false,
         }
     }
 }
@@ -173,7 +183,7 @@ impl ReceivePool {
             }
             None => {
                 inner.misses.fetch_add(1, Relaxed);
-                match Mapping::new(class) {
+                match Mapping::new(class, inner.config.huge_pages) {
                     Ok(mapping) => mapping,
                     Err(e) => {
                         inner.reserved.fetch_sub(size, Relaxed);

@@ -224,3 +224,47 @@ fn a_cut_slot_does_not_join_while_a_part_lives() {
     drop(kept);
     assert!(joiner.join().is_ok());
 }
+
+/// The `VmFlags` line of the mapping of `/proc/self/smaps` that holds `addr`.
+fn vm_flags_at(addr: usize) -> String {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    for line in smaps.lines() {
+        if let Some((range, _)) = line.split_once(' ')
+            && let Some((from, to)) = range.split_once('-')
+            && let (Ok(from), Ok(to)) = (
+                usize::from_str_radix(from, 16),
+                usize::from_str_radix(to, 16),
+            )
+        {
+            inside = (from..to).contains(&addr);
+        } else if inside && let Some(flags) = line.strip_prefix("VmFlags:") {
+            return flags.trim().to_owned();
+        }
+    }
+    panic!("no mapping of /proc/self/smaps holds {addr:#x}");
+}
+
+#[test]
+fn slots_ask_for_huge_pages_only_when_configured() {
+    let thp = std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists();
+    if !thp {
+        eprintln!("NOTE: this kernel has no transparent huge pages; only the default is checked");
+    }
+    for huge_pages in [false, true].into_iter().filter(|&h| thp || !h) {
+        let sut = ReceivePool::new(PoolConfig {
+            min_pooled_bytes: 4096,
+            huge_pages,
+            ..PoolConfig::default()
+        });
+        let slot = sut.take(8 << 20).unwrap();
+        let flags = vm_flags_at(slot.as_ref().as_ptr() as usize);
+        let words: Vec<&str> = flags.split_whitespace().collect();
+        assert!(words.contains(&"rd"), "not the slot's mapping: {flags}");
+        assert_eq!(
+            words.contains(&"hg"),
+            huge_pages,
+            "huge_pages = {huge_pages}, VmFlags: {flags}"
+        );
+    }
+}
