@@ -476,7 +476,7 @@ impl NodeBuilder {
     /// Where one flow is capped (per-flow hashing or shaping, one core per flow) striping over
     /// N connections can move N times as much. Through loopback one flow is not capped and
     /// small stripes cost more than they save, so requests to a loopback peer are striped
-    /// only from 8 MiB (or the threshold, if larger), and only while no other large request
+    /// only from 32 MiB (or the threshold, if larger), and only while no other large request
     /// to it is unanswered (requests in flight side by side already keep both ends' CPUs
     /// busy); large requests that come while its stripes are on their way (a burst) wait for
     /// them (if their deadline is no earlier, for at most a quarter of their time and 1 s),
@@ -497,7 +497,7 @@ impl NodeBuilder {
         self
     }
 
-    /// Stripes requests to loopback peers as to any other (default false: from 8 MiB, or the
+    /// Stripes requests to loopback peers as to any other (default false: from 32 MiB, or the
     /// threshold if larger, and only while no other large request to the peer is unanswered,
     /// where striping on loopback was measured to pay). For tests and for measuring what
     /// striping costs on one host.

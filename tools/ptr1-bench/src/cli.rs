@@ -168,7 +168,7 @@ pub(crate) struct RunArgs {
     #[arg(long = "stripe-threshold", requires = "stripes", value_parser = parse_size)]
     stripe_threshold: Option<usize>,
     /// With --stripes: stripe requests to a loopback fixture from --stripe-threshold too
-    /// (`NodeBuilder::stripe_loopback`; without it, as for a node's users, only from 8 MiB).
+    /// (`NodeBuilder::stripe_loopback`; without it, as for a node's users, only from 32 MiB).
     #[arg(long = "stripe-loopback", requires = "stripes")]
     stripe_loopback: bool,
     /// Shared memory: send the buffers as slices of one loaned slot per message (filled once,

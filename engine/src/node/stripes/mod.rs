@@ -68,10 +68,11 @@ struct Held {
 /// Payload bytes from which requests to a loopback peer are striped (unless
 /// [`StripeConfig::loopback`]): one flow through loopback is not capped, and below this
 /// size stripes cost more (a second round trip, four connections' wake-ups) than the copies
-/// they spread over both CPUs save. Measured one-way on the 2-vCPU machine, 4 stripes ÷ whole
-/// frames, both drivers: 0.69–0.82× at 1 MiB, 0.88–1.21× at 4 MiB, 1.05–1.16× at 8 MiB,
-/// 1.24–1.44× at 64 MiB (`docs/benchmarks.md`, "Striping").
-pub(crate) const LOOPBACK_THRESHOLD: u64 = 8 << 20;
+/// they spread over both CPUs save. Measured one-way on the 2-vCPU machine with same-host
+/// connections on reno, 4 stripes ÷ whole frames, io_uring / tokio (medians of 5): 0.91 /
+/// 0.87× at 8 MiB, 1.05–1.12 / 0.92–0.95× at 16 MiB, 1.20 / 1.00× at 32 MiB, 1.14 / 1.03× at
+/// 64 MiB, 1.22 / 1.11× at 256 MiB (`docs/benchmarks.md`, "Striping").
+pub(crate) const LOOPBACK_THRESHOLD: u64 = 32 << 20;
 
 /// How a node stripes its requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -15,7 +15,7 @@ use tensorwire_proto::transport::{
     RequestKind,
 };
 
-use super::{StripeConfig, StripeSender};
+use super::{LOOPBACK_THRESHOLD, StripeConfig, StripeSender};
 use crate::sync::lock;
 
 const LOOPBACK: &str = "127.0.0.1:7000";
@@ -236,7 +236,7 @@ fn answer(requests: Vec<OutboundRequest>) {
     }
 }
 
-/// A stripe sender (4 stripes from 1 MiB, loopback from 8 MiB) on a driver that keeps what
+/// A stripe sender (4 stripes from 1 MiB, loopback from [`LOOPBACK_THRESHOLD`]) on a driver that keeps what
 /// it is handed, both peers already known to take 16 stripes.
 struct Harness {
     driver: Arc<Keeper>,
@@ -285,7 +285,8 @@ impl Harness {
         t
     }
 
-    /// Sends an 8 MiB ask to `peer` with a minute to go; its outcome lands in the returned
+    /// Sends an ask of [`LOOPBACK_THRESHOLD`] bytes (striped to either peer) to `peer` with a
+    /// minute to go; its outcome lands in the returned
     /// cell.
     fn send(&self, peer: &str) -> Outcome {
         self.send_within(peer, Duration::from_secs(60))
@@ -294,7 +295,12 @@ impl Harness {
     fn send_within(&self, peer: &str, timeout: Duration) -> Outcome {
         let peer: SocketAddr = peer.parse().expect("an address");
         let outcome = Outcome::default();
-        let message = TensorMessage::new(0, Bytes::new(), vec![Bytes::from(vec![7u8; 8 << 20])]);
+        static PAYLOAD: std::sync::OnceLock<Bytes> = std::sync::OnceLock::new();
+        let payload = PAYLOAD.get_or_init(|| {
+            let len = usize::try_from(LOOPBACK_THRESHOLD).expect("fits");
+            Bytes::from(vec![7u8; len])
+        });
+        let message = TensorMessage::new(0, Bytes::new(), vec![payload.clone()]);
         let request = OutboundRequest::new(
             peer,
             ActorPath::parse("sink").expect("a path"),

@@ -21,7 +21,7 @@ conformance!(
         a_striped_ask_arrives_whole_over_four_connections,
         a_striped_tell_is_delivered_once,
         a_node_that_takes_no_stripes_gets_whole_frames,
-        a_loopback_peer_is_striped_only_from_8_mib_unless_asked_for,
+        a_loopback_peer_is_striped_only_from_32_mib_unless_asked_for,
         a_large_ask_to_a_loopback_peer_goes_whole_while_another_is_unanswered,
         a_stripe_cut_off_mid_body_fails_the_ask_and_nothing_is_delivered,
         a_black_holed_stripe_fails_the_ask_at_its_deadline_and_nothing_is_delivered,
@@ -57,6 +57,24 @@ fn large_message() -> TensorMessage {
         Bytes::from_static(b"striped"),
         vec![long(0, 3 << 20), long(1, 100), long(2, (5 << 20) + 4097)],
     )
+}
+
+/// Like [`large_message`], but large enough to be striped to a loopback peer (32 MiB and more)
+/// without `stripe_loopback`; built once.
+fn loopback_large_message() -> TensorMessage {
+    static MESSAGE: std::sync::OnceLock<TensorMessage> = std::sync::OnceLock::new();
+    MESSAGE
+        .get_or_init(|| {
+            let long = |i: usize, len: usize| {
+                Bytes::from((0..len).map(|j| pattern(i, j)).collect::<Vec<u8>>())
+            };
+            TensorMessage::new(
+                12,
+                Bytes::from_static(b"striped on loopback"),
+                vec![long(0, 30 << 20), long(1, 100), long(2, (2 << 20) + 4097)],
+            )
+        })
+        .clone()
 }
 
 /// A server whose `count` endpoint counts what it is handed and echoes it.
@@ -122,7 +140,7 @@ fn a_striped_tell_is_delivered_once(drivers: Drivers) {
     );
 }
 
-fn a_loopback_peer_is_striped_only_from_8_mib_unless_asked_for(drivers: Drivers) {
+fn a_loopback_peer_is_striped_only_from_32_mib_unless_asked_for(drivers: Drivers) {
     let server = drivers.echo_server();
     assert!(server.local_addr().ip().is_loopback());
     let client = drivers
@@ -146,11 +164,18 @@ fn a_loopback_peer_is_striped_only_from_8_mib_unless_asked_for(drivers: Drivers)
         0,
         "2 MiB to loopback goes whole"
     );
-    assert!(large_message().total_bytes() >= 8 << 20);
+    assert!(large_message().total_bytes() < 32 << 20);
     assert_eq!(
         striped(&client, large_message()),
+        0,
+        "below 32 MiB, loopback goes whole"
+    );
+    let thirty_two_mib =
+        TensorMessage::new(4, Bytes::new(), vec![Bytes::from(vec![9u8; 32 << 20])]);
+    assert_eq!(
+        striped(&client, thirty_two_mib),
         1,
-        "8 MiB and more is striped"
+        "32 MiB and more is striped"
     );
     assert_eq!(
         striped(&striping_client(drivers), two_mib),
@@ -177,19 +202,24 @@ fn a_large_ask_to_a_loopback_peer_goes_whole_while_another_is_unanswered(drivers
         .client()
         .stripes(4)
         .stripe_threshold(1 << 20)
-        .busy_bytes_per_peer(64 << 20)
+        .busy_bytes_per_peer(256 << 20)
         .build()
         .expect("the client node starts");
     let striped = || stats::global().snapshot().striped_requests_sent;
     let before = striped();
-    let held = client.ask(server.local_addr(), "gate", large_message(), TIMEOUT);
+    let held = client.ask(
+        server.local_addr(),
+        "gate",
+        loopback_large_message(),
+        TIMEOUT,
+    );
     let waited = Instant::now();
     while striped() == before && waited.elapsed() < TIMEOUT {
         std::thread::sleep(Duration::from_millis(2));
     }
     assert_eq!(striped() - before, 1, "the first large ask is striped");
     let echoed = || {
-        let message = large_message();
+        let message = loopback_large_message();
         let reply = client
             .ask(server.local_addr(), "echo", message.clone(), TIMEOUT)
             .wait()
@@ -205,7 +235,7 @@ fn a_large_ask_to_a_loopback_peer_goes_whole_while_another_is_unanswered(drivers
     open.send(()).expect("the gate is waiting");
     assert_eq!(
         tensor(held.wait().expect("the held ask is answered")),
-        large_message()
+        loopback_large_message()
     );
     echoed();
     assert_eq!(striped() - before, 2, "alone again, a large ask is striped");

@@ -40,7 +40,7 @@ pub(crate) enum Column {
     Engine,
     /// PTR1 on the io_uring driver, requests of at least the node's stripe threshold cut
     /// into [`SUITE_STRIPES`] stripes (`NodeBuilder::stripes`, default threshold), as a user
-    /// who turns striping on gets them (to a loopback fixture only from 8 MiB).
+    /// who turns striping on gets them (to a loopback fixture only from 32 MiB).
     EngineStriped,
     /// PTR1 on the tokio fallback driver (the same sessions).
     Tokio,

@@ -74,7 +74,7 @@ fn main_table(r: &Results, pass: &Pass) {
          ratios, over the repetitions in which all four ran on one placement of the host's CPU \
          pair (below the table); ×4 stripes ÷ io_uring = the same client cutting \
          requests of at least 4 MiB (the node's default threshold) into 4 stripes on \
-         connections of their own, against it unstriped (to a loopback fixture only from 8 MiB, \
+         connections of their own, against it unstriped (to a loopback fixture only from 32 MiB, \
          as for any node's users); PTR1 ÷ iperf3 and shm ÷ memcpy = how \
          close PTR1 and shm (copied in) come to their physical bound (for RTT: latency ÷ latency, inverted, so \
          > 1× is always better). The verdict against other transports follows the table.\n"
