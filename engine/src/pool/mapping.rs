@@ -26,8 +26,9 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    /// Maps `len` bytes (a multiple of the page size); with `huge_pages`, 2 MiB-aligned with
-    /// `MADV_HUGEPAGE` when at least that large (otherwise the kernel's own THP setting holds).
+    /// Maps `len` bytes (a multiple of the page size); from 2 MiB, with `huge_pages`
+    /// 2 MiB-aligned with `MADV_HUGEPAGE`, without it `MADV_NOHUGEPAGE` (4 KiB pages whatever
+    /// the kernel's THP setting).
     pub(super) fn new(len: usize, huge_pages: bool) -> std::io::Result<Self> {
         let huge = huge_pages && len >= HUGE_PAGE;
         let reserve = if huge { len + HUGE_PAGE } else { len };
@@ -68,9 +69,16 @@ impl Mapping {
             base
         };
         let ptr = NonNull::new(start).ok_or_else(|| std::io::Error::other("mmap returned null"))?;
-        if huge {
+        if len >= HUGE_PAGE {
+            // Asked for or refused either way, so a kernel whose THP setting is `always` does not
+            // choose for the pool.
+            let advice = if huge {
+                libc::MADV_HUGEPAGE
+            } else {
+                libc::MADV_NOHUGEPAGE
+            };
             // SAFETY: advice on a range this value owns; it changes no contents.
-            unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_HUGEPAGE) };
+            unsafe { libc::madvise(ptr.as_ptr().cast(), len, advice) };
         }
         Ok(Self {
             ptr,

@@ -59,7 +59,8 @@ pub struct PoolConfig {
     /// committed only as bytes come, so this bounds what declared-but-unsent sizes can take.
     pub max_reserved_bytes: u64,
     /// Ask for transparent huge pages (`MADV_HUGEPAGE`, slots 2 MiB-aligned) on slots of
-    /// 2 MiB and more (default `false`: the kernel's THP setting holds). On virtual machines
+    /// 2 MiB and more (default `false`: `MADV_NOHUGEPAGE`, 4 KiB pages even where the
+    /// kernel's THP setting is `always`). On virtual machines
     /// whose guest hands free 2 MiB blocks back to the hypervisor (virtio-balloon free page
     /// reporting), a huge page faulted in after an idle spell of a few seconds is a
     /// hypervisor fault too: measured at 0.2–0.4 GB/s against 2.5–3.3 GB/s with 4 KiB pages,

@@ -170,12 +170,22 @@ fn a_loopback_peer_is_striped_only_from_32_mib_unless_asked_for(drivers: Drivers
         0,
         "below 32 MiB, loopback goes whole"
     );
+    let just_below = TensorMessage::new(
+        5,
+        Bytes::new(),
+        vec![Bytes::from(vec![5u8; (32 << 20) - 1])],
+    );
+    assert_eq!(
+        striped(&client, just_below),
+        0,
+        "a byte short of 32 MiB, loopback goes whole"
+    );
     let thirty_two_mib =
         TensorMessage::new(4, Bytes::new(), vec![Bytes::from(vec![9u8; 32 << 20])]);
     assert_eq!(
         striped(&client, thirty_two_mib),
         1,
-        "32 MiB and more is striped"
+        "32 MiB exactly is striped"
     );
     assert_eq!(
         striped(&striping_client(drivers), two_mib),
