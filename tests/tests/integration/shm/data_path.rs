@@ -403,8 +403,14 @@ fn a_sender_whose_memory_is_all_held_waits_for_credit_then_goes_over_ptr1() {
                 .all(|&b| b == fill)
         );
     }
-    // Credit comes back with the views: shared memory again.
+    // Credit comes back with the views: shared memory again, once the release of the view
+    // dropped here has travelled back to the sender (asynchronously: under load it can take
+    // longer than the sender's credit wait).
     held.pop();
+    assert!(
+        eventually(|| client.stats().shm_leases == held.len()),
+        "the sender sees the dropped view released"
+    );
     let before = stats::global().snapshot();
     client
         .tell(server.local_addr(), "inbox", message(7), TIMEOUT)
