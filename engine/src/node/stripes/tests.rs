@@ -236,8 +236,8 @@ fn answer(requests: Vec<OutboundRequest>) {
     }
 }
 
-/// A stripe sender (4 stripes from 1 MiB, loopback from [`LOOPBACK_THRESHOLD`]) on a driver that keeps what
-/// it is handed, both peers already known to take 16 stripes.
+/// A stripe sender (4 stripes from 1 MiB, loopback from [`LOOPBACK_THRESHOLD`]) on a driver
+/// that keeps what it is handed, both peers already known to take 16 stripes.
 struct Harness {
     driver: Arc<Keeper>,
     sender: Arc<StripeSender>,
@@ -286,8 +286,7 @@ impl Harness {
     }
 
     /// Sends an ask of [`LOOPBACK_THRESHOLD`] bytes (striped to either peer) to `peer` with a
-    /// minute to go; its outcome lands in the returned
-    /// cell.
+    /// minute to go; its outcome lands in the returned cell.
     fn send(&self, peer: &str) -> Outcome {
         self.send_within(peer, Duration::from_secs(60))
     }

@@ -48,14 +48,21 @@ fn striping_client(drivers: Drivers) -> Node {
     node
 }
 
+/// Buffer `i` of a test message: `len` bytes of its own pattern.
+fn patterned(i: usize, len: usize) -> Bytes {
+    Bytes::from((0..len).map(|j| pattern(i, j)).collect::<Vec<u8>>())
+}
+
 /// Two long buffers (cut) around a short one (sent in the request frame).
 fn large_message() -> TensorMessage {
-    let long =
-        |i: usize, len: usize| Bytes::from((0..len).map(|j| pattern(i, j)).collect::<Vec<u8>>());
     TensorMessage::new(
         11,
         Bytes::from_static(b"striped"),
-        vec![long(0, 3 << 20), long(1, 100), long(2, (5 << 20) + 4097)],
+        vec![
+            patterned(0, 3 << 20),
+            patterned(1, 100),
+            patterned(2, (5 << 20) + 4097),
+        ],
     )
 }
 
@@ -65,13 +72,14 @@ fn loopback_large_message() -> TensorMessage {
     static MESSAGE: std::sync::OnceLock<TensorMessage> = std::sync::OnceLock::new();
     MESSAGE
         .get_or_init(|| {
-            let long = |i: usize, len: usize| {
-                Bytes::from((0..len).map(|j| pattern(i, j)).collect::<Vec<u8>>())
-            };
             TensorMessage::new(
                 12,
                 Bytes::from_static(b"striped on loopback"),
-                vec![long(0, 30 << 20), long(1, 100), long(2, (2 << 20) + 4097)],
+                vec![
+                    patterned(0, 30 << 20),
+                    patterned(1, 100),
+                    patterned(2, (2 << 20) + 4097),
+                ],
             )
         })
         .clone()
