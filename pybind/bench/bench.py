@@ -46,7 +46,9 @@ message's bytes — a zero-copy hand-off, one copy through shared memory, or thr
 - iceoryx2: request-response over its loan API, the buffers copied into the loan (one copy);
   iceoryx2 in place: written straight into the loan (zero-copy). iceoryx2_peer.py.
 - MPI one host / MPI over TCP: mpi4py over Open MPI, `mpirun -n 2`, its default transport on one
-  host (one copy) and `--mca pml ob1 --mca btl self,tcp` (kernel). mpi_peer.py.
+  host (one copy) and `--mca pml ob1 --mca btl self,tcp` (kernel). mpi_peer.py. "(C)": the
+  same ranks in C (mpi_rank.c, compiled with mpicc on first use), language "c": the suite sets
+  them beside its Rust clients, not beside Python.
 
 Each sample carries the CPU seconds the cell burned (user + system of this process and of the
 peer's server processes, from /proc): tensorwire, iceoryx2 and MPI busy-poll.
@@ -96,9 +98,15 @@ VERSIONS = ["numpy", "tensorwire", "pyzmq", "grpcio", "ray", "iceoryx2", "mpi4py
 # --skip keys: a family key ("ray", "iceoryx2", "mpi") leaves out all its variants.
 KEYS = (
     "tw,twshm,twloaned,twinto,twspin,twshmspin,rust,pyhandlers,zmq,grpc,mpshm,ray,rayinstore,"
-    "iceoryx2,iceoryx2inplace,mpi,mpitcp"
+    "iceoryx2,iceoryx2inplace,mpi,mpitcp,mpic,mpitcpc"
 )
-FAMILIES = {"rayinstore": "ray", "iceoryx2inplace": "iceoryx2", "mpitcp": "mpi"}
+FAMILIES = {
+    "rayinstore": "ray",
+    "iceoryx2inplace": "iceoryx2",
+    "mpitcp": "mpi",
+    "mpic": "mpi",
+    "mpitcpc": "mpi",
+}
 
 
 def serve(what: str) -> None:
@@ -116,7 +124,7 @@ def makers(
     (`shared`), the spinning ones another (`spinning`, polling through `gap`); fresh, each
     makes its own."""
     from iceoryx2_peer import Iceoryx2
-    from mpi_peer import Mpi
+    from mpi_peer import Mpi, MpiC
     from peers import (
         Fixture,
         Grpc,
@@ -166,6 +174,8 @@ def makers(
         ("iceoryx2inplace", "iceoryx2 in place", lambda: Iceoryx2(in_place=True)),
         ("mpi", "MPI one host", lambda: Mpi(tcp=False)),
         ("mpitcp", "MPI over TCP", lambda: Mpi(tcp=True)),
+        ("mpic", "MPI one host (C)", lambda: MpiC(tcp=False)),
+        ("mpitcpc", "MPI over TCP (C)", lambda: MpiC(tcp=True)),
     ]
 
 

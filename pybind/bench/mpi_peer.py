@@ -15,11 +15,15 @@ outstanding (nonblocking sends and receives), rank 1 echoing each as it complete
 is its own message (tag = its index); the receiver posts its receives into buffers it
 allocated once per cell.
 
+`MpiC` runs the same ranks written in C (mpi_rank.c, compiled with mpicc on first use): MPI
+without an interpreter, the peer the suite sets beside tensorwire's Rust clients.
+
     python mpi_peer.py --rank SOCKET   (what mpirun runs; not for people)
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -87,6 +91,14 @@ class Mpi:
     def __init__(self, tcp: bool) -> None:
         import mpi4py  # ImportError: not installed
 
+        self._start(
+            tcp,
+            [sys.executable, str(Path(__file__).resolve())],
+            f"mpi4py {mpi4py.__version__}",
+        )
+
+    def _start(self, tcp: bool, program: list[str], what: str) -> None:
+        """Starts `mpirun -n 2 PROGRAM --rank SOCKET` and waits for both ranks to connect."""
         self.tcp = tcp
         self.name = "MPI over TCP" if tcp else "MPI one host"
         self.transfer_kind = KERNEL if tcp else ONE_COPY
@@ -98,9 +110,8 @@ class Mpi:
             if tcp
             else "Open MPI's default on one host (here ob1 + vader shared memory, CMA single copy)"
         )
-        self.note = (
-            f"mpi4py {mpi4py.__version__}, `mpirun -n 2`, {transport}; both ranks spin while "
-            "they wait" + ("; " + "; ".join(said) if said else "")
+        self.note = f"{what}, `mpirun -n 2`, {transport}; both ranks spin while they wait" + (
+            "; " + "; ".join(said) if said else ""
         )
         self.dir = tempfile.mkdtemp(prefix="tw-bench-mpi-")
         path = os.path.join(self.dir, "control")
@@ -108,7 +119,7 @@ class Mpi:
         self.listener.bind(path)
         self.listener.listen(2)
         self.child = subprocess.Popen(
-            [*args, sys.executable, str(Path(__file__).resolve()), "--rank", path],
+            [*args, *program, "--rank", path],
             env=env,
             stdout=subprocess.DEVNULL,
             start_new_session=True,
@@ -185,6 +196,42 @@ class Mpi:
             self.child.wait(timeout=10)
         self.listener.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class MpiC(Mpi):
+    """The same two ranks written in C (`mpi_rank.c`, the same cells and checks, no interpreter
+    in the loop): MPI's own figures, the peer of tensorwire's Rust clients."""
+
+    module = ""
+    language = "c"
+
+    def __init__(self, tcp: bool) -> None:
+        self._start(tcp, [compiled_rank()], "C ranks (mpi_rank.c, mpicc -O2)")
+        self.name += " (C)"
+
+
+_COMPILED: dict[str, str] = {}
+
+
+def compiled_rank() -> str:
+    """mpi_rank.c compiled with mpicc, once per process, into a directory removed at exit.
+    Raises ImportError when there is no mpicc, RuntimeError when it fails."""
+    if "path" in _COMPILED:
+        return _COMPILED["path"]
+    mpicc = shutil.which("mpicc")
+    if mpicc is None:
+        raise ImportError("no mpicc (apt-get install libopenmpi-dev; scripts/install-deps does)")
+    directory = tempfile.mkdtemp(prefix="tw-bench-mpi-rank-")
+    atexit.register(shutil.rmtree, directory, True)
+    binary = os.path.join(directory, "mpi_rank")
+    source = Path(__file__).resolve().with_name("mpi_rank.c")
+    done = subprocess.run(
+        [mpicc, "-O2", "-Wall", "-o", binary, str(source)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"mpicc failed on {source.name}: {done.stderr.strip()[-500:]}")
+    _COMPILED["path"] = binary
+    return binary
 
 
 # ---- the ranks -----------------------------------------------------------------------------

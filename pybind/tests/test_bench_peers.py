@@ -102,9 +102,10 @@ def test_the_driver_measures_every_case_or_says_why_not() -> None:
 
 
 def test_the_mpi_peers_measure_one_host_and_tcp_in_fresh_processes() -> None:
-    """MPI (mpi4py over Open MPI, `mpirun -n 2`) on one host and over TCP, each cell in a new
-    mpirun. scripts/install-deps and scripts/python-env install both; a machine without them
-    fails here under TENSORWIRE_REQUIRE_PEERS=1 and skips, saying why, otherwise."""
+    """MPI (mpi4py over Open MPI, `mpirun -n 2`, and the same ranks in C built with mpicc) on
+    one host and over TCP, each cell in a new mpirun. scripts/install-deps and
+    scripts/python-env install them; a machine without them fails here under
+    TENSORWIRE_REQUIRE_PEERS=1 and skips, saying why, otherwise."""
     import os
     import shutil
 
@@ -115,8 +116,8 @@ def test_the_mpi_peers_measure_one_host_and_tcp_in_fresh_processes() -> None:
     else:
         missing = (
             ""
-            if shutil.which("mpirun")
-            else "no mpirun (scripts/install-deps installs openmpi-bin)"
+            if shutil.which("mpirun") and shutil.which("mpicc")
+            else "no mpirun or mpicc (scripts/install-deps installs openmpi-bin, libopenmpi-dev)"
         )
     if missing:
         if os.environ.get("TENSORWIRE_REQUIRE_PEERS") == "1":
@@ -133,20 +134,27 @@ def test_the_mpi_peers_measure_one_host_and_tcp_in_fresh_processes() -> None:
         "--buffers",
         "1,16",
         "--only",
-        "mpi,mpitcp",
-        timeout=600,
+        "mpi",  # the family: mpi4py's ranks and the C ones, one host and over TCP
+        timeout=900,
     )
     assert not [r for r in records if r["kind"] in ("unavailable", "failed")], records
     samples = [r for r in records if r["kind"] == "sample"]
     cells = {(r["peer"], r["mode"], r["size"], r["buffers"]): r for r in samples}
-    for peer, transfer in (("MPI one host", "one_copy"), ("MPI over TCP", "kernel")):
+    peers = {
+        "MPI one host": ("one_copy", "python"),
+        "MPI over TCP": ("kernel", "python"),
+        "MPI one host (C)": ("one_copy", "c"),
+        "MPI over TCP (C)": ("kernel", "c"),
+    }
+    described = {r["peer"]: r for r in records if r["kind"] == "peer"}
+    for peer, (transfer, language) in peers.items():
         for mode in ("oneway", "rtt", "inflight"):
             for size in (4096, 65536):
                 for buffers in (1, 16):
                     cell = cells[(peer, mode, size, buffers)]
                     assert cell["value"] > 0 and cell["transfer"] == transfer
-    described = {r["peer"]: r for r in records if r["kind"] == "peer"}
-    assert described["MPI one host"]["spins"] and not described["MPI one host"]["ours"]
+        assert described[peer]["language"] == language
+        assert described[peer]["spins"] and not described[peer]["ours"]
 
 
 @pytest.mark.skipif(not PTR1_BENCH.exists(), reason=f"{PTR1_BENCH} is not built")

@@ -1,6 +1,7 @@
 //! The transports users would pick instead, driven from Python in their own processes by
 //! `pybind/bench/bench.py --json` over the suite's own cases: tensorwire from Python (PTR1 and
-//! shared memory), pyzmq, gRPC, `multiprocessing.shared_memory`, Ray, iceoryx2. A peer that is
+//! shared memory), pyzmq, gRPC, `multiprocessing.shared_memory`, Ray, iceoryx2, MPI (mpi4py's
+//! ranks, and the same ranks in C, which the verdict sets beside the Rust columns). A peer that is
 //! not installed, or a case a peer has no way to run, is listed with the reason, never skipped
 //! silently.
 

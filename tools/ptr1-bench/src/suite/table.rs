@@ -193,8 +193,9 @@ fn verdict_table(r: &Results, pass: &Pass) {
     let groups = verdict_groups(&rows);
     say!(
         "\nverdict: the best tensorwire path ÷ the best peer that does the same with each \
-         message's bytes ([0], [1] or [k]) from the same language, > 1× favours tensorwire (RTT: \
-         latencies inverted); never across kinds or languages (– = no tensorwire path of that \
+         message's bytes ([0], [1] or [k]) from the same language (MPI's ranks in C beside \
+         Rust), > 1× favours tensorwire (RTT: latencies inverted); never across kinds or \
+         languages (– = no tensorwire path of that \
          kind in that case). The peers run after the columns, interleaved among themselves.\n"
     );
     let with_ratio: Vec<&(Transfer, String)> = groups
@@ -341,7 +342,8 @@ fn peers_table(r: &Results, pass: &Pass) {
     let peers = &pass.peers;
     say!(
         "\nPeers: the transports users would pick instead, driven from Python \
-         (pybind/bench/bench.py{}), each server in its own process",
+         (pybind/bench/bench.py{}; MPI \"(C)\": the same ranks in C, beside the Rust \
+         columns), each server in its own process",
         if pass.fresh { " --fresh" } else { "" }
     );
     if let Some(why) = &peers.skipped {

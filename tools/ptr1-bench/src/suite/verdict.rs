@@ -4,7 +4,8 @@
 //! hand them off by reference, copy them once through shared memory, or pass them through the
 //! kernel — and run from the same language. A hand-off that moves no bytes, divided by a peer
 //! that copies every byte, or a Rust client divided by a Python one, says nothing about either;
-//! where a kind has no peer the verdict says so instead of dividing. Nor does a figure of ours
+//! where a kind has no peer the verdict says so instead of dividing. A peer written in C (MPI's
+//! own ranks) stands beside the Rust clients: both compiled, no interpreter in the loop. Nor does a figure of ours
 //! bought by keeping a CPU busy between messages get divided by peers that sleep: ours that
 //! spin through gaps count only where a peer that does too was measured.
 
@@ -102,16 +103,23 @@ pub(crate) fn verdicts<'a>(case: &Case, entrants: &[Entrant<'a>]) -> Vec<Verdict
     let figure = |e: &&Entrant<'a>| e.value.is_finite() && e.value > 0.0;
     let spinning_peer = |transfer: Transfer, language: &str| {
         entrants.iter().filter(figure).any(|p| {
-            !p.ours && p.spins_through_gaps && p.transfer == transfer && p.language == language
+            !p.ours
+                && p.spins_through_gaps
+                && p.transfer == transfer
+                && compared_as(p.language) == language
         })
     };
     let measured = |e: &&Entrant<'a>| {
-        figure(e) && !(e.ours && e.spins_through_gaps && !spinning_peer(e.transfer, e.language))
+        figure(e)
+            && !(e.ours
+                && e.spins_through_gaps
+                && !spinning_peer(e.transfer, compared_as(e.language)))
     };
     let mut groups: Vec<(Transfer, &'a str)> = Vec::new();
     for e in entrants.iter().filter(|e| e.ours).filter(measured) {
-        if !groups.contains(&(e.transfer, e.language)) {
-            groups.push((e.transfer, e.language));
+        let group = (e.transfer, compared_as(e.language));
+        if !groups.contains(&group) {
+            groups.push(group);
         }
     }
     groups.sort_by_key(|(transfer, _)| *transfer);
@@ -123,7 +131,7 @@ pub(crate) fn verdicts<'a>(case: &Case, entrants: &[Entrant<'a>]) -> Vec<Verdict
                 let side: Vec<&Entrant<'a>> = entrants
                     .iter()
                     .filter(|e| e.ours == ours && e.transfer == transfer)
-                    .filter(|e| e.language == language)
+                    .filter(|e| compared_as(e.language) == language)
                     .filter(|e| e.spins_through_gaps || !spinning_only)
                     .filter(measured)
                     .collect();
@@ -178,6 +186,15 @@ impl fmt::Display for Verdict<'_> {
                 language_name(language)
             ),
         }
+    }
+}
+
+/// The language an entrant is compared in: a peer written in C counts as Rust's (both compiled,
+/// no interpreter between the caller and the transport); every other language only as itself.
+pub(crate) fn compared_as(language: &str) -> &str {
+    match language {
+        "c" => "rust",
+        other => other,
     }
 }
 
@@ -347,6 +364,31 @@ mod tests {
                 ours: "PTR1 io_uring",
             }
         );
+    }
+
+    #[test]
+    fn a_peer_in_c_stands_beside_rust_never_beside_python() {
+        let entrants = [
+            entrant("PTR1 io_uring", true, Transfer::Kernel, "rust", 10.0),
+            entrant("tensorwire (Python)", true, Transfer::Kernel, "python", 6.0),
+            entrant("MPI over TCP (C)", false, Transfer::Kernel, "c", 8.0),
+            entrant("MPI over TCP", false, Transfer::Kernel, "python", 4.0),
+        ];
+        let found = verdicts(&case(Mode::OneWay), &entrants);
+        let text: Vec<String> = found.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            text,
+            vec![
+                "1.25× (PTR1 io_uring ÷ MPI over TCP (C))",
+                "1.50× (tensorwire (Python) ÷ MPI over TCP)",
+            ]
+        );
+        assert_eq!(found[0].language(), "rust");
+        // A C peer alone, with nothing of ours from Rust: no verdict for it.
+        let python_only = [entrants[1], entrants[2], entrants[3]];
+        let found = verdicts(&case(Mode::OneWay), &python_only);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].language(), "python");
     }
 
     #[test]
