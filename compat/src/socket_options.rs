@@ -40,7 +40,15 @@ pub(crate) fn tune_listener(listener: &std::net::TcpListener, session: &SessionC
     set_congestion(SockRef::from(listener), loopback, session);
 }
 
-/// Sets the options of a connected (or just accepted) PTR1 stream.
+/// Sets the options of an accepted PTR1 stream: the same-host congestion control, then
+/// [`tune`]'s.
+pub(crate) fn tune_accepted(stream: &TcpStream, session: &SessionConfig) {
+    choose_congestion(stream, session);
+    tune(stream, session);
+}
+
+/// Sets `TCP_NODELAY` and the session's keepalive on a PTR1 stream (one from [`connect`]
+/// chose its congestion control there; an accepted one: [`tune_accepted`]).
 pub(crate) fn tune(stream: &TcpStream, session: &SessionConfig) {
     let _ = stream.set_nodelay(true);
     if let Some(keepalive) = session.keepalive {
@@ -53,7 +61,6 @@ pub(crate) fn tune(stream: &TcpStream, session: &SessionConfig) {
             tracing::debug!(error = %e, "TCP keepalive not set");
         }
     }
-    choose_congestion(stream, session);
 }
 
 /// On a stream whose two ends are on this host, asks for the session's same-host congestion
@@ -117,14 +124,20 @@ mod tests {
         let before = congestion(&client);
         let mut session = SessionConfig::default();
         session.same_host_congestion = SameHostCongestion::system();
-        tune(&client, &session);
+        tune_accepted(&client, &session);
         assert_eq!(congestion(&client), before);
         session.same_host_congestion = SameHostCongestion::named("no_such_cc").unwrap();
-        tune(&client, &session);
+        tune_accepted(&client, &session);
         assert_eq!(congestion(&client), before);
         assert!(client.nodelay().unwrap());
         for stream in [&client, &server] {
             tune(stream, &SessionConfig::default());
+            assert_eq!(
+                congestion(stream),
+                before,
+                "tune leaves the congestion control"
+            );
+            tune_accepted(stream, &SessionConfig::default());
             assert_eq!(congestion(stream), b"reno");
         }
         let connected = connect(listener.local_addr().unwrap(), &SessionConfig::default())

@@ -24,7 +24,7 @@ pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    socket_options::tune(&stream, &shared.session);
+                    socket_options::tune_accepted(&stream, &shared.session);
                     // Counted here, so a drain that starts now waits for it.
                     shared.serving.fetch_add(1, Ordering::AcqRel);
                     Shared::spawn(&shared, serve(Arc::clone(&shared), stream, peer));

@@ -32,8 +32,11 @@ pub(crate) fn prepare(plan: &Plan) {
         say!("iperf3 is missing (the TCP reference): installing it with scripts/install-deps");
         run_script(&root, "scripts/install-deps", "iperf3 stays unmeasured");
     }
-    if peers && !on_path("mpirun") {
-        say!("Open MPI is missing (the MPI peers): installing it with scripts/install-deps");
+    if peers && !(on_path("mpirun") && on_path("mpicc") && on_path("cc")) {
+        say!(
+            "Open MPI or a C compiler is missing (the MPI peers; their C ranks are built with \
+             mpicc): installing them with scripts/install-deps"
+        );
         run_script(
             &root,
             "scripts/install-deps",
