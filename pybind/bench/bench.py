@@ -19,7 +19,8 @@ this script with `--json` and every mode for its peers' table and verdicts):
 
 Every server is another process on loopback. Each peer says what its transfer does with a
 message's bytes — a zero-copy hand-off, one copy through shared memory, or through the kernel
-— and the suite divides only within one of these (and one language). The peers:
+— and the suite divides only within one of these (and one language; a peer in C beside the
+Rust columns). The peers:
 
 - tensorwire (Python): a `tensorwire.Node` asking the ptr1-bench fixture over PTR1 (kernel),
   over shared memory with the buffers copied in (one copy; < 8 KiB inside a record of the

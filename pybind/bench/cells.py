@@ -37,7 +37,7 @@ def die_with_parent() -> None:
 
 
 # What a transfer does with each message's bytes (the suite's verdict divides only within one
-# of these, and only within one language):
+# of these, and only within one language — a peer in C counting as Rust's):
 ZERO_COPY = "zero_copy"  # handed off by reference: the receiver reads the sender's memory
 ONE_COPY = "one_copy"  # copied once through shared memory, no kernel in the data path
 KERNEL = "kernel"  # through the kernel: a socket (TCP, a Unix datagram, gRPC)

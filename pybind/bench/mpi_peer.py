@@ -211,25 +211,43 @@ class MpiC(Mpi):
 
 
 _COMPILED: dict[str, str] = {}
+COMPILE_TIMEOUT = 120.0
 
 
 def compiled_rank() -> str:
     """mpi_rank.c compiled with mpicc, once per process, into a directory removed at exit.
-    Raises ImportError when there is no mpicc, RuntimeError when it fails."""
+    Raises ImportError when mpicc or the C compiler it drives is missing, RuntimeError when the
+    build fails (the failure is kept: the second MPI peer in C does not build again)."""
     if "path" in _COMPILED:
         return _COMPILED["path"]
+    if "error" in _COMPILED:
+        raise RuntimeError(_COMPILED["error"])
     mpicc = shutil.which("mpicc")
     if mpicc is None:
         raise ImportError("no mpicc (apt-get install libopenmpi-dev; scripts/install-deps does)")
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        raise ImportError("no C compiler for mpicc (apt-get install gcc; install-deps does)")
     directory = tempfile.mkdtemp(prefix="tw-bench-mpi-rank-")
     atexit.register(shutil.rmtree, directory, True)
     binary = os.path.join(directory, "mpi_rank")
     source = Path(__file__).resolve().with_name("mpi_rank.c")
-    done = subprocess.run(
-        [mpicc, "-O2", "-Wall", "-o", binary, str(source)], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"mpicc failed on {source.name}: {done.stderr.strip()[-500:]}")
+    try:
+        done = subprocess.run(
+            [mpicc, "-O2", "-Wall", "-o", binary, str(source)],
+            capture_output=True,
+            text=True,
+            timeout=COMPILE_TIMEOUT,
+        )
+        failure = (
+            f"mpicc failed on {source.name}: {done.stderr.strip()[-500:]}"
+            if done.returncode != 0
+            else ""
+        )
+    except subprocess.TimeoutExpired:
+        failure = f"mpicc took more than {COMPILE_TIMEOUT:.0f} s on {source.name}"
+    if failure:
+        _COMPILED["error"] = failure
+        raise RuntimeError(failure)
     _COMPILED["path"] = binary
     return binary
 
@@ -264,16 +282,34 @@ def rank_main(path: str) -> None:
     conn.close()
 
 
+def allocated(MPI: Any, comm: Any, make: Any) -> Any:
+    """`make()`'s buffers, once both ranks have theirs: a rank that could not allocate makes
+    both give up the cell before any message (a server without its receives would leave the
+    client waiting for replies forever)."""
+    try:
+        made, ok = make(), True
+    except MemoryError:
+        made, ok = None, False
+    if not comm.allreduce(ok, op=MPI.LAND):
+        raise MemoryError("a rank could not allocate the case's buffers")
+    return made
+
+
 def client(MPI: Any, comm: Any, case: Case, seconds: float) -> float:
     """Rank 0: sends the case's messages to rank 1 and times them; then tells it to stop."""
-    data = [
-        np.full(n, 0xA5 ^ (i & 0xFF), np.uint8)
-        for i, n in enumerate(lengths(case.size, case.buffers))
-    ]
     slots = case.inflight if case.mode == "inflight" else 1
-    replies = [
-        [np.empty(n, np.uint8) for n in lengths(case.size, case.buffers)] for _ in range(slots)
-    ]
+
+    def make() -> tuple[list[np.ndarray], list[list[np.ndarray]]]:
+        data = [
+            np.full(n, 0xA5 ^ (i & 0xFF), np.uint8)
+            for i, n in enumerate(lengths(case.size, case.buffers))
+        ]
+        replies = [
+            [np.empty(n, np.uint8) for n in lengths(case.size, case.buffers)] for _ in range(slots)
+        ]
+        return data, replies
+
+    data, replies = allocated(MPI, comm, make)
     ack = np.zeros(1, np.int64)
     issued = 0
 
@@ -288,22 +324,33 @@ def client(MPI: Any, comm: Any, case: Case, seconds: float) -> float:
         sends = [comm.Isend(b, dest=1, tag=j) for j, b in enumerate(data)]
         return receives, sends
 
+    # A reply of the wrong length is reported once the window has drained: raising at once
+    # would leave requests outstanding while rank 1 waits to send them back.
+    wrong: list[str] = []
+
     def wait(pending: tuple[list[Any], list[Any]]) -> None:
         receives, sends = pending
         statuses = [MPI.Status() for _ in receives]
         MPI.Request.Waitall(receives, statuses)
         MPI.Request.Waitall(sends)
-        if case.mode == "oneway":
-            expect(int(ack[0]), case.size, "sink")
-        else:
-            expect(sum(s.Get_count(MPI.BYTE) for s in statuses), case.size, "echo")
+        try:
+            if case.mode == "oneway":
+                expect(int(ack[0]), case.size, "sink")
+            else:
+                expect(sum(s.Get_count(MPI.BYTE) for s in statuses), case.size, "echo")
+        except RuntimeError as e:
+            wrong.append(str(e))
 
     try:
         if case.mode == "inflight":
-            return windowed(case, seconds, send, wait)
-        return sequential(case, seconds, lambda: wait(send()))
+            figure = windowed(case, seconds, send, wait)
+        else:
+            figure = sequential(case, seconds, lambda: wait(send()))
     finally:
         comm.Send(np.zeros(1, np.int64), dest=1, tag=STOP_TAG)
+    if wrong:
+        raise RuntimeError(f"{wrong[0]} ({len(wrong)} such replies)")
+    return figure
 
 
 def server(MPI: Any, comm: Any, case: Case) -> None:
@@ -311,9 +358,13 @@ def server(MPI: Any, comm: Any, case: Case) -> None:
     outstanding), served in order: the ack (one-way) or the buffers back (echo); until the
     client's stop."""
     slots = case.inflight if case.mode == "inflight" else 1
-    buffers = [
-        [np.empty(n, np.uint8) for n in lengths(case.size, case.buffers)] for _ in range(slots)
-    ]
+    buffers = allocated(
+        MPI,
+        comm,
+        lambda: [
+            [np.empty(n, np.uint8) for n in lengths(case.size, case.buffers)] for _ in range(slots)
+        ],
+    )
     stop = comm.Irecv(np.zeros(1, np.int64), source=0, tag=STOP_TAG)
 
     def post(slot: int) -> list[Any]:

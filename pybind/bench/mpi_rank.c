@@ -17,12 +17,15 @@
  *
  *     mpicc -O2 -o mpi_rank mpi_rank.c && mpirun -n 2 ./mpi_rank --rank SOCKET   (not for people)
  */
+#include <errno.h>
+#include <math.h>
 #include <mpi.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -30,6 +33,9 @@
 
 enum { ACK_TAG = 200, STOP_TAG = 999, REPLY_TAG = 100, LINE_MAX_LEN = 4096 };
 static const size_t MIB = 1 << 20;
+/* numpy asks for transparent huge pages on arrays from this size (the Python ranks' buffers
+ * are numpy arrays), in 2 MiB-aligned memory. */
+static const size_t HUGE_FROM = 4 << 20, HUGE_ALIGN = 2 << 20;
 
 struct cell {
     char mode[16]; /* oneway | rtt | inflight */
@@ -72,19 +78,26 @@ static double json_number(const char *line, const char *key) {
     char quoted[64];
     snprintf(quoted, sizeof quoted, "\"%s\":", key);
     const char *at = strstr(line, quoted);
-    return at ? strtod(at + strlen(quoted), NULL) : __builtin_nan("");
+    return at ? strtod(at + strlen(quoted), NULL) : NAN;
+}
+
+/* A whole number in [1, INT32_MAX] after `"key": `, or -1. */
+static long json_count(const char *line, const char *key) {
+    double value = json_number(line, key);
+    return value >= 1 && value <= (double)INT32_MAX && value == floor(value) ? (long)value : -1;
 }
 
 static int parse(const char *line, struct cell *c) {
     const char *at = strstr(line, "\"mode\":");
     if (!at || sscanf(at + 7, " \"%15[a-z]\"", c->mode) != 1) return fail("no mode in %s", line);
-    c->size = (long)json_number(line, "size");
-    c->buffers = (long)json_number(line, "buffers");
-    c->inflight = (long)json_number(line, "inflight");
+    c->size = json_count(line, "size");
+    c->buffers = json_count(line, "buffers");
+    c->inflight = json_count(line, "inflight");
     c->gap = json_number(line, "gap");
     c->seconds = json_number(line, "seconds");
-    if (c->size < 1 || c->buffers < 1 || c->buffers > c->size || c->inflight < 1 ||
-        c->size > (long)INT32_MAX || !(c->gap >= 0) || !(c->seconds > 0))
+    if (c->size < 1 || c->buffers < 1 || c->buffers > 1024 || c->inflight < 1 ||
+        c->inflight > 4096 || !(c->gap >= 0 && c->gap <= 60) ||
+        !(c->seconds > 0 && c->seconds <= 3600))
         return fail("a case this rank cannot run: %s", line);
     return 0;
 }
@@ -93,19 +106,14 @@ static int parse(const char *line, struct cell *c) {
 
 static long slots_of(const struct cell *c) { return strcmp(c->mode, "inflight") ? 1 : c->inflight; }
 
-/* `count` slots of the case's buffers (untouched memory, as np.empty), each with room for one
- * request per buffer each way; NULL when memory runs out. */
-static struct slot *slots_new(const struct cell *c, long count) {
-    struct slot *slots = calloc((size_t)count, sizeof *slots);
-    for (long k = 0; slots && k < count; k++) {
-        slots[k].bufs = calloc((size_t)c->buffers, sizeof *slots[k].bufs);
-        slots[k].recv = calloc((size_t)c->buffers, sizeof(MPI_Request));
-        slots[k].send = calloc((size_t)c->buffers, sizeof(MPI_Request));
-        if (!slots[k].bufs || !slots[k].recv || !slots[k].send) return NULL;
-        for (long j = 0; j < c->buffers; j++)
-            if (!(slots[k].bufs[j] = malloc((size_t)length_of(c, j)))) return NULL;
-    }
-    return slots;
+/* Untouched memory for one buffer, as numpy's np.empty gives the Python ranks (huge pages
+ * asked for from HUGE_FROM, as numpy does); NULL when memory runs out. */
+static unsigned char *buffer_new(size_t len) {
+    if (len < HUGE_FROM) return malloc(len ? len : 1);
+    void *memory = NULL;
+    if (posix_memalign(&memory, HUGE_ALIGN, len)) return NULL;
+    madvise(memory, len, MADV_HUGEPAGE); /* advice: a kernel without THP ignores it */
+    return memory;
 }
 
 static void slots_free(const struct cell *c, struct slot *slots, long count) {
@@ -118,6 +126,33 @@ static void slots_free(const struct cell *c, struct slot *slots, long count) {
     free(slots);
 }
 
+/* `count` slots of the case's buffers, each with room for one request per buffer each way;
+ * NULL (nothing kept) when memory runs out. */
+static struct slot *slots_new(const struct cell *c, long count) {
+    struct slot *slots = calloc((size_t)count, sizeof *slots);
+    for (long k = 0; slots && k < count; k++) {
+        slots[k].bufs = calloc((size_t)c->buffers, sizeof *slots[k].bufs);
+        slots[k].recv = calloc((size_t)c->buffers, sizeof(MPI_Request));
+        slots[k].send = calloc((size_t)c->buffers, sizeof(MPI_Request));
+        int ok = slots[k].bufs && slots[k].recv && slots[k].send;
+        for (long j = 0; ok && j < c->buffers; j++)
+            ok = (slots[k].bufs[j] = buffer_new((size_t)length_of(c, j))) != NULL;
+        if (!ok) {
+            slots_free(c, slots, k + 1);
+            return NULL;
+        }
+    }
+    return slots;
+}
+
+/* Whether both ranks have what they allocated (`ok` here): one that could not makes both give
+ * up the cell before any message, so neither waits for the other forever. */
+static int both_allocated(int ok) {
+    int all = 0;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
+    return all;
+}
+
 struct client {
     const struct cell *c;
     unsigned char **data;
@@ -125,6 +160,9 @@ struct client {
     long count, issued;
     int64_t ack;
     MPI_Status *statuses;
+    /* Replies of the wrong length: reported once every outstanding request has finished (an
+     * early return would leave rank 1 waiting to send them back). */
+    long wrong;
 };
 
 /* Starts request number `issued`: its receives (the ack, or the echo into its slot), then the
@@ -145,8 +183,9 @@ static long client_send(struct client *cl) {
     return k;
 }
 
-/* Finishes the request in slot `k` and checks what came back. */
-static int client_wait(struct client *cl, long k) {
+/* Finishes the request in slot `k` and checks what came back (a wrong length is counted, the
+ * first one described in `error`). */
+static void client_wait(struct client *cl, long k) {
     const struct cell *c = cl->c;
     struct slot *s = &cl->slots[k];
     int oneway = !strcmp(c->mode, "oneway");
@@ -163,10 +202,14 @@ static int client_wait(struct client *cl, long k) {
             got += n;
         }
     }
-    if (got != c->size)
-        return fail("%s: %ld bytes came back, %ld were sent", oneway ? "sink" : "echo", got,
-                    c->size);
-    return 0;
+    if (got != c->size && cl->wrong++ == 0)
+        fail("%s: %ld bytes came back, %ld were sent", oneway ? "sink" : "echo", got, c->size);
+}
+
+static void sleep_for(double seconds) {
+    struct timespec left = {(time_t)seconds, (long)((seconds - floor(seconds)) * 1e9)};
+    while (nanosleep(&left, &left) && errno == EINTR) {
+    }
 }
 
 static int compare_doubles(const void *a, const void *b) {
@@ -179,21 +222,15 @@ static int sequential(struct client *cl, double *figure) {
     const struct cell *c = cl->c;
     int rtt = !strcmp(c->mode, "rtt");
     long min_ops = rtt && (size_t)c->size <= MIB ? 100 : 3;
-    if (client_wait(cl, client_send(cl))) return -1;
+    client_wait(cl, client_send(cl));
     size_t cap = 1024, n = 0;
     double *latencies = malloc(cap * sizeof *latencies);
     if (!latencies) return fail("out of memory");
     double start = now(), elapsed;
     while ((elapsed = now() - start) < c->seconds || (long)n < min_ops) {
-        if (c->gap > 0) {
-            struct timespec gap = {(time_t)c->gap, (long)((c->gap - (double)(time_t)c->gap) * 1e9)};
-            nanosleep(&gap, NULL);
-        }
+        if (c->gap > 0) sleep_for(c->gap);
         double t = now();
-        if (client_wait(cl, client_send(cl))) {
-            free(latencies);
-            return -1;
-        }
+        client_wait(cl, client_send(cl));
         if (n == cap) {
             double *more = realloc(latencies, 2 * cap * sizeof *latencies);
             if (!more) {
@@ -219,13 +256,13 @@ static int sequential(struct client *cl, double *figure) {
  * outstanding request is always in slot `done % K`. */
 static int windowed(struct client *cl, double *figure) {
     const struct cell *c = cl->c;
-    if (client_wait(cl, client_send(cl))) return -1;
+    client_wait(cl, client_send(cl));
     cl->issued = 0;
     double start = now();
     long sent = 0, done = 0;
     for (; sent < c->inflight; sent++) client_send(cl);
     while (done < sent) {
-        if (client_wait(cl, done % cl->count)) return -1;
+        client_wait(cl, done % cl->count);
         done++;
         if (now() - start < c->seconds || sent < c->inflight + 3) {
             client_send(cl);
@@ -243,16 +280,24 @@ static int client(const struct cell *c, double *figure) {
     cl.data = calloc((size_t)c->buffers, sizeof *cl.data);
     cl.statuses = calloc((size_t)c->buffers, sizeof *cl.statuses);
     cl.slots = slots_new(c, cl.count);
-    for (long j = 0; cl.data && j < c->buffers; j++) {
-        if (!(cl.data[j] = malloc((size_t)length_of(c, j)))) break;
-        memset(cl.data[j], 0xA5 ^ (int)(j & 0xFF), (size_t)length_of(c, j));
+    int ok = cl.data && cl.statuses && cl.slots;
+    for (long j = 0; ok && j < c->buffers; j++) {
+        ok = (cl.data[j] = buffer_new((size_t)length_of(c, j))) != NULL;
+        if (ok) memset(cl.data[j], 0xA5 ^ (int)(j & 0xFF), (size_t)length_of(c, j));
     }
-    if (!cl.data || !cl.statuses || !cl.slots || !cl.data[c->buffers - 1])
-        fail("out of memory for the case's buffers");
-    else
+    if (!both_allocated(ok)) {
+        fail("a rank could not allocate the case's buffers");
+    } else {
         result = strcmp(c->mode, "inflight") ? sequential(&cl, figure) : windowed(&cl, figure);
-    int64_t stop = 0;
-    MPI_Send(&stop, 1, MPI_INT64_T, 1, STOP_TAG, MPI_COMM_WORLD);
+        int64_t stop = 0;
+        MPI_Send(&stop, 1, MPI_INT64_T, 1, STOP_TAG, MPI_COMM_WORLD);
+        if (result == 0 && cl.wrong) {
+            char first[sizeof error];
+            memcpy(first, error, sizeof first);
+            result = fail("%s (%ld such replies)", first, cl.wrong);
+        }
+        if (result == 0 && !isfinite(*figure)) result = fail("no figure (too few messages)");
+    }
     for (long j = 0; cl.data && j < c->buffers; j++) free(cl.data[j]);
     free(cl.data);
     free(cl.statuses);
@@ -274,16 +319,14 @@ static int server(const struct cell *c) {
     MPI_Request *any = calloc((size_t)c->buffers + 1, sizeof *any);
     MPI_Status *statuses = calloc((size_t)c->buffers, sizeof *statuses);
     int64_t stop_word = 0, ack = 0;
-    MPI_Request stop;
-    MPI_Irecv(&stop_word, 1, MPI_INT64_T, 0, STOP_TAG, MPI_COMM_WORLD, &stop);
-    if (!slots || !any || !statuses) {
-        /* Still wait for the stop, so the client is not left blocked in its send. */
-        MPI_Wait(&stop, MPI_STATUS_IGNORE);
+    if (!both_allocated(slots && any && statuses)) {
         slots_free(c, slots, slots ? count : 0);
         free(any);
         free(statuses);
-        return fail("out of memory for the case's buffers");
+        return fail("a rank could not allocate the case's buffers");
     }
+    MPI_Request stop;
+    MPI_Irecv(&stop_word, 1, MPI_INT64_T, 0, STOP_TAG, MPI_COMM_WORLD, &stop);
     for (long k = 0; k < count; k++) post(c, &slots[k]);
     for (long k = 0;; k = (k + 1) % count) {
         struct slot *s = &slots[k];
@@ -306,12 +349,9 @@ static int server(const struct cell *c) {
             ack = total;
             MPI_Send(&ack, 1, MPI_INT64_T, 0, ACK_TAG, MPI_COMM_WORLD);
         } else {
-            for (long j = 0; j < c->buffers; j++) {
-                int n = 0;
-                MPI_Get_count(&statuses[j], MPI_BYTE, &n);
-                MPI_Isend(s->bufs[j], n, MPI_BYTE, 0, REPLY_TAG + (int)j, MPI_COMM_WORLD,
-                          &s->send[j]);
-            }
+            for (long j = 0; j < c->buffers; j++)
+                MPI_Isend(s->bufs[j], (int)length_of(c, j), MPI_BYTE, 0, REPLY_TAG + (int)j,
+                          MPI_COMM_WORLD, &s->send[j]);
             MPI_Waitall((int)c->buffers, s->send, MPI_STATUSES_IGNORE);
         }
         post(c, s);
@@ -328,23 +368,29 @@ static int server(const struct cell *c) {
 
 /* ---- the control connection --------------------------------------------------------------- */
 
-static FILE *connect_to(const char *path, int rank) {
+/* The driver's control connection: `*in` to read its lines, `*out` to answer (two streams on
+ * one socket: C streams do not switch between reading and writing without a seek). */
+static int connect_to(const char *path, int rank, FILE **in, FILE **out) {
     struct sockaddr_un address = {.sun_family = AF_UNIX};
-    if (strlen(path) >= sizeof address.sun_path) return NULL;
+    if (strlen(path) >= sizeof address.sun_path) return -1;
     strcpy(address.sun_path, path);
     int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-    if (fd < 0) return NULL;
-    if (connect(fd, (struct sockaddr *)&address, sizeof address) < 0) {
+    if (fd < 0) return -1;
+    int copy = -1;
+    if (connect(fd, (struct sockaddr *)&address, sizeof address) < 0 || (copy = dup(fd)) < 0 ||
+        !(*in = fdopen(fd, "r"))) {
         close(fd);
-        return NULL;
+        if (copy >= 0) close(copy);
+        return -1;
     }
-    FILE *stream = fdopen(fd, "r+");
-    if (stream) {
-        setvbuf(stream, NULL, _IOLBF, 0);
-        fprintf(stream, "%d\n", rank);
-        fflush(stream);
+    if (!(*out = fdopen(copy, "w"))) {
+        fclose(*in);
+        close(copy);
+        return -1;
     }
-    return stream;
+    fprintf(*out, "%d\n", rank);
+    fflush(*out);
+    return 0;
 }
 
 /* `error` as a JSON string body: quotes and backslashes escaped, control bytes dropped. */
@@ -365,13 +411,13 @@ int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    FILE *stream = connect_to(argv[2], rank);
-    if (!stream) {
+    FILE *in = NULL, *stream = NULL;
+    if (connect_to(argv[2], rank, &in, &stream)) {
         perror("mpi_rank: the driver's control socket");
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
     char line[LINE_MAX_LEN];
-    while (fgets(line, sizeof line, stream)) {
+    while (fgets(line, sizeof line, in)) {
         if (strstr(line, "\"quit\"")) break;
         struct cell c;
         double figure = 0;
@@ -389,6 +435,7 @@ int main(int argc, char **argv) {
             fputs("{\"done\": true}\n", stream);
         fflush(stream);
     }
+    fclose(in);
     fclose(stream);
     MPI_Finalize();
     return 0;

@@ -354,7 +354,7 @@ class PythonHandlers(RustEngine):
     """The Rust engine client asking a tensorwire node whose `echo` and `sink` are Python
     functions (`node.serve`), in a process of its own: beside "Rust engine" (the same client
     asking the Rust fixture), what a Python handler adds. Its client is Rust: it counts among
-    the Rust paths (and no peer is driven from Rust)."""
+    the Rust paths (whose peers are MPI's ranks in C)."""
 
     name = "Python handlers (Rust client)"
     note = "ptr1-bench run against tw.Node().serve(...) handlers in Python"

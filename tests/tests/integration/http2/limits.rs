@@ -155,12 +155,8 @@ fn malformed_bodies_unknown_endpoints_and_wrong_requests_get_their_statuses() {
         "415",
         "not a tensor message"
     );
-    let big = format!("x-big: {}", "a".repeat(20_000));
-    assert_eq!(
-        post(&node, "/actors/echo", &good, &[&big]),
-        "431",
-        "header block too large"
-    );
+    // A header block too large (431): `interop::nghttp_sees_431_for_a_header_block_too_large`
+    // (curl 7.88 sometimes loses that response to the reset after it).
     let get = Command::new("curl")
         .args([
             "--max-time",
