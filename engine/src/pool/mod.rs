@@ -4,9 +4,9 @@
 //! Small sections (below [`PoolConfig::min_pooled_bytes`]) come from the heap. Larger ones get a
 //! *slot*: a private anonymous mapping (of 4 KiB pages unless [`PoolConfig::huge_pages`] asks
 //! for transparent huge pages). A fresh slot commits nothing when it is made; the sessions
-//! expose it to reads a bounded window ahead of the bytes that arrived, and each exposed range is pre-faulted
-//! (`MADV_POPULATE_WRITE`) just before the kernel copies into it, so memory is committed for
-//! data that arrives, never for what a peer declares.
+//! expose it to reads a bounded window ahead of the bytes that arrived, and each exposed range
+//! is pre-faulted (`MADV_POPULATE_WRITE`) just before the kernel copies into it, so memory is
+//! committed for data that arrives, never for what a peer declares.
 //!
 //! A slot is frozen into [`Bytes`] with `Bytes::from_owner` and goes back to the pool when the
 //! last `Bytes` referring to it drops, so a steady receiver reuses warm memory instead of paying
@@ -61,11 +61,12 @@ pub struct PoolConfig {
     /// Ask for transparent huge pages (`MADV_HUGEPAGE`, slots 2 MiB-aligned) on slots of
     /// 2 MiB and more (default `false`: `MADV_NOHUGEPAGE`, 4 KiB pages even where the
     /// kernel's THP setting is `always`). On virtual machines whose guest hands free 2 MiB
-    /// blocks back to the hypervisor (virtio-balloon free page reporting), a huge page faulted in after an idle spell of a few seconds is a
-    /// hypervisor fault too: measured at 0.2–0.4 GB/s against 2.5–3.3 GB/s with 4 KiB pages,
-    /// and a receiver stalled in those faults held 8 asks of 64 MiB in flight to a third of
-    /// the rate (`docs/benchmarks.md`, "Fresh memory on these VMs"). Where huge pages fault
-    /// in fast (bare metal), they save page faults on a slot's first fill.
+    /// blocks back to the hypervisor (virtio-balloon free page reporting), a huge page faulted
+    /// in after an idle spell of a few seconds is a hypervisor fault too: measured at
+    /// 0.2–0.4 GB/s against 2.5–3.3 GB/s with 4 KiB pages, and a receiver stalled in those
+    /// faults held 8 asks of 64 MiB in flight to a third of the rate (`docs/benchmarks.md`,
+    /// "Fresh memory on these VMs"). Where huge pages fault in fast (bare metal), they save
+    /// page faults on a slot's first fill.
     pub huge_pages: bool,
 }
 

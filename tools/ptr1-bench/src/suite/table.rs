@@ -195,8 +195,8 @@ fn verdict_table(r: &Results, pass: &Pass) {
         "\nverdict: the best tensorwire path ÷ the best peer that does the same with each \
          message's bytes ([0], [1] or [k]) from the same language (MPI's ranks in C beside \
          Rust), > 1× favours tensorwire (RTT: latencies inverted); never across kinds or \
-         languages (– = no tensorwire path of that \
-         kind in that case). The peers run after the columns, interleaved among themselves.\n"
+         languages (– = no tensorwire path of that kind in that case). The peers run after the \
+         columns, interleaved among themselves.\n"
     );
     let with_ratio: Vec<&(Transfer, String)> = groups
         .iter()

@@ -5,9 +5,9 @@
 //! kernel — and run from the same language. A hand-off that moves no bytes, divided by a peer
 //! that copies every byte, or a Rust client divided by a Python one, says nothing about either;
 //! where a kind has no peer the verdict says so instead of dividing. A peer written in C (MPI's
-//! own ranks) stands beside the Rust clients: both compiled, no interpreter in the loop. Nor does a figure of ours
-//! bought by keeping a CPU busy between messages get divided by peers that sleep: ours that
-//! spin through gaps count only where a peer that does too was measured.
+//! own ranks) stands beside the Rust clients: both compiled, no interpreter in the loop. Nor
+//! does a figure of ours bought by keeping a CPU busy between messages get divided by peers
+//! that sleep: ours that spin through gaps count only where a peer that does too was measured.
 
 use std::fmt;
 
@@ -100,26 +100,27 @@ pub(crate) enum Verdict<'a> {
 /// Ours that spin through gaps take part only where a peer of the same kind and language that
 /// spins through them has a figure. Ordered by kind, then by the order languages first appear.
 pub(crate) fn verdicts<'a>(case: &Case, entrants: &[Entrant<'a>]) -> Vec<Verdict<'a>> {
+    // Every entrant in the language it is compared in, once: the rest compares languages as is.
+    let entrants: Vec<Entrant<'a>> = entrants
+        .iter()
+        .map(|e| Entrant {
+            language: compared_as(e.language),
+            ..*e
+        })
+        .collect();
     let figure = |e: &&Entrant<'a>| e.value.is_finite() && e.value > 0.0;
     let spinning_peer = |transfer: Transfer, language: &str| {
         entrants.iter().filter(figure).any(|p| {
-            !p.ours
-                && p.spins_through_gaps
-                && p.transfer == transfer
-                && compared_as(p.language) == language
+            !p.ours && p.spins_through_gaps && p.transfer == transfer && p.language == language
         })
     };
     let measured = |e: &&Entrant<'a>| {
-        figure(e)
-            && !(e.ours
-                && e.spins_through_gaps
-                && !spinning_peer(e.transfer, compared_as(e.language)))
+        figure(e) && !(e.ours && e.spins_through_gaps && !spinning_peer(e.transfer, e.language))
     };
     let mut groups: Vec<(Transfer, &'a str)> = Vec::new();
     for e in entrants.iter().filter(|e| e.ours).filter(measured) {
-        let group = (e.transfer, compared_as(e.language));
-        if !groups.contains(&group) {
-            groups.push(group);
+        if !groups.contains(&(e.transfer, e.language)) {
+            groups.push((e.transfer, e.language));
         }
     }
     groups.sort_by_key(|(transfer, _)| *transfer);
@@ -131,7 +132,7 @@ pub(crate) fn verdicts<'a>(case: &Case, entrants: &[Entrant<'a>]) -> Vec<Verdict
                 let side: Vec<&Entrant<'a>> = entrants
                     .iter()
                     .filter(|e| e.ours == ours && e.transfer == transfer)
-                    .filter(|e| compared_as(e.language) == language)
+                    .filter(|e| e.language == language)
                     .filter(|e| e.spins_through_gaps || !spinning_only)
                     .filter(measured)
                     .collect();
