@@ -1,8 +1,8 @@
 //! `Pending`: an ask started without waiting (`Ref.ask_nowait`) and waited for later on the
 //! calling thread (`Node::wait_for`): over shared memory the waiting thread reads the
 //! connection itself within the spin window, so a reply that comes meanwhile costs no wake-up;
-//! over PTR1 the ask goes through the driver and the thread polls for the busy-poll budget,
-//! then sleeps. One thread keeps several asks in flight this way without an event loop.
+//! over PTR1 the ask goes through the driver and the thread sleeps until a driver thread
+//! brings the reply (polling for it took the CPU that thread needed). One thread keeps several asks in flight this way without an event loop.
 //!
 //! What it does not do: run callbacks or wake anything when the reply comes (asyncio's
 //! `ask_async` does that), or let two threads wait for the same ask at once.

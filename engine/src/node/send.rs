@@ -75,8 +75,9 @@ impl Node {
     }
 
     /// Waits on the calling thread for `pending`, as the blocking calls wait: over shared
-    /// memory to `shm_peer` the caller reads that connection itself within the spin window,
-    /// otherwise it polls for the node's busy-poll budget, then it sleeps. `None` once `limit`
+    /// memory to `shm_peer` the caller reads that connection itself within the spin window;
+    /// for an in-process endpoint's answer it polls for the node's busy-poll budget; then it
+    /// sleeps (an answer a driver thread brings is waited for asleep). `None` once `limit`
     /// (if any) passed first; `interrupt` is asked every 100 ms and ends the wait with
     /// [`Error::Cancelled`] (the request goes on until `pending` is dropped).
     pub(super) fn wait_here<T>(
@@ -121,9 +122,14 @@ impl Node {
                 };
                 shm.wait_here(peer, &done);
             }
-            _ => {
+            // An in-process endpoint's handler brings the answer in well under a wake-up.
+            _ if pending.route() == Some(Route::LocalMailbox) => {
                 pending.spin(self.inner.busy_poll);
             }
+            // A driver thread brings it: a caller polling for it takes the CPU that thread
+            // needs wherever the two share one (`docs/benchmarks.md`, "A caller that polls
+            // for a driver thread").
+            _ => {}
         }
         if stopped.get() {
             return Some(Err(Error::Cancelled));
@@ -159,7 +165,8 @@ impl Node {
     /// [`Node::tell_to`] — several may be in flight, waited for in any order — the way
     /// [`Node::ask_blocking_to`] waits: over shared memory the caller reads the connection
     /// itself within the spin window ([`NodeBuilder::shm_spin`](crate::NodeBuilder::shm_spin)),
-    /// otherwise it polls for the busy-poll budget, then it sleeps. Returns the result and the
+    /// for an in-process endpoint's answer it polls for the busy-poll budget, then it sleeps
+    /// (an answer a driver thread brings is waited for asleep). Returns the result and the
     /// path that carried it, or `None` once `limit` (if any) passed first: the request goes on
     /// (its own timeout still applies) and can be waited for again. `interrupt` is asked every
     /// 100 ms; when it says stop, the wait ends with [`Error::Cancelled`] and the request goes

@@ -141,6 +141,9 @@ pub(crate) struct RunArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Driver threads of the client's engine node (default: available CPUs, at most 4).
+    #[arg(long)]
+    cores: Option<usize>,
     /// The engine's busy-poll budget for blocking calls in microseconds
     /// (`NodeBuilder::busy_poll`).
     #[arg(long = "busy-poll-us")]
@@ -309,6 +312,7 @@ impl From<&RunArgs> for Options {
             messages: a.messages,
             gap: a.gap,
             inflight: a.inflight as usize,
+            cores: a.cores,
             verify: a.verify,
             loaned: a.loaned,
             busy_poll: a.busy_poll_us.map(Duration::from_micros),
