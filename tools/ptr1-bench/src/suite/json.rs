@@ -149,7 +149,8 @@ fn pass_case(r: &Results, pass: &Pass, c: usize) -> Value {
                 ours,
                 peer,
                 ratio,
-            } => json!({ "transfer": transfer.key(), "language": language, "ours": ours, "peer": peer, "ratio": number(*ratio) }),
+                ours_slow,
+            } => json!({ "transfer": transfer.key(), "language": language, "ours": ours, "peer": peer, "ratio": number(*ratio), "ours_on_slow_placement": ours_slow }),
             Verdict::NoPeer {
                 transfer,
                 language,

@@ -447,11 +447,17 @@ impl Pass {
         infos: &'a [PeerInfo],
     ) -> Vec<Verdict<'a>> {
         let case = &cases[c];
+        let usual = paired::usual_probe(self);
         let mut entrants: Vec<Entrant<'_>> = self
             .columns
             .iter()
             .enumerate()
             .filter_map(|(l, column)| {
+                let samples = &self.samples[c][l];
+                let slow = samples
+                    .iter()
+                    .filter(|m| cpu_pair::is_slow(m.cpu_pair_us, usual))
+                    .count();
                 Some(Entrant {
                     name: column.name(),
                     ours: true,
@@ -459,6 +465,7 @@ impl Pass {
                     language: "rust",
                     value: self.median(cases, c, l),
                     spins_through_gaps: false,
+                    slow_placement: 2 * slow > samples.len(),
                 })
             })
             .collect();

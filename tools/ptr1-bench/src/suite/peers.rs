@@ -270,6 +270,7 @@ impl Peers {
                     language: &info.language,
                     value: self.median(name, case),
                     spins_through_gaps: info.spins_through_gaps,
+                    slow_placement: false,
                 })
             })
             .collect()

@@ -196,7 +196,9 @@ fn verdict_table(r: &Results, pass: &Pass) {
          message's bytes ([0], [1] or [k]) from the same language (MPI's ranks in C beside \
          Rust), > 1× favours tensorwire (RTT: latencies inverted); never across kinds or \
          languages (– = no tensorwire path of that kind in that case). The peers run after the \
-         columns, interleaved among themselves.\n"
+         columns, interleaved among themselves. ‡ = most repetitions of that tensorwire figure \
+         ran on the slow placement of the host's CPU pair (the probes above; the peers are not \
+         probed): that ratio compares the host as much as the transports.\n"
     );
     let with_ratio: Vec<&(Transfer, String)> = groups
         .iter()

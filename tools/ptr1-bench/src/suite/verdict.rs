@@ -73,6 +73,9 @@ pub(crate) struct Entrant<'a> {
     /// Whether its threads keep a CPU busy between messages, however far apart they come (MPI's
     /// ranks, iceoryx2's server, tensorwire against a fixture told to spin).
     pub(crate) spins_through_gaps: bool,
+    /// Whether most of its repetitions ran on the slow placement of the host's CPU pair
+    /// (`cpu_pair`; only the columns are probed, so a peer never is).
+    pub(crate) slow_placement: bool,
 }
 
 /// The verdict of one kind of transfer from one language, in one case.
@@ -86,6 +89,9 @@ pub(crate) enum Verdict<'a> {
         ours: &'a str,
         peer: &'a str,
         ratio: f64,
+        /// Ours ran on the slow placement of the host's CPU pair: the ratio compares the host
+        /// as much as the transports.
+        ours_slow: bool,
     },
     /// Ours has a figure of this kind and language; no peer does.
     NoPeer {
@@ -147,6 +153,7 @@ pub(crate) fn verdicts<'a>(case: &Case, entrants: &[Entrant<'a>]) -> Vec<Verdict
                     ours: ours.name,
                     peer: peer.name,
                     ratio: case.better(ours.value, peer.value),
+                    ours_slow: ours.slow_placement,
                 },
                 None => Verdict::NoPeer {
                     transfer,
@@ -176,8 +183,15 @@ impl fmt::Display for Verdict<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Ratio {
-                ours, peer, ratio, ..
-            } => write!(f, "{ratio:.2}× ({ours} ÷ {peer})"),
+                ours,
+                peer,
+                ratio,
+                ours_slow,
+                ..
+            } => {
+                let mark = if *ours_slow { " ‡" } else { "" };
+                write!(f, "{ratio:.2}×{mark} ({ours} ÷ {peer})")
+            }
             Self::NoPeer {
                 transfer, language, ..
             } => write!(
@@ -231,6 +245,7 @@ mod tests {
             language,
             value,
             spins_through_gaps: false,
+            slow_placement: false,
         }
     }
 
@@ -295,6 +310,39 @@ mod tests {
         );
         // Nothing of ours but the spinning figure, and no peer that spins: no verdict at all.
         assert_eq!(verdicts(&sporadic, &[spinning_ours, pyzmq]), vec![]);
+    }
+
+    #[test]
+    fn a_figure_of_ours_on_the_slow_placement_marks_its_ratio() {
+        let slow = Entrant {
+            slow_placement: true,
+            ..entrant("PTR1 tokio", true, Transfer::Kernel, "rust", 430.0)
+        };
+        let fast = entrant("PTR1 io_uring", true, Transfer::Kernel, "rust", 440.0);
+        let mpi = entrant("MPI over TCP (C)", false, Transfer::Kernel, "c", 200.0);
+        let rtt = case(Mode::Rtt);
+        let found = verdicts(&rtt, &[slow, fast, mpi]);
+        let [verdict @ Verdict::Ratio { ours_slow, .. }] = found.as_slice() else {
+            panic!("expected one ratio, got {found:?}");
+        };
+        assert!(*ours_slow, "the best of ours ran on the slow placement");
+        assert!(
+            verdict.to_string().starts_with("0.47× ‡ (PTR1 tokio"),
+            "{verdict}"
+        );
+        // The same figure on the usual placement: no mark.
+        let found = verdicts(
+            &rtt,
+            &[
+                Entrant {
+                    slow_placement: false,
+                    ..slow
+                },
+                fast,
+                mpi,
+            ],
+        );
+        assert!(!found[0].to_string().contains('‡'), "{}", found[0]);
     }
 
     #[test]
