@@ -99,6 +99,8 @@ class Iceoryx2:
                 .create()
                 for kind in ("sink", "echo")
             }
+            for client in self.clients.values():
+                handshake(client)
         except BaseException:
             self.child.kill()  # its server loop never ends by itself
             raise
@@ -125,9 +127,7 @@ class Iceoryx2:
             return request.assume_init().send()
 
         def wait(pending: Any) -> None:
-            while (response := pending.receive()) is None:
-                pass
-            got = np.asarray(response.payload().as_memory_view())
+            got = np.asarray(response_to(pending).payload().as_memory_view())
             n = int.from_bytes(got.tobytes(), "little") if kind == "sink" else got.size
             expect(n, case.size, kind)
 
@@ -139,6 +139,48 @@ class Iceoryx2:
         self.clients.clear()
         self.child.kill()
         self.child.wait(timeout=30)
+
+
+#: How long a request may go unanswered before the cell fails (the suite's cell timeout is
+#: 300 s; a 256 MiB echo takes tens of milliseconds).
+RESPONSE_TIMEOUT = 30.0
+
+
+def response_to(pending: Any) -> Any:
+    """Polls for the response to `pending`; a request that reached no server, a server that
+    went away, or no answer within RESPONSE_TIMEOUT raises instead of spinning until the cell's
+    timeout (the in-place peer hung so twice in 4 KiB one-way cells, cause not found)."""
+    if pending.number_of_server_connections == 0:
+        raise RuntimeError("the iceoryx2 request reached no server")
+    until = time.monotonic() + RESPONSE_TIMEOUT
+    while True:
+        for _ in range(4096):  # the hot poll stays as bare as a `while receive() is None` loop
+            if (response := pending.receive()) is not None:
+                return response
+        if not pending.is_connected:
+            raise RuntimeError("the iceoryx2 server disconnected before it answered")
+        if time.monotonic() > until:
+            raise TimeoutError(
+                f"no iceoryx2 response within {RESPONSE_TIMEOUT:.0f} s "
+                f"({pending.number_of_server_connections} server connection(s))"
+            )
+
+
+def handshake(client: Any, within: float = 10.0) -> None:
+    """One request of one byte answered on `client`'s service before any is timed: a client
+    whose server has not seen it yet is retried for up to `within` seconds."""
+    until = time.monotonic() + within
+    while True:
+        request = client.loan_slice_uninit(1)
+        np.asarray(request.payload().as_memory_view())[:] = 0
+        pending = request.assume_init().send()
+        if pending.number_of_server_connections > 0:
+            response_to(pending)
+            return
+        del pending
+        if time.monotonic() > until:
+            raise RuntimeError(f"the iceoryx2 server did not connect within {within:.0f} s")
+        time.sleep(1e-3)
 
 
 def service(iox2: Any, node: Any, name: str) -> Any:
