@@ -45,6 +45,8 @@ struct End {
     input: Vec<u8>,
     output: Vec<u8>,
     written: usize,
+    /// The peer closed (a read returned 0).
+    closed: bool,
 }
 
 impl End {
@@ -56,6 +58,7 @@ impl End {
             input: Vec::new(),
             output: Vec::new(),
             written: 0,
+            closed: false,
         }
     }
 
@@ -64,7 +67,10 @@ impl End {
         let mut chunk = [0u8; 64 << 10];
         loop {
             match self.stream.read(&mut chunk) {
-                Ok(0) => break,
+                Ok(0) => {
+                    self.closed = true;
+                    break;
+                }
                 Ok(n) => self.input.extend_from_slice(&chunk[..n]),
                 // WouldBlock: nothing more now; anything else: the peer is gone.
                 Err(_) => break,
@@ -77,9 +83,8 @@ impl End {
 
     /// Queues `count` messages; `coalesce`: one write for all of them, else one each.
     fn send(&mut self, count: usize, size: usize, coalesce: bool) {
-        let message = vec![7u8; size];
         for _ in 0..count {
-            self.output.extend_from_slice(&message);
+            self.output.resize(self.output.len() + size, 7);
             if !coalesce {
                 self.flush();
             }
@@ -112,19 +117,13 @@ fn measure(conns: usize, size: usize, coalesce: bool, duration: Duration) -> f64
     }
     let server = std::thread::spawn(move || {
         // Echoes until every client closed.
-        let mut open = servers.len();
-        while open > 0 {
-            open = 0;
+        while servers.iter().any(|end| !end.closed) {
             for end in &mut servers {
                 let whole = end.take_messages(size);
                 if whole > 0 {
                     end.send(whole, size, coalesce);
                 } else {
                     end.flush();
-                }
-                let mut probe = [0u8; 1];
-                if !matches!(end.stream.peek(&mut probe), Ok(0)) {
-                    open += 1;
                 }
             }
         }

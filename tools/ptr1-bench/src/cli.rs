@@ -62,8 +62,9 @@ pub(crate) struct ServeArgs {
     /// Where the fixture's handlers run.
     #[arg(long, value_enum, default_value_t = Handlers::Core)]
     handlers: Handlers,
-    /// The engine's busy-poll budget for blocking calls in microseconds
-    /// (`NodeBuilder::busy_poll`).
+    /// How long a caller polls for an in-process endpoint's answer, in microseconds
+    /// (`NodeBuilder::busy_poll`; blocking asks over PTR1 poll on `--core-poll-us`, answers a
+    /// driver thread brings are waited for asleep).
     #[arg(long = "busy-poll-us")]
     busy_poll_us: Option<u64>,
     /// The engine's busy-poll budget for its io_uring threads in microseconds
@@ -144,8 +145,9 @@ pub(crate) struct RunArgs {
     /// Driver threads of the client's engine node (default: available CPUs, at most 4).
     #[arg(long)]
     cores: Option<usize>,
-    /// The engine's busy-poll budget for blocking calls in microseconds
-    /// (`NodeBuilder::busy_poll`).
+    /// How long a caller polls for an in-process endpoint's answer, in microseconds
+    /// (`NodeBuilder::busy_poll`; blocking asks over PTR1 poll on `--core-poll-us`, answers a
+    /// driver thread brings are waited for asleep).
     #[arg(long = "busy-poll-us")]
     busy_poll_us: Option<u64>,
     /// The engine's busy-poll budget for its io_uring threads in microseconds
