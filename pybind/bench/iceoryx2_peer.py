@@ -158,6 +158,10 @@ def response_to(pending: Any) -> Any:
             if (response := pending.receive()) is not None:
                 return response
         if not pending.is_connected:
+            # A server that answered and then let go of the request reads as disconnected: its
+            # response may have come between the last look and this check.
+            if (response := pending.receive()) is not None:
+                return response
             raise RuntimeError("the iceoryx2 server disconnected before it answered")
         if time.monotonic() > until:
             raise TimeoutError(

@@ -36,12 +36,18 @@ pub(crate) enum Column {
     ShmLoaned,
     /// Same host, buffers copied into a slot (one copy).
     ShmCopied,
+    /// [`Column::ShmCopied`] against a fixture that spins through the sporadic row's gaps;
+    /// measured on that row only ([`Column::spins_through_gaps`]).
+    ShmSpinning,
     /// PTR1 on the io_uring driver.
     Engine,
     /// PTR1 on the io_uring driver, requests of at least the node's stripe threshold cut
     /// into [`SUITE_STRIPES`] stripes (`NodeBuilder::stripes`, default threshold), as a user
     /// who turns striping on gets them (to a loopback fixture only from 32 MiB).
     EngineStriped,
+    /// [`Column::Engine`] against a fixture that spins through the sporadic row's gaps;
+    /// measured on that row only ([`Column::spins_through_gaps`]).
+    EngineSpinning,
     /// PTR1 on the tokio fallback driver (the same sessions).
     Tokio,
     /// The seed design (tokio, a fresh zero-filled `Vec` per buffer).
@@ -55,12 +61,14 @@ pub(crate) enum Column {
 }
 
 impl Column {
-    pub(crate) const ALL: [Self; 10] = [
+    pub(crate) const ALL: [Self; 12] = [
         Self::Local,
         Self::ShmLoaned,
         Self::ShmCopied,
+        Self::ShmSpinning,
         Self::Engine,
         Self::EngineStriped,
+        Self::EngineSpinning,
         Self::Tokio,
         Self::Seed,
         Self::Std,
@@ -74,8 +82,10 @@ impl Column {
             Self::Local => "local mailbox",
             Self::ShmLoaned => "shm loaned",
             Self::ShmCopied => "shm copied in",
+            Self::ShmSpinning => "shm spinning",
             Self::Engine => "PTR1 io_uring",
             Self::EngineStriped => "PTR1 io_uring ×4 stripes",
+            Self::EngineSpinning => "PTR1 io_uring spinning",
             Self::Tokio => "PTR1 tokio",
             Self::Seed => "seed design",
             Self::Std => "std blocking",
@@ -90,8 +100,10 @@ impl Column {
             Self::Local => "local",
             Self::ShmLoaned => "shm_loaned",
             Self::ShmCopied => "shm_copied",
+            Self::ShmSpinning => "shm_spinning",
             Self::Engine => "engine",
             Self::EngineStriped => "engine_striped",
+            Self::EngineSpinning => "engine_spinning",
             Self::Tokio => "tokio",
             Self::Seed => "seed",
             Self::Std => "std",
@@ -105,8 +117,13 @@ impl Column {
     pub(crate) fn part(self) -> Part {
         match self {
             Self::Local => Part::Local,
-            Self::ShmLoaned | Self::ShmCopied => Part::Shm,
-            Self::Engine | Self::EngineStriped | Self::Tokio | Self::Seed | Self::Std => Part::Ptr1,
+            Self::ShmLoaned | Self::ShmCopied | Self::ShmSpinning => Part::Shm,
+            Self::Engine
+            | Self::EngineStriped
+            | Self::EngineSpinning
+            | Self::Tokio
+            | Self::Seed
+            | Self::Std => Part::Ptr1,
             Self::H2c | Self::Tls => Part::Http2,
         }
     }
@@ -123,11 +140,9 @@ impl Column {
     pub(crate) fn transfer(self, case: &Case) -> Option<Transfer> {
         match self {
             Self::Local => None,
-            Self::ShmLoaned | Self::ShmCopied if case.size < SHM_INLINE_BYTES => {
-                Some(Transfer::OneCopy)
-            }
+            Self::ShmLoaned if case.size < SHM_INLINE_BYTES => Some(Transfer::OneCopy),
             Self::ShmLoaned => Some(Transfer::ZeroCopy),
-            Self::ShmCopied => Some(Transfer::OneCopy),
+            Self::ShmCopied | Self::ShmSpinning => Some(Transfer::OneCopy),
             _ => Some(Transfer::Kernel),
         }
     }
@@ -136,16 +151,34 @@ impl Column {
     /// blocking callers (`busy_poll`) and the shared-memory receiver poll, bounded, before they
     /// sleep. Its tables show the CPU it burned beside its figure.
     pub(crate) fn spins(self) -> bool {
-        matches!(
-            self,
-            Self::Engine | Self::EngineStriped | Self::ShmLoaned | Self::ShmCopied
-        )
+        self.spins_through_gaps()
+            || matches!(
+                self,
+                Self::Engine | Self::EngineStriped | Self::ShmLoaned | Self::ShmCopied
+            )
+    }
+
+    /// Whether the column's fixture keeps polling through the sporadic row's gaps (`serve
+    /// --core-poll-us` and `--shm-spin-us` at twice the gap, as the Python peers' spinning
+    /// fixture), like MPI's ranks and iceoryx2's server: the like-with-like figure beside
+    /// peers that spin through them. Such a column measures that row only; the verdict takes
+    /// it only where a peer that spins through gaps has a figure.
+    pub(crate) fn spins_through_gaps(self) -> bool {
+        matches!(self, Self::ShmSpinning | Self::EngineSpinning)
+    }
+
+    /// Whether the column measures `case` (a column that spins through gaps: the sporadic
+    /// row only; on the others its default twin's bounded polling is the figure).
+    pub(crate) fn measures(self, case: &Case) -> bool {
+        !self.spins_through_gaps() || !case.gap.is_zero()
     }
 
     fn transport(self) -> Transport {
         match self {
-            Self::Local | Self::Engine | Self::EngineStriped => Transport::Engine,
-            Self::ShmLoaned | Self::ShmCopied => Transport::Shm,
+            Self::Local | Self::Engine | Self::EngineStriped | Self::EngineSpinning => {
+                Transport::Engine
+            }
+            Self::ShmLoaned | Self::ShmCopied | Self::ShmSpinning => Transport::Shm,
             Self::Tokio => Transport::Tokio,
             Self::Seed => Transport::Seed,
             Self::Std => Transport::Std,
@@ -158,8 +191,10 @@ impl Column {
     fn route(self) -> Option<Route> {
         match self {
             Self::Local => Some(Route::LocalMailbox),
-            Self::ShmLoaned | Self::ShmCopied => Some(Route::SharedMemory),
-            Self::Engine | Self::EngineStriped | Self::Tokio => Some(Route::RawTcp),
+            Self::ShmLoaned | Self::ShmCopied | Self::ShmSpinning => Some(Route::SharedMemory),
+            Self::Engine | Self::EngineStriped | Self::EngineSpinning | Self::Tokio => {
+                Some(Route::RawTcp)
+            }
             Self::H2c | Self::Tls => Some(Route::Http2),
             Self::Seed | Self::Std => None,
         }
@@ -185,7 +220,8 @@ enum Client {
 pub(crate) struct Lanes {
     pub(crate) lanes: Vec<Lane>,
     pub(crate) unavailable: Vec<(Column, String)>,
-    servers: Vec<(Transport, Server)>,
+    /// Every fixture started, by [`fixture_name`].
+    servers: Vec<(&'static str, Server)>,
     /// The local mailbox's fixture node, in this process.
     _local_fixture: Option<Node>,
     tls_dir: PathBuf,
@@ -258,12 +294,17 @@ impl Lanes {
             }
             Column::Engine | Column::ShmLoaned | Column::ShmCopied | Column::H2c | Column::Tls => {
                 // The server first: the TLS client reads the CA it writes.
-                let (addr, pid) = self.server(exe, Transport::Engine, options)?;
+                let (addr, pid) = self.server(exe, Transport::Engine, false, options)?;
+                let client = engine_side::client(column.transport(), options)?;
+                (Client::Node(client), addr, Some(pid))
+            }
+            Column::ShmSpinning | Column::EngineSpinning => {
+                let (addr, pid) = self.server(exe, Transport::Engine, true, options)?;
                 let client = engine_side::client(column.transport(), options)?;
                 (Client::Node(client), addr, Some(pid))
             }
             Column::EngineStriped => {
-                let (addr, pid) = self.server(exe, Transport::Engine, options)?;
+                let (addr, pid) = self.server(exe, Transport::Engine, false, options)?;
                 let striping = Options {
                     stripes: Some(SUITE_STRIPES),
                     ..options.clone()
@@ -272,16 +313,16 @@ impl Lanes {
                 (Client::Node(client), addr, Some(pid))
             }
             Column::Tokio => {
-                let (addr, pid) = self.server(exe, Transport::Tokio, options)?;
+                let (addr, pid) = self.server(exe, Transport::Tokio, false, options)?;
                 let client = engine_side::client(Transport::Tokio, options)?;
                 (Client::Node(client), addr, Some(pid))
             }
             Column::Seed => {
-                let (addr, pid) = self.server(exe, Transport::Seed, options)?;
+                let (addr, pid) = self.server(exe, Transport::Seed, false, options)?;
                 (Client::Seed(seed::Client::new()?), addr, Some(pid))
             }
             Column::Std => {
-                let (addr, pid) = self.server(exe, Transport::Std, options)?;
+                let (addr, pid) = self.server(exe, Transport::Std, false, options)?;
                 (Client::Std, addr, Some(pid))
             }
         };
@@ -296,26 +337,30 @@ impl Lanes {
         })
     }
 
-    /// The fixture of `transport`, started on first use.
+    /// The fixture of `transport` (`spinning`: the engine's, polling through the sporadic
+    /// row's gaps), started on first use.
     fn server(
         &mut self,
         exe: &Path,
         transport: Transport,
+        spinning: bool,
         options: &Options,
     ) -> Result<(SocketAddr, u32)> {
-        if let Some((_, server)) = self.servers.iter().find(|(t, _)| *t == transport) {
+        let name = fixture_name(transport, spinning);
+        if let Some((_, server)) = self.servers.iter().find(|(n, _)| *n == name) {
             return Ok((server.addr, server.pid()));
         }
         // The engine fixture serves PTR1, h2c, TLS (a CA of its own) and shared memory.
         let tls_dir = self.tls_dir.display().to_string();
-        let extra: &[&str] = if transport == Transport::Engine {
-            &["--tls-self-signed", &tls_dir]
-        } else {
-            &[]
+        let window = spinning_window_us();
+        let extra: Vec<&str> = match (transport, spinning) {
+            (Transport::Engine, false) => vec!["--tls-self-signed", &tls_dir],
+            (_, true) => vec!["--core-poll-us", &window, "--shm-spin-us", &window],
+            _ => Vec::new(),
         };
-        let server = Server::start(exe, transport, options.handlers, extra)?;
+        let server = Server::start(exe, transport, options.handlers, &extra)?;
         let found = (server.addr, server.pid());
-        self.servers.push((transport, server));
+        self.servers.push((name, server));
         Ok(found)
     }
 
@@ -323,7 +368,7 @@ impl Lanes {
     pub(crate) fn fixture_rss(&self) -> Vec<(&'static str, u64)> {
         self.servers
             .iter()
-            .filter_map(|(t, s)| measure::rss(s.pid()).ok().map(|rss| (t.name(), rss)))
+            .filter_map(|(name, s)| measure::rss(s.pid()).ok().map(|rss| (*name, rss)))
             .collect()
     }
 
@@ -346,11 +391,11 @@ impl Lanes {
         self.servers
             .iter()
             .enumerate()
-            .map(|(i, (t, _))| FixtureMemory {
-                name: t.name(),
+            .map(|(i, (fixture, _))| FixtureMemory {
+                name: fixture,
                 start: start
                     .iter()
-                    .find(|(name, _)| *name == t.name())
+                    .find(|(name, _)| name == fixture)
                     .map_or(0, |(_, rss)| *rss),
                 peak: peak[i],
                 end: end[i],
@@ -408,6 +453,22 @@ impl Lane {
     }
 }
 
+/// A fixture's name in the memory table: its transport's, or the spinning engine fixture's.
+fn fixture_name(transport: Transport, spinning: bool) -> &'static str {
+    if spinning {
+        "engine spinning"
+    } else {
+        transport.name()
+    }
+}
+
+/// The spinning fixture's `--core-poll-us` and `--shm-spin-us`: twice the sporadic row's gap
+/// (as `pybind/bench/peers.py`'s `spinning_flags`), so its threads sleep through few if any
+/// of that row's gaps.
+fn spinning_window_us() -> String {
+    (2 * crate::suite::cases::SPORADIC_GAP.as_micros()).to_string()
+}
+
 /// One echo, then the route the node takes to `addr` must be `expected` (shared memory is
 /// chosen only after the first exchange proved the peer is on this host).
 fn check_route(node: &Node, addr: SocketAddr, expected: Route) -> Result<()> {
@@ -458,5 +519,41 @@ mod tests {
         );
         assert_eq!(Column::Local.transfer(&at(1 << 20)), None);
         assert!(Column::ShmLoaned.spins() && !Column::Tokio.spins());
+    }
+
+    #[test]
+    fn a_column_that_spins_through_gaps_measures_the_sporadic_row_only_and_keeps_its_kind() {
+        let cases = crate::suite::cases::matrix(crate::suite::cases::sizes(false, false), 64);
+        let sporadic: Vec<&Case> = cases.iter().filter(|c| !c.gap.is_zero()).collect();
+        assert_eq!(sporadic.len(), 1);
+        for (spinning, twin) in [
+            (Column::ShmSpinning, Column::ShmCopied),
+            (Column::EngineSpinning, Column::Engine),
+        ] {
+            assert!(spinning.spins_through_gaps() && spinning.spins());
+            assert!(!twin.spins_through_gaps());
+            let measured: Vec<&Case> = cases.iter().filter(|c| spinning.measures(c)).collect();
+            assert_eq!(measured, sporadic, "{}", spinning.name());
+            assert!(cases.iter().all(|c| twin.measures(c)));
+            // Compared with the peers its default twin is compared with.
+            assert_eq!(spinning.transfer(sporadic[0]), twin.transfer(sporadic[0]));
+            assert_eq!(
+                (spinning.part(), spinning.route()),
+                (twin.part(), twin.route())
+            );
+        }
+        let keys: Vec<&str> = Column::ALL.iter().map(|c| c.key()).collect();
+        let names: Vec<&str> = Column::ALL.iter().map(|c| c.name()).collect();
+        for list in [&keys, &names] {
+            let mut unique = list.to_vec();
+            unique.sort_unstable();
+            unique.dedup();
+            assert_eq!(unique.len(), list.len(), "{list:?}");
+        }
+        assert_ne!(
+            fixture_name(Transport::Engine, true),
+            fixture_name(Transport::Engine, false)
+        );
+        assert_eq!(spinning_window_us(), "20000");
     }
 }

@@ -60,6 +60,9 @@ pub(crate) fn measure_matrix(
             for k in 0..n {
                 let l = (k + rep + c) % n;
                 let column = columns[l];
+                if !column.measures(case) {
+                    continue;
+                }
                 let failed = || format!("{} over {} (fresh) failed", case.label(), column.name());
                 let mut lanes = Lanes::single(exe, options, column).with_context(failed)?;
                 let lane = lanes.lanes.first_mut().context("no lane")?;

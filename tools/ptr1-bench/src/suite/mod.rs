@@ -292,6 +292,9 @@ fn measure_matrix(
             for k in 0..n {
                 let l = (k + rep + c) % n;
                 let lane = &mut lanes.lanes[l];
+                if !lane.column.measures(case) {
+                    continue;
+                }
                 let cpu_pair_us = cpu_pair::probe();
                 let (sample, cpu) = lane.measure(&run, &message).with_context(|| {
                     format!("{} over {} failed", case.label(), lane.column.name())
@@ -464,7 +467,7 @@ impl Pass {
                     transfer: column.transfer(case)?,
                     language: "rust",
                     value: self.median(cases, c, l),
-                    spins_through_gaps: false,
+                    spins_through_gaps: column.spins_through_gaps(),
                     slow_placement: 2 * slow > samples.len(),
                 })
             })

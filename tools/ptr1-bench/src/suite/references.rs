@@ -127,7 +127,8 @@ pub(crate) fn peak_rss_for_one_gib(
     };
     columns
         .iter()
-        .filter(|c| c.crosses_processes())
+        // A column that spins through gaps measures the sporadic row only.
+        .filter(|c| c.crosses_processes() && !c.spins_through_gaps())
         .map(|&column| {
             let found = Lanes::single(exe, options, column)
                 .and_then(|mut lanes| {

@@ -77,7 +77,11 @@ fn main_table(r: &Results, pass: &Pass) {
          connections of their own, against it unstriped (to a loopback fixture only from 32 MiB, \
          as for any node's users); PTR1 ÷ iperf3 and shm ÷ memcpy = how \
          close PTR1 and shm (copied in) come to their physical bound (for RTT: latency ÷ latency, inverted, so \
-         > 1× is always better). The verdict against other transports follows the table.\n"
+         > 1× is always better); shm spinning and PTR1 io_uring spinning = the same clients \
+         against a fixture that polls through the gaps of the sporadic row (serve \
+         --core-poll-us and --shm-spin-us at twice the gap), as MPI's ranks and iceoryx2's \
+         server do: measured on that row only, its CPU counted. The verdict against other \
+         transports follows the table.\n"
     );
     let cases = &r.plan.cases;
     let names: Vec<&str> = pass.columns.iter().map(|c| c.name()).collect();
