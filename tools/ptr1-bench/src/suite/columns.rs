@@ -364,7 +364,8 @@ impl Lanes {
         Ok(found)
     }
 
-    /// Resident memory of every fixture process now, by transport.
+    /// Resident memory of every fixture process now, by fixture name (its transport's, or
+    /// "engine spinning").
     pub(crate) fn fixture_rss(&self) -> Vec<(&'static str, u64)> {
         self.servers
             .iter()

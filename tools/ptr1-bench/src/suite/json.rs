@@ -60,7 +60,7 @@ pub(crate) fn to_json(r: &Results, options: &Options) -> Value {
             "fresh_flag_factor": FLAG_FACTOR,
             "verified": options.verify,
         },
-        "columns": primary.map_or(&[][..], |p| &p.columns[..]).iter().map(|c| json!({ "key": c.key(), "name": c.name(), "busy_polls": c.spins() })).collect::<Vec<_>>(),
+        "columns": primary.map_or(&[][..], |p| &p.columns[..]).iter().map(|c| json!({ "key": c.key(), "name": c.name(), "busy_polls": c.spins(), "spins_through_gaps": c.spins_through_gaps() })).collect::<Vec<_>>(),
         "passes": r.passes.iter().map(|p| json!({ "pass": p.name(), "loadavg_1m": number(p.load) })).collect::<Vec<_>>(),
         "fresh_vs_warm": drift::compare(r).iter().map(|d| json!({
             "case": plan.cases[d.case].label(),
@@ -105,6 +105,9 @@ fn pass_case(r: &Results, pass: &Pass, c: usize) -> Value {
         .columns
         .iter()
         .enumerate()
+        // A column that spins through gaps is left out of the cases it does not measure, as
+        // a peer is.
+        .filter(|(_, column)| column.measures(case))
         .map(|(l, column)| {
             let samples: Vec<Value> = pass.samples[c][l].iter().map(sample).collect();
             (

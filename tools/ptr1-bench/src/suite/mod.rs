@@ -61,7 +61,6 @@ pub(crate) struct Measurement {
     pub(crate) cpu_pair_us: f64,
 }
 
-/// Resident bytes of each fixture process, by transport.
 /// One fixture process's resident memory in bytes: after it started, its peak, right after the
 /// matrix and after [`IDLE_WAIT`] of idleness (what it gives back).
 #[derive(Clone, Copy, Debug)]

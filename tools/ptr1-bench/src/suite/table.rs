@@ -278,15 +278,20 @@ fn cpu_table(r: &Results, pass: &Pass) {
         "\nCPU: user + system seconds of both processes per GB of payload, one-way (lower is better; \
          every cell's CPU seconds are in results.json)\n"
     );
-    let names: Vec<&str> = pass.columns.iter().map(|c| c.name()).collect();
+    // The columns that spin through gaps measure no one-way case.
+    let shown: Vec<usize> = (0..pass.columns.len())
+        .filter(|&l| !pass.columns[l].spins_through_gaps())
+        .collect();
+    let names: Vec<&str> = shown.iter().map(|&l| pass.columns[l].name()).collect();
     say!("| case | {} |", names.join(" | "));
     say!("|---|{}", "---:|".repeat(names.len()));
     for (c, case) in r.plan.cases.iter().enumerate() {
         if case.mode != Mode::OneWay {
             continue;
         }
-        let cells: Vec<String> = (0..pass.columns.len())
-            .map(|l| format!("{:.2}", pass.median_of(c, l, |m| m.cpu_s_per_gb)))
+        let cells: Vec<String> = shown
+            .iter()
+            .map(|&l| format!("{:.2}", pass.median_of(c, l, |m| m.cpu_s_per_gb)))
             .collect();
         say!("| {} | {} |", case.label(), cells.join(" | "));
     }
