@@ -355,7 +355,9 @@ impl Lanes {
         let window = spinning_window_us();
         let extra: Vec<&str> = match (transport, spinning) {
             (Transport::Engine, false) => vec!["--tls-self-signed", &tls_dir],
-            (_, true) => vec!["--core-poll-us", &window, "--shm-spin-us", &window],
+            (Transport::Engine, true) => {
+                vec!["--core-poll-us", &window, "--shm-spin-us", &window]
+            }
             _ => Vec::new(),
         };
         let server = Server::start(exe, transport, options.handlers, &extra)?;
@@ -454,12 +456,12 @@ impl Lane {
     }
 }
 
-/// A fixture's name in the memory table: its transport's, or the spinning engine fixture's.
+/// A fixture's name in the memory table: its transport's, or the spinning engine fixture's
+/// (only the engine's fixture is started spinning).
 fn fixture_name(transport: Transport, spinning: bool) -> &'static str {
-    if spinning {
-        "engine spinning"
-    } else {
-        transport.name()
+    match (transport, spinning) {
+        (Transport::Engine, true) => "engine spinning",
+        (transport, _) => transport.name(),
     }
 }
 
