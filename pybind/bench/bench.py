@@ -74,7 +74,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 # No case here multiplies matrices: keep OpenBLAS from starting worker threads that poll
 # for work and take CPU from whichever peer is measured (the same for every peer).
@@ -291,48 +291,100 @@ class Run:
         )
 
     def warm(self, chosen: list[tuple[str, Callable[[], Any]]]) -> None:
-        peers: list[Any] = []
+        peers = self.make_all(chosen)
         try:
-            for name, make in chosen:
-                if (peer := self.make(name, make)) is not None:
-                    peers.append(peer)
             for rep in range(self.args.reps):
                 for c, case in enumerate(self.cases):
-                    for peer in [p for p in peers if p.name in self.failed]:
-                        peers.remove(peer)
-                        close(peer)
-                    if not peers:
+                    if not self.warm_case(peers, rep, c, case):
                         break
-                    data = payload(case.size, case.buffers)
-                    turn = (rep + c) % len(peers)
-                    for peer in peers[turn:] + peers[:turn]:  # rotate the order
-                        self.cell(peer, case, data, rep)
                 self.progress(rep)
         finally:
             for peer in peers:
                 close(peer)
 
-    def fresh(self, chosen: list[tuple[str, Callable[[], Any]]]) -> None:
-        from peers import SPINNING_ONLY, SpinningTensorwire
+    def make_all(self, chosen: list[tuple[str, Callable[[], Any]]]) -> list[Any]:
+        """Every chosen peer that can be made here (warm: once for the whole run)."""
+        peers: list[Any] = []
+        try:
+            for name, make in chosen:
+                if (peer := self.make(name, make)) is not None:
+                    peers.append(peer)
+        except BaseException:
+            for peer in peers:
+                close(peer)
+            raise
+        return peers
 
+    def warm_case(self, peers: list[Any], rep: int, c: int, case: Case) -> bool:
+        """One case on every warm peer, the order rotated by repetition and case; False once
+        no peer is left."""
+        for peer in [p for p in peers if p.name in self.failed]:
+            peers.remove(peer)
+            close(peer)
+        if not peers:
+            return False
+        data = payload(case.size, case.buffers)
+        turn = (rep + c) % len(peers)
+        for peer in peers[turn:] + peers[:turn]:  # rotate the order
+            self.cell(peer, case, data, rep)
+        return True
+
+    def fresh(self, chosen: list[tuple[str, Callable[[], Any]]]) -> None:
         for rep in range(self.args.reps):
             for c, case in enumerate(self.cases):
-                data = payload(case.size, case.buffers)
-                turn = (rep + c) % len(chosen)
-                for name, make in chosen[turn:] + chosen[:turn]:
-                    if name in self.unavailable or name in self.failed:
-                        continue
-                    if not SpinningTensorwire.measures(name, case):
-                        # Measured on the sporadic row only: no processes for the others.
-                        self.not_applicable[(case, name)] = SPINNING_ONLY
-                        continue
-                    if (peer := self.make(name, make)) is None:
-                        continue
-                    try:
-                        self.cell(peer, case, data, rep)
-                    finally:
-                        close(peer)
+                self.fresh_case(chosen, rep, c, case)
             self.progress(rep)
+
+    def fresh_case(
+        self, chosen: list[tuple[str, Callable[[], Any]]], rep: int, c: int, case: Case
+    ) -> None:
+        """One case on every chosen peer, each made for the cell and closed after it."""
+        from peers import SPINNING_ONLY, SpinningTensorwire
+
+        if not chosen:
+            return
+        data = payload(case.size, case.buffers)
+        turn = (rep + c) % len(chosen)
+        for name, make in chosen[turn:] + chosen[:turn]:
+            if name in self.unavailable or name in self.failed:
+                continue
+            if not SpinningTensorwire.measures(name, case):
+                # Measured on the sporadic row only: no processes for the others.
+                self.not_applicable[(case, name)] = SPINNING_ONLY
+                continue
+            if (peer := self.make(name, make)) is None:
+                continue
+            try:
+                self.cell(peer, case, data, rep)
+            finally:
+                close(peer)
+
+    def steered(self, chosen: list[tuple[str, Callable[[], Any]]], asks: TextIO) -> None:
+        """Cells one at a time as the suite asks for them on stdin (`--steer`), so its Rust
+        columns and these peers are measured seconds apart, case by case: one JSON line per
+        cell ({"rep": R, "mode": M, "size": S, "buffers": B}, a case of the matrix), answered
+        by the cell's records and {"kind": "cell_done"}; end of input ends the run. Warm peers
+        are made first, then {"kind": "ready"} says so."""
+        peers = [] if self.args.fresh else self.make_all(chosen)
+        by_key = {(case.key, case.size, case.buffers): c for c, case in enumerate(self.cases)}
+        self.emit({"kind": "ready"})
+        try:
+            for line in asks:
+                if not line.strip():
+                    continue
+                asked = json.loads(line)
+                rep = int(asked["rep"])
+                c = by_key.get((asked["mode"], int(asked["size"]), int(asked["buffers"])))
+                if c is None:
+                    raise SystemExit(f"--steer: {line.strip()} is not a case of this matrix")
+                if self.args.fresh:
+                    self.fresh_case(chosen, rep, c, self.cases[c])
+                else:
+                    self.warm_case(peers, rep, c, self.cases[c])
+                self.emit({"kind": "cell_done"})
+        finally:
+            for peer in peers:
+                close(peer)
 
     def progress(self, rep: int) -> None:
         took = ", ".join(f"{name} {t:.1f} s" for name, t in self.spent.items())
@@ -367,6 +419,17 @@ def positive_seconds(text: str) -> float:
     if not seconds > 0 or seconds == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, not {text}")
     return seconds
+
+
+def own_stdin() -> TextIO:
+    """This process's stdin for itself alone: the peers' processes get /dev/null instead (mpirun
+    forwards its stdin to rank 0, and would take the lines `--steer` is asked with)."""
+    asks = os.fdopen(os.dup(0), "r")  # not inherited: os.dup makes it close-on-exec
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    sys.stdin = open(os.devnull)  # noqa: SIM115  (for the rest of the process)
+    return asks
 
 
 def close(peer: Any) -> None:
@@ -415,6 +478,13 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument(
+        "--steer",
+        action="store_true",
+        help="measure the cells the caller asks for on stdin, one JSON line each "
+        '({"rep": R, "mode": M, "size": S, "buffers": B}), answering each with its records and '
+        '{"kind": "cell_done"} (`ptr1-bench suite` steers its C peers this way); needs --json',
+    )
+    parser.add_argument(
         "--fixture",
         type=Path,
         default=PTR1_BENCH,
@@ -431,6 +501,10 @@ def main() -> None:
         return serve(args.serve)
     if args.seconds is None:
         args.seconds = 0.5 if args.fresh else 1.0
+    if args.steer and not args.json:
+        raise SystemExit("--steer answers in JSON lines: add --json")
+    if args.steer:
+        asks = own_stdin()
     PTR1_BENCH = args.fixture
     if not PTR1_BENCH.exists():
         raise SystemExit(f"{PTR1_BENCH} is missing: cargo build --release -p ptr1-bench")
@@ -480,7 +554,10 @@ def main() -> None:
         if chosen(key) and any(SpinningTensorwire.measures(name, case) for case in cases)
     ]
     try:
-        (run.fresh if args.fresh else run.warm)(picked)
+        if args.steer:
+            run.steered(picked, asks)
+        else:
+            (run.fresh if args.fresh else run.warm)(picked)
     finally:
         run.finish()
     if not args.json:

@@ -179,3 +179,61 @@ def test_fresh_the_spinning_peers_start_processes_for_the_sporadic_row_only() ->
     assert samples == {(peer, "sporadic") for peer in spinning}
     refused = {(r["peer"], r["mode"]) for r in records if r["kind"] == "not_applicable"}
     assert refused == {(peer, "rtt") for peer in spinning}
+
+
+@pytest.mark.skipif(not PTR1_BENCH.exists(), reason=f"{PTR1_BENCH} is not built")
+@pytest.mark.parametrize("fresh", [False, True], ids=["warm", "fresh"])
+def test_steered_the_driver_measures_each_cell_it_is_asked_for_when_asked(fresh: bool) -> None:
+    """`--steer` (how `ptr1-bench suite` measures MPI's C peers case by case beside its Rust
+    columns): ready once its peers are made, then one cell per line, each answered by that
+    cell's samples and `cell_done`; end of input ends it, cleanly."""
+    args = [sys.executable, str(BENCH), "--json", "--steer", "--reps", "1", "--seconds", "0.02"]
+    args += ["--sizes", "4KiB,64KiB", "--buffers", "1,16", "--only", "tw"]
+    with subprocess.Popen(
+        args + (["--fresh"] if fresh else []),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as child:
+        assert child.stdin is not None and child.stdout is not None
+        out = child.stdout
+
+        def until(kind: str) -> list[dict[str, Any]]:
+            records = []
+            for line in out:
+                record = json.loads(line)
+                if record["kind"] == kind:
+                    return records
+                records.append(record)
+            raise AssertionError(f"the driver ended before {kind!r}: {records}")
+
+        try:
+            until("ready")
+            asked = [("rtt", 65536, 16, 0), ("oneway", 4096, 1, 0), ("rtt", 65536, 16, 1)]
+            for mode, size, buffers, rep in asked:
+                line = {"rep": rep, "mode": mode, "size": size, "buffers": buffers}
+                child.stdin.write(json.dumps(line) + "\n")
+                child.stdin.flush()
+                samples = [r for r in until("cell_done") if r["kind"] == "sample"]
+                cells = [(r["peer"], r["mode"], r["size"], r["buffers"], r["rep"]) for r in samples]
+                assert cells == [("tensorwire (Python)", mode, size, buffers, rep)]
+                assert samples[0]["value"] > 0
+            child.stdin.close()
+            assert child.wait(timeout=120) == 0
+        finally:
+            child.kill()
+
+
+@pytest.mark.skipif(not PTR1_BENCH.exists(), reason=f"{PTR1_BENCH} is not built")
+def test_steered_a_case_outside_the_matrix_is_refused_not_guessed() -> None:
+    asked = json.dumps({"rep": 0, "mode": "rtt", "size": 12345, "buffers": 1})
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--json", "--steer", "--sizes", "4KiB", "--only", "tw"],
+        input=asked + "\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0
+    assert "is not a case of this matrix" in out.stderr
+    assert not [line for line in out.stdout.splitlines() if '"sample"' in line]

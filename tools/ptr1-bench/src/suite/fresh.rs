@@ -11,6 +11,7 @@ use crate::measure;
 use crate::progress::Progress;
 use crate::report::say;
 use crate::suite::columns::{Column, Lanes};
+use crate::suite::steered::{self, Steered};
 use crate::suite::{Measurement, Plan, case_options};
 
 /// What the fresh pass measured.
@@ -23,12 +24,14 @@ pub(crate) struct FreshMatrix {
     pub(crate) refused: Vec<(Column, String)>,
 }
 
-/// Every case on every column, each cell with new processes.
+/// Every case on every column, each cell with new processes; MPI's C peers (`steered`, new
+/// processes per cell too) measured on each case right before or right after the columns.
 pub(crate) fn measure_matrix(
     exe: &Path,
     plan: &Plan,
     options: &Options,
     known_unavailable: &[(Column, String)],
+    mut steered: Option<&mut Steered>,
 ) -> Result<FreshMatrix> {
     let mut refused = Vec::new();
     let wanted: Vec<Column> = Column::ALL
@@ -57,6 +60,10 @@ pub(crate) fn measure_matrix(
         for (c, case) in plan.cases.iter().enumerate() {
             let message = measure::message(case.size, case.buffers);
             let run = case_options(case, plan.fresh_seconds, options);
+            let peers_first = steered::peers_first(rep, c);
+            if peers_first {
+                steered::measure(steered.as_deref_mut(), rep, case);
+            }
             for k in 0..n {
                 let l = (k + rep + c) % n;
                 let column = columns[l];
@@ -69,6 +76,9 @@ pub(crate) fn measure_matrix(
                 let cpu_pair_us = crate::suite::cpu_pair::probe();
                 let (sample, cpu) = lane.measure(&run, &message).with_context(failed)?;
                 samples[c][l].push(Measurement::new(&sample, cpu).probed(cpu_pair_us));
+            }
+            if !peers_first {
+                steered::measure(steered.as_deref_mut(), rep, case);
             }
             progress.step(&format!(
                 "fresh rep {}/{}: {}",

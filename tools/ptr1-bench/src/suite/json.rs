@@ -187,6 +187,8 @@ fn peers_json(peers: &Peers) -> Value {
             json!({ "peer": n, "language": info.language, "busy_polls": info.spins, "tensorwire": info.ours })
         }).collect::<Vec<_>>(),
         "loadavg_1m": peers.load,
+        // MPI's C ranks measured case by case with the Rust columns (bench.py --steer).
+        "c_peers_with_the_columns": peers.steered,
         "unavailable": pairs(&peers.unavailable, "peer", "reason"),
         "notes": pairs(&peers.notes, "peer", "how"),
         "not_applicable": pairs(&peers.not_applicable, "peer", "reason"),

@@ -21,6 +21,7 @@ mod ray_rdt;
 mod references;
 mod server;
 mod setup;
+mod steered;
 mod table;
 mod verdict;
 
@@ -179,12 +180,13 @@ pub(crate) fn suite(options: &Options) -> Result<()> {
             say!("{}: not measured here: {why}", column.name());
         }
         let rss_start = lanes.fixture_rss();
-        let samples = measure_matrix(&mut lanes, &plan, options)?;
+        let mut steered = steered::Steered::start(options, &plan, false);
+        let samples = measure_matrix(&mut lanes, &plan, options, steered.as_mut())?;
         fixture_memory = lanes.fixture_memory(&rss_start);
         columns = lanes.lanes.iter().map(|lane| lane.column).collect();
         unavailable = std::mem::take(&mut lanes.unavailable);
         drop(lanes);
-        let peers = peers::Peers::measure(options, &plan, false);
+        let peers = peers::Peers::measure(options, &plan, false, steered);
         passes.push(Pass {
             fresh: false,
             columns: columns.clone(),
@@ -205,12 +207,13 @@ pub(crate) fn suite(options: &Options) -> Result<()> {
                 ""
             }
         );
-        let matrix = fresh::measure_matrix(&exe, &plan, options, &unavailable)?;
+        let mut steered = steered::Steered::start(options, &plan, true);
+        let matrix = fresh::measure_matrix(&exe, &plan, options, &unavailable, steered.as_mut())?;
         if !plan.warm {
             columns.clone_from(&matrix.columns);
             unavailable = matrix.refused;
         }
-        let peers = peers::Peers::measure(options, &plan, true);
+        let peers = peers::Peers::measure(options, &plan, true, steered);
         passes.push(Pass {
             fresh: true,
             columns: matrix.columns,
@@ -275,11 +278,13 @@ fn case_options(case: &Case, seconds: f64, options: &Options) -> Options {
     }
 }
 
-/// Every case on every column, `plan.reps` times, interleaved.
+/// Every case on every column, `plan.reps` times, interleaved; MPI's C peers (`steered`)
+/// measured on each case right before or right after the columns.
 fn measure_matrix(
     lanes: &mut Lanes,
     plan: &Plan,
     options: &Options,
+    mut steered: Option<&mut steered::Steered>,
 ) -> Result<Vec<Vec<Vec<Measurement>>>> {
     let n = lanes.lanes.len();
     let mut samples = vec![vec![Vec::new(); n]; plan.cases.len()];
@@ -288,6 +293,10 @@ fn measure_matrix(
         for (c, case) in plan.cases.iter().enumerate() {
             let message = measure::message(case.size, case.buffers);
             let run = case_options(case, plan.seconds, options);
+            let peers_first = steered::peers_first(rep, c);
+            if peers_first {
+                steered::measure(steered.as_deref_mut(), rep, case);
+            }
             for k in 0..n {
                 let l = (k + rep + c) % n;
                 let lane = &mut lanes.lanes[l];
@@ -299,6 +308,9 @@ fn measure_matrix(
                     format!("{} over {} failed", case.label(), lane.column.name())
                 })?;
                 samples[c][l].push(Measurement::new(&sample, cpu).probed(cpu_pair_us));
+            }
+            if !peers_first {
+                steered::measure(steered.as_deref_mut(), rep, case);
             }
             progress.step(&format!("rep {}/{}: {}", rep + 1, plan.reps, case.label()));
         }
@@ -367,7 +379,18 @@ fn smoke_requires_peers(r: &Results) -> Result<()> {
     if !r.plan.smoke || crate::placement::is_across() || !r.plan.parts.contains(&Part::Peers) {
         return Ok(());
     }
-    let missing: Vec<(String, String)> = r.passes.iter().flat_map(|p| p.peers.missing()).collect();
+    let mut missing: Vec<(String, String)> =
+        r.passes.iter().flat_map(|p| p.peers.missing()).collect();
+    for pass in &r.passes {
+        if pass.peers.skipped.is_none() && !pass.peers.steered {
+            missing.push((
+                format!("MPI's C ranks ({} pass)", pass.name()),
+                "not measured case by case with the Rust columns (bench.py --steer did not \
+                 start; said above)"
+                    .into(),
+            ));
+        }
+    }
     if missing.is_empty() {
         say!("\nsmoke: every peer was measured, warm and fresh");
         return Ok(());

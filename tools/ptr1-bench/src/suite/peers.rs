@@ -12,6 +12,7 @@ use std::process::{Command, Stdio};
 use crate::Options;
 use crate::cli::Part;
 use crate::suite::references::References;
+use crate::suite::steered::{self, Steered};
 use crate::suite::verdict::{Entrant, Transfer};
 use crate::suite::{Case, Plan, median};
 
@@ -39,6 +40,9 @@ pub(crate) struct Peers {
     pub(crate) versions: BTreeMap<String, String>,
     /// The 1-minute load average when the driver started (a fresh run wants an idle machine).
     pub(crate) load: Option<f64>,
+    /// Whether MPI's C peers were measured case by case with the Rust columns
+    /// ([`Steered`]) rather than after them.
+    pub(crate) steered: bool,
 }
 
 /// What the driver says a peer is.
@@ -65,70 +69,41 @@ pub(crate) struct PeerSample {
 
 impl Peers {
     /// Runs the driver over the plan's cases: warm (each peer's processes made once), or
-    /// `fresh` (new processes for every cell).
-    pub(crate) fn measure(options: &Options, plan: &Plan, fresh: bool) -> Self {
-        let skipped = |why: &str| Self {
-            skipped: Some(why.to_owned()),
+    /// `fresh` (new processes for every cell). The peers `steered` measured case by case
+    /// beside the Rust columns are left out here and their records taken as they are.
+    pub(crate) fn measure(
+        options: &Options,
+        plan: &Plan,
+        fresh: bool,
+        steered: Option<Steered>,
+    ) -> Self {
+        let skipped = |why: String| Self {
+            skipped: Some(why),
             ..Self::default()
         };
-        if crate::placement::is_across() {
-            return skipped("same-host peers: not run with --netns");
-        }
-        if !plan.parts.contains(&Part::Peers) {
-            return skipped("not asked for (--only)");
-        }
-        let Some(root) = workspace_root() else {
-            return skipped("pybind/bench/bench.py not found next to this binary's workspace");
+        let (python, script, mut args) = match driver(options, plan, fresh) {
+            Ok(driver) => driver,
+            Err(why) => return skipped(why),
         };
-        let Some(python) = python_with_tensorwire(&root) else {
-            return skipped(
-                "no Python with tensorwire and numpy (scripts/python-env installs them into .venv)",
-            );
-        };
-        let list = |values: &mut dyn Iterator<Item = String>| values.collect::<Vec<_>>().join(",");
-        let mut modes: Vec<&str> = plan.cases.iter().map(Case::mode_key).collect();
-        modes.dedup();
-        let exe = std::env::current_exe().map_or_else(|_| "?".into(), |p| p.display().to_string());
-        let (reps, seconds) = if fresh {
-            (plan.fresh_reps, plan.fresh_seconds)
-        } else {
-            (plan.reps, plan.seconds)
-        };
-        let mut args = vec![
-            "--json".to_owned(),
-            "--fixture".into(),
-            exe,
-            "--skip".into(),
-            "rust".into(),
-            "--reps".into(),
-            reps.to_string(),
-            "--seconds".into(),
-            seconds.to_string(),
-            "--sizes".into(),
-            list(&mut plan.sizes.iter().map(ToString::to_string)),
-            "--modes".into(),
-            modes.join(","),
-            "--buffers".into(),
-            "1,16".into(),
-            "--inflight".into(),
-            options.inflight.to_string(),
-            "--inflight-bytes".into(),
-            crate::suite::cases::IN_FLIGHT_BYTES.to_string(),
-            "--sporadic-gap".into(),
-            crate::suite::cases::SPORADIC_GAP.as_secs_f64().to_string(),
-        ];
-        if fresh {
-            args.push("--fresh".into());
+        let mut skip = "rust".to_owned();
+        if steered.is_some() {
+            skip = format!("{skip},{}", steered::KEYS);
         }
+        args.extend(["--skip".into(), skip]);
         let output = Command::new(&python)
-            .arg(root.join("pybind/bench/bench.py"))
+            .arg(script)
             .args(&args)
             .stderr(Stdio::inherit())
             .output();
+        let was_steered = steered.is_some();
+        // The steered peers' records after the main driver's: the table keeps its order.
+        let steered = steered.map(Steered::finish).unwrap_or_default();
         match output {
             // What it measured before a failure still counts; the failure is listed.
             Ok(out) => {
-                let mut peers = Self::parse(&String::from_utf8_lossy(&out.stdout));
+                let text = String::from_utf8_lossy(&out.stdout) + steered.as_str();
+                let mut peers = Self::parse(&text);
+                peers.steered = was_steered;
                 if !out.status.success() {
                     peers.failed.push((
                         "bench.py".into(),
@@ -137,12 +112,12 @@ impl Peers {
                 }
                 peers
             }
-            Err(e) => skipped(&format!("bench.py could not start: {e}")),
+            Err(e) => skipped(format!("bench.py could not start: {e}")),
         }
     }
 
     /// Reads the driver's JSON lines.
-    fn parse(text: &str) -> Self {
+    pub(crate) fn parse(text: &str) -> Self {
         let mut peers = Self::default();
         for line in text.lines() {
             let Ok(record) = serde_json::from_str::<serde_json::Value>(line) else {
@@ -159,7 +134,8 @@ impl Peers {
                 Some("version") => {
                     peers.versions.insert(s("name"), s("version"));
                 }
-                Some("load") => peers.load = record["loadavg"].as_f64(),
+                // The first driver's (the main one's): the load when the pass began.
+                Some("load") => peers.load = peers.load.or_else(|| record["loadavg"].as_f64()),
                 Some("peer") => {
                     let name = s("peer");
                     let info = PeerInfo {
@@ -307,6 +283,65 @@ impl Peers {
         }
         serde_json::Value::Object(map)
     }
+}
+
+/// The peers' driver for a pass over the plan's cases: the Python to run it with, the script,
+/// and its arguments (every peer but the caller's `--skip` or `--only`); `Err` says why no peer
+/// is measured.
+pub(crate) fn driver(
+    options: &Options,
+    plan: &Plan,
+    fresh: bool,
+) -> Result<(PathBuf, PathBuf, Vec<String>), String> {
+    if crate::placement::is_across() {
+        return Err("same-host peers: not run with --netns".into());
+    }
+    if !plan.parts.contains(&Part::Peers) {
+        return Err("not asked for (--only)".into());
+    }
+    let Some(root) = workspace_root() else {
+        return Err("pybind/bench/bench.py not found next to this binary's workspace".into());
+    };
+    let Some(python) = python_with_tensorwire(&root) else {
+        return Err(
+            "no Python with tensorwire and numpy (scripts/python-env installs them into .venv)"
+                .into(),
+        );
+    };
+    let list = |values: &mut dyn Iterator<Item = String>| values.collect::<Vec<_>>().join(",");
+    let mut modes: Vec<&str> = plan.cases.iter().map(Case::mode_key).collect();
+    modes.dedup();
+    let exe = std::env::current_exe().map_or_else(|_| "?".into(), |p| p.display().to_string());
+    let (reps, seconds) = if fresh {
+        (plan.fresh_reps, plan.fresh_seconds)
+    } else {
+        (plan.reps, plan.seconds)
+    };
+    let mut args = vec![
+        "--json".to_owned(),
+        "--fixture".into(),
+        exe,
+        "--reps".into(),
+        reps.to_string(),
+        "--seconds".into(),
+        seconds.to_string(),
+        "--sizes".into(),
+        list(&mut plan.sizes.iter().map(ToString::to_string)),
+        "--modes".into(),
+        modes.join(","),
+        "--buffers".into(),
+        "1,16".into(),
+        "--inflight".into(),
+        options.inflight.to_string(),
+        "--inflight-bytes".into(),
+        crate::suite::cases::IN_FLIGHT_BYTES.to_string(),
+        "--sporadic-gap".into(),
+        crate::suite::cases::SPORADIC_GAP.as_secs_f64().to_string(),
+    ];
+    if fresh {
+        args.push("--fresh".into());
+    }
+    Ok((python, root.join("pybind/bench/bench.py"), args))
 }
 
 /// tensorwire driven from Python (its PTR1 and shared-memory columns).

@@ -199,10 +199,16 @@ fn verdict_table(r: &Results, pass: &Pass) {
         "\nverdict: the best tensorwire path ÷ the best peer that does the same with each \
          message's bytes ([0], [1] or [k]) from the same language (MPI's ranks in C beside \
          Rust), > 1× favours tensorwire (RTT: latencies inverted); never across kinds or \
-         languages (– = no tensorwire path of that kind in that case). The peers run after the \
-         columns, interleaved among themselves. ‡ = most repetitions of that tensorwire figure \
-         ran on the slow placement of the host's CPU pair (the probes above; the peers are not \
-         probed): that ratio compares the host as much as the transports.\n"
+         languages (– = no tensorwire path of that kind in that case). {} ‡ = most \
+         repetitions of that tensorwire figure ran on the slow placement of the host's CPU pair \
+         (the probes above; the peers are not probed): that ratio compares the host as much as \
+         the transports.\n",
+        if pass.peers.steered {
+            "MPI's ranks in C run case by case with the Rust columns (right before or right \
+             after them); the Python peers after the columns, interleaved among themselves."
+        } else {
+            "The peers run after the columns, interleaved among themselves."
+        }
     );
     let with_ratio: Vec<&(Transfer, String)> = groups
         .iter()
@@ -354,8 +360,13 @@ fn peers_table(r: &Results, pass: &Pass) {
     say!(
         "\nPeers: the transports users would pick instead, driven from Python \
          (pybind/bench/bench.py{}; MPI \"(C)\": the same ranks in C, beside the Rust \
-         columns), each server in its own process",
-        if pass.fresh { " --fresh" } else { "" }
+         columns{}), each server in its own process",
+        if pass.fresh { " --fresh" } else { "" },
+        if peers.steered {
+            ", measured case by case with them (bench.py --steer)"
+        } else {
+            ""
+        }
     );
     if let Some(why) = &peers.skipped {
         say!("  not measured: {why}");
