@@ -181,20 +181,14 @@ def test_fresh_the_spinning_peers_start_processes_for_the_sporadic_row_only() ->
     assert refused == {(peer, "rtt") for peer in spinning}
 
 
-@pytest.mark.skipif(not PTR1_BENCH.exists(), reason=f"{PTR1_BENCH} is not built")
-@pytest.mark.parametrize("fresh", [False, True], ids=["warm", "fresh"])
-def test_steered_the_driver_measures_each_cell_it_is_asked_for_when_asked(fresh: bool) -> None:
-    """`--steer` (how `ptr1-bench suite` measures MPI's C peers case by case beside its Rust
-    columns): ready once its peers are made, then one cell per line, each answered by that
-    cell's samples and `cell_done`; end of input ends it, cleanly."""
+def steer(peers: str, asked: list[tuple[str, int, int, int]], *more: str) -> list[list[Any]]:
+    """Drives `bench.py --steer --only peers` as the suite does: waits for `ready`, asks for
+    each (mode, size, buffers, rep) in turn, and returns each cell's samples as (peer, mode,
+    size, buffers, rep, value); then ends its input and checks it exits cleanly."""
     args = [sys.executable, str(BENCH), "--json", "--steer", "--reps", "1", "--seconds", "0.02"]
-    args += ["--sizes", "4KiB,64KiB", "--buffers", "1,16", "--only", "tw"]
-    with subprocess.Popen(
-        args + (["--fresh"] if fresh else []),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as child:
+    args += ["--sizes", "4KiB,64KiB", "--buffers", "1,16", "--only", peers, *more]
+    cells = []
+    with subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as child:
         assert child.stdin is not None and child.stdout is not None
         out = child.stdout
 
@@ -209,19 +203,53 @@ def test_steered_the_driver_measures_each_cell_it_is_asked_for_when_asked(fresh:
 
         try:
             until("ready")
-            asked = [("rtt", 65536, 16, 0), ("oneway", 4096, 1, 0), ("rtt", 65536, 16, 1)]
             for mode, size, buffers, rep in asked:
                 line = {"rep": rep, "mode": mode, "size": size, "buffers": buffers}
                 child.stdin.write(json.dumps(line) + "\n")
                 child.stdin.flush()
                 samples = [r for r in until("cell_done") if r["kind"] == "sample"]
-                cells = [(r["peer"], r["mode"], r["size"], r["buffers"], r["rep"]) for r in samples]
-                assert cells == [("tensorwire (Python)", mode, size, buffers, rep)]
-                assert samples[0]["value"] > 0
+                fields = ("peer", "mode", "size", "buffers", "rep", "value")
+                cells.append([tuple(r[k] for k in fields) for r in samples])
             child.stdin.close()
             assert child.wait(timeout=120) == 0
         finally:
             child.kill()
+    return cells
+
+
+ASKED = [("rtt", 65536, 16, 0), ("oneway", 4096, 1, 0), ("rtt", 65536, 16, 1)]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not PTR1_BENCH.exists(), reason=f"{PTR1_BENCH} is not built")
+@pytest.mark.parametrize("fresh", [False, True], ids=["warm", "fresh"])
+def test_steered_the_driver_measures_each_cell_it_is_asked_for_when_asked(fresh: bool) -> None:
+    """`--steer` (how `ptr1-bench suite` measures MPI's C peers case by case beside its Rust
+    columns): ready once its peers are made, then one cell per line, each answered by that
+    cell's samples and `cell_done`; end of input ends it, cleanly."""
+    cells = steer("tw", ASKED, *(["--fresh"] if fresh else []))
+    for (mode, size, buffers, rep), samples in zip(ASKED, cells, strict=True):
+        assert [s[:5] for s in samples] == [("tensorwire (Python)", mode, size, buffers, rep)]
+        assert samples[0][5] > 0
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not PTR1_BENCH.exists(), reason=f"{PTR1_BENCH} is not built")
+def test_steered_mpi_ranks_in_c_answer_cell_after_cell() -> None:
+    """The peers the suite steers: mpirun inherits no stdin from the driver (it forwards its
+    stdin to rank 0, and took the second cell's line before)."""
+    import os
+    import shutil
+
+    if not (shutil.which("mpirun") and shutil.which("mpicc")):
+        missing = "no mpirun or mpicc (scripts/install-deps installs openmpi-bin, libopenmpi-dev)"
+        if os.environ.get("TENSORWIRE_REQUIRE_PEERS") == "1":
+            pytest.fail(missing)
+        pytest.skip(missing)
+    cells = steer("mpic", ASKED)
+    for (mode, size, buffers, rep), samples in zip(ASKED, cells, strict=True):
+        assert [s[:5] for s in samples] == [("MPI one host (C)", mode, size, buffers, rep)]
+        assert samples[0][5] > 0
 
 
 @pytest.mark.skipif(not PTR1_BENCH.exists(), reason=f"{PTR1_BENCH} is not built")

@@ -90,14 +90,15 @@ impl Peers {
             skip = format!("{skip},{}", steered::KEYS);
         }
         args.extend(["--skip".into(), skip]);
+        let was_steered = steered.is_some();
+        // Its ranks are not kept alive through the Python peers' phase.
+        let steered = steered.map(Steered::finish).unwrap_or_default();
         let output = Command::new(&python)
             .arg(script)
             .args(&args)
             .stderr(Stdio::inherit())
             .output();
-        let was_steered = steered.is_some();
         // The steered peers' records after the main driver's: the table keeps its order.
-        let steered = steered.map(Steered::finish).unwrap_or_default();
         match output {
             // What it measured before a failure still counts; the failure is listed.
             Ok(out) => {
@@ -112,7 +113,12 @@ impl Peers {
                 }
                 peers
             }
-            Err(e) => skipped(format!("bench.py could not start: {e}")),
+            Err(e) => {
+                let mut peers = Self::parse(&steered);
+                peers.steered = was_steered;
+                peers.skipped = Some(format!("bench.py could not start: {e}"));
+                peers
+            }
         }
     }
 
@@ -134,7 +140,8 @@ impl Peers {
                 Some("version") => {
                     peers.versions.insert(s("name"), s("version"));
                 }
-                // The first driver's (the main one's): the load when the pass began.
+                // The main driver's (its records come first): the load when the Python
+                // peers began.
                 Some("load") => peers.load = peers.load.or_else(|| record["loadavg"].as_f64()),
                 Some("peer") => {
                     let name = s("peer");

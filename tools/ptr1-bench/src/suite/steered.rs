@@ -16,7 +16,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::Options;
 use crate::report::say;
@@ -28,6 +28,9 @@ pub(crate) const KEYS: &str = "mpic,mpitcpc";
 /// How long one cell may take, peers made included (mpicc builds the ranks on first use,
 /// `mpirun` starts; `bench.py`'s own limit per peer and cell is 300 s).
 pub(crate) const CELL_WAIT: Duration = Duration::from_secs(15 * 60);
+
+/// How long a driver whose input ended may take to close its peers and exit.
+const STOP_WAIT: Duration = Duration::from_secs(10);
 
 /// The name failures are reported under.
 const NAME: &str = "MPI in C (bench.py --steer)";
@@ -52,17 +55,19 @@ impl Steered {
         args.extend(["--only".into(), KEYS.into(), "--steer".into()]);
         let mut command = Command::new(python);
         command.arg(script).args(args);
-        match Self::spawn(command, CELL_WAIT) {
-            Ok(steered) => Some(steered),
-            Err(e) => {
-                say!("MPI's C peers: not steered case by case ({e}); measured after the matrix");
-                None
-            }
-        }
+        let why = match Self::spawn(command, CELL_WAIT) {
+            Ok(steered) => match &steered.failed {
+                None => return Some(steered),
+                Some(why) => why.clone(), // dropping it stops it
+            },
+            Err(e) => e.to_string(),
+        };
+        say!("MPI's C peers: not steered case by case ({why}); measured after the matrix");
+        None
     }
 
-    /// Starts `command` (a driver that speaks `--steer`) and waits until it is ready; then at
-    /// most `wait` per cell.
+    /// Starts `command` (a driver that speaks `--steer`) and waits until it is ready (a failure
+    /// to get ready is in `failed`); then at most `wait` per cell.
     pub(crate) fn spawn(mut command: Command, wait: Duration) -> std::io::Result<Self> {
         let mut child = command
             .stdin(Stdio::piped())
@@ -118,10 +123,12 @@ impl Steered {
         self.collect_until("cell_done", &case.label());
     }
 
-    /// Takes the driver's records until one of `kind` (not kept), or fails.
+    /// Takes the driver's records until one of `kind` (not kept), within `wait`, or fails.
     fn collect_until(&mut self, kind: &str, what: &str) {
+        let deadline = Instant::now() + self.wait;
         loop {
-            match self.lines.recv_timeout(self.wait) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
                 Ok(line) if is_kind(&line, kind) => return,
                 Ok(line) => {
                     self.records.push_str(&line);
@@ -159,7 +166,7 @@ impl Steered {
             }
         }
         if self.failed.is_some() {
-            let _ = self.child.kill();
+            self.stop();
         }
         let status = self.child.wait();
         if self.failed.is_none() && !status.as_ref().is_ok_and(|s| s.success()) {
@@ -177,8 +184,24 @@ impl Steered {
 
     fn fail(&mut self, why: String) {
         say!("{NAME} failed, left out from here on: {why}");
-        let _ = self.child.kill();
+        self.stop();
         self.failed = Some(why);
+    }
+
+    /// Ends the driver: its input closed, so it closes its peers (mpirun and its ranks) and
+    /// removes its files; killed after [`STOP_WAIT`] (or the cell wait, if shorter) if it
+    /// does not.
+    fn stop(&mut self) {
+        drop(self.stdin.take());
+        let deadline = Instant::now() + STOP_WAIT.min(self.wait);
+        while Instant::now() < deadline {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -198,10 +221,7 @@ pub(crate) fn measure(steered: Option<&mut Steered>, rep: usize, case: &Case) {
 impl Drop for Steered {
     fn drop(&mut self) {
         // A pass that ended early (an error) leaves no driver or mpirun behind.
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        self.stop();
     }
 }
 
@@ -277,13 +297,23 @@ mod tests {
     }
 
     #[test]
+    fn a_driver_that_never_gets_ready_is_known_failed_before_any_cell() {
+        let mut command = Command::new("python3");
+        command.args(["-c", "import sys; sys.exit(2)"]);
+        let steered = Steered::spawn(command, CELL_WAIT).expect("python3 starts");
+        // `start` then leaves the C peers to the main driver instead.
+        let why = steered.failed.clone().unwrap_or_default();
+        assert!(why.starts_with("setting up: the driver exited"), "{why}");
+    }
+
+    #[test]
     fn a_silent_driver_is_given_up_on_after_the_wait_and_killed() {
         let cases = cases::matrix(cases::sizes(false, true), 64);
         let mut steered = driver(
             "    import time; time.sleep(60)\n",
             Duration::from_millis(300),
         );
-        let began = std::time::Instant::now();
+        let began = Instant::now();
         steered.measure(0, &cases[0]);
         steered.measure(0, &cases[1]);
         let peers = Peers::parse(&steered.finish());
