@@ -428,7 +428,6 @@ def own_stdin() -> TextIO:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    sys.stdin = open(os.devnull)  # noqa: SIM115  (for the rest of the process)
     return asks
 
 

@@ -60,26 +60,23 @@ pub(crate) fn measure_matrix(
         for (c, case) in plan.cases.iter().enumerate() {
             let message = measure::message(case.size, case.buffers);
             let run = case_options(case, plan.fresh_seconds, options);
-            let peers_first = steered::peers_first(rep, c);
-            if peers_first {
-                steered::measure(steered.as_deref_mut(), rep, case);
-            }
-            for k in 0..n {
-                let l = (k + rep + c) % n;
-                let column = columns[l];
-                if !column.measures(case) {
-                    continue;
+            steered::around(steered.as_deref_mut(), rep, c, case, || -> Result<()> {
+                for k in 0..n {
+                    let l = (k + rep + c) % n;
+                    let column = columns[l];
+                    if !column.measures(case) {
+                        continue;
+                    }
+                    let failed =
+                        || format!("{} over {} (fresh) failed", case.label(), column.name());
+                    let mut lanes = Lanes::single(exe, options, column).with_context(failed)?;
+                    let lane = lanes.lanes.first_mut().context("no lane")?;
+                    let cpu_pair_us = crate::suite::cpu_pair::probe();
+                    let (sample, cpu) = lane.measure(&run, &message).with_context(failed)?;
+                    samples[c][l].push(Measurement::new(&sample, cpu).probed(cpu_pair_us));
                 }
-                let failed = || format!("{} over {} (fresh) failed", case.label(), column.name());
-                let mut lanes = Lanes::single(exe, options, column).with_context(failed)?;
-                let lane = lanes.lanes.first_mut().context("no lane")?;
-                let cpu_pair_us = crate::suite::cpu_pair::probe();
-                let (sample, cpu) = lane.measure(&run, &message).with_context(failed)?;
-                samples[c][l].push(Measurement::new(&sample, cpu).probed(cpu_pair_us));
-            }
-            if !peers_first {
-                steered::measure(steered.as_deref_mut(), rep, case);
-            }
+                Ok(())
+            })?;
             progress.step(&format!(
                 "fresh rep {}/{}: {}",
                 rep + 1,

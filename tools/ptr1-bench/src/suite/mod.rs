@@ -293,25 +293,21 @@ fn measure_matrix(
         for (c, case) in plan.cases.iter().enumerate() {
             let message = measure::message(case.size, case.buffers);
             let run = case_options(case, plan.seconds, options);
-            let peers_first = steered::peers_first(rep, c);
-            if peers_first {
-                steered::measure(steered.as_deref_mut(), rep, case);
-            }
-            for k in 0..n {
-                let l = (k + rep + c) % n;
-                let lane = &mut lanes.lanes[l];
-                if !lane.column.measures(case) {
-                    continue;
+            steered::around(steered.as_deref_mut(), rep, c, case, || -> Result<()> {
+                for k in 0..n {
+                    let l = (k + rep + c) % n;
+                    let lane = &mut lanes.lanes[l];
+                    if !lane.column.measures(case) {
+                        continue;
+                    }
+                    let cpu_pair_us = cpu_pair::probe();
+                    let (sample, cpu) = lane.measure(&run, &message).with_context(|| {
+                        format!("{} over {} failed", case.label(), lane.column.name())
+                    })?;
+                    samples[c][l].push(Measurement::new(&sample, cpu).probed(cpu_pair_us));
                 }
-                let cpu_pair_us = cpu_pair::probe();
-                let (sample, cpu) = lane.measure(&run, &message).with_context(|| {
-                    format!("{} over {} failed", case.label(), lane.column.name())
-                })?;
-                samples[c][l].push(Measurement::new(&sample, cpu).probed(cpu_pair_us));
-            }
-            if !peers_first {
-                steered::measure(steered.as_deref_mut(), rep, case);
-            }
+                Ok(())
+            })?;
             progress.step(&format!("rep {}/{}: {}", rep + 1, plan.reps, case.label()));
         }
     }

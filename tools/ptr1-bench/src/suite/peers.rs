@@ -85,12 +85,13 @@ impl Peers {
             Ok(driver) => driver,
             Err(why) => return skipped(why),
         };
-        let mut skip = "rust".to_owned();
-        if steered.is_some() {
-            skip = format!("{skip},{}", steered::KEYS);
-        }
-        args.extend(["--skip".into(), skip]);
         let was_steered = steered.is_some();
+        let skip = if was_steered {
+            format!("rust,{}", steered::KEYS)
+        } else {
+            "rust".to_owned()
+        };
+        args.extend(["--skip".into(), skip]);
         // Its ranks are not kept alive through the Python peers' phase.
         let steered = steered.map(Steered::finish).unwrap_or_default();
         let output = Command::new(&python)
@@ -98,28 +99,28 @@ impl Peers {
             .args(&args)
             .stderr(Stdio::inherit())
             .output();
-        // The steered peers' records after the main driver's: the table keeps its order.
-        match output {
+        let (records, failed, skipped) = match output {
             // What it measured before a failure still counts; the failure is listed.
-            Ok(out) => {
-                let text = String::from_utf8_lossy(&out.stdout) + steered.as_str();
-                let mut peers = Self::parse(&text);
-                peers.steered = was_steered;
-                if !out.status.success() {
-                    peers.failed.push((
-                        "bench.py".into(),
-                        format!("exited with {} (its stderr is above)", out.status),
-                    ));
-                }
-                peers
-            }
-            Err(e) => {
-                let mut peers = Self::parse(&steered);
-                peers.steered = was_steered;
-                peers.skipped = Some(format!("bench.py could not start: {e}"));
-                peers
-            }
-        }
+            Ok(out) => (
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                (!out.status.success()).then(|| {
+                    let why = format!("exited with {} (its stderr is above)", out.status);
+                    ("bench.py".to_owned(), why)
+                }),
+                None,
+            ),
+            Err(e) => (
+                String::new(),
+                None,
+                Some(format!("bench.py could not start: {e}")),
+            ),
+        };
+        // The steered peers' records after the main driver's: the table keeps its order.
+        let mut peers = Self::parse(&(records + &steered));
+        peers.steered = was_steered;
+        peers.skipped = skipped;
+        peers.failed.extend(failed);
+        peers
     }
 
     /// Reads the driver's JSON lines.

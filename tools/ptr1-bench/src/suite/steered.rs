@@ -9,9 +9,9 @@
 //! and on these peers seconds apart (the peers first in every other case, so neither side is
 //! always the one measured after the other). The main driver leaves them out.
 //!
-//! This is a benchmark's process plumbing, not a transport: a driver that dies, answers
-//! garbage or stays silent past [`CELL_WAIT`] is killed and reported as failed (its samples
-//! until then kept), never waited on for ever.
+//! This is a benchmark's process plumbing, not a transport: a driver that dies or stays silent
+//! past [`CELL_WAIT`] is stopped (its input closed, then killed) and reported as failed (its
+//! samples until then kept), never waited on for ever.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -130,10 +130,7 @@ impl Steered {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
                 Ok(line) if is_kind(&line, kind) => return,
-                Ok(line) => {
-                    self.records.push_str(&line);
-                    self.records.push('\n');
-                }
+                Ok(line) => self.keep(&line),
                 Err(RecvTimeoutError::Timeout) => {
                     return self.fail(format!(
                         "{what}: no answer within {} s",
@@ -153,10 +150,7 @@ impl Steered {
         if self.failed.is_none() {
             loop {
                 match self.lines.recv_timeout(self.wait) {
-                    Ok(line) => {
-                        self.records.push_str(&line);
-                        self.records.push('\n');
-                    }
+                    Ok(line) => self.keep(&line),
                     Err(RecvTimeoutError::Disconnected) => break,
                     Err(RecvTimeoutError::Timeout) => {
                         self.failed = Some("it did not exit after its input ended".into());
@@ -177,9 +171,15 @@ impl Steered {
         }
         if let Some(why) = self.failed.take() {
             let record = serde_json::json!({"kind": "failed", "peer": NAME, "reason": why});
-            self.records.push_str(&format!("{record}\n"));
+            self.keep(&record.to_string());
         }
         std::mem::take(&mut self.records)
+    }
+
+    /// Keeps one record of the driver's.
+    fn keep(&mut self, line: &str) {
+        self.records.push_str(line);
+        self.records.push('\n');
     }
 
     fn fail(&mut self, why: String) {
@@ -205,17 +205,28 @@ impl Steered {
     }
 }
 
-/// Whether the steered peers go before the columns in case `c` of repetition `rep` (every
-/// other case), so neither side is always measured second.
-pub(crate) fn peers_first(rep: usize, c: usize) -> bool {
-    (rep + c) % 2 == 0
-}
-
-/// Measures `case` on the steered peers, if there are any.
-pub(crate) fn measure(steered: Option<&mut Steered>, rep: usize, case: &Case) {
-    if let Some(steered) = steered {
+/// Runs `columns` (the Rust columns' cells of case `c` in repetition `rep`) with the steered
+/// peers measured on the same case right before them in every other case and right after
+/// them in the rest, so neither side is always measured second.
+pub(crate) fn around<T>(
+    steered: Option<&mut Steered>,
+    rep: usize,
+    c: usize,
+    case: &Case,
+    columns: impl FnOnce() -> T,
+) -> T {
+    let Some(steered) = steered else {
+        return columns();
+    };
+    let peers_first = (rep + c) % 2 == 0;
+    if peers_first {
         steered.measure(rep, case);
     }
+    let measured = columns();
+    if !peers_first {
+        steered.measure(rep, case);
+    }
+    measured
 }
 
 impl Drop for Steered {
