@@ -56,8 +56,8 @@ impl Encoded {
     }
 }
 
-/// Encodes any frame. Checks (PTR1 order) path, metadata, count, then the total; PTM1 checks
-/// the count before the metadata, as other PTM1 peers do.
+/// Encodes any frame: its head ([`head`]) and its parts shared with the caller (each
+/// `Bytes` cloned).
 #[allow(clippy::too_many_arguments)] // one private funnel for both formats and every kind
 pub(crate) fn encode(
     format: Format,
@@ -69,6 +69,65 @@ pub(crate) fn encode(
     buffers: &[Bytes],
     limits: &Limits,
 ) -> Result<Encoded, WireError> {
+    let head = head(
+        format, kind, extension, version, path, metadata, buffers, limits,
+    )?;
+    Ok(head.join(std::iter::once(metadata).chain(buffers).cloned()))
+}
+
+/// A frame's head (fixed header, length table, path) and its length on the wire, built before
+/// its parts are joined to it: a sender that owns the message moves them in
+/// ([`Head::join`]) instead of sharing them, and one that copies the message somewhere needs
+/// no parts at all.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Head {
+    head: Bytes,
+    /// Parts the frame has at most (metadata and every buffer).
+    parts: usize,
+    wire_len: u64,
+}
+
+impl Head {
+    /// Total bytes on the wire, as [`Encoded::wire_len`].
+    pub fn wire_len(&self) -> u64 {
+        self.wire_len
+    }
+
+    /// The frame: this head and `parts` — the metadata, then every buffer, of the message the
+    /// head was built from (empty ones are left out, as on the wire).
+    pub fn join(self, parts: impl IntoIterator<Item = Bytes>) -> Encoded {
+        let mut joined = Vec::with_capacity(self.parts);
+        joined.extend(parts.into_iter().filter(|part| !part.is_empty()));
+        Encoded {
+            head: self.head,
+            parts: joined,
+            wire_len: self.wire_len,
+        }
+    }
+
+    /// [`Head::join`] as one list of slices, the head first (for a writer that takes them in
+    /// order).
+    pub fn into_slices(self, parts: impl IntoIterator<Item = Bytes>) -> Vec<Bytes> {
+        let mut slices = Vec::with_capacity(self.parts + 1);
+        slices.push(self.head);
+        slices.extend(parts.into_iter().filter(|part| !part.is_empty()));
+        slices
+    }
+}
+
+/// Builds any frame's head, without touching its parts. Checks (PTR1 order) path, metadata,
+/// count, then the total; PTM1 checks the count before the metadata, as other PTM1 peers do.
+#[allow(clippy::too_many_arguments)] // one private funnel for both formats and every kind
+pub(crate) fn head(
+    format: Format,
+    kind: Option<FrameKind>,
+    extension: u8,
+    version: u32,
+    path: &[u8],
+    metadata: &Bytes,
+    buffers: &[Bytes],
+    limits: &Limits,
+) -> Result<Head, WireError> {
     let path_len = len_u64(path.len());
     let metadata_len = len_u64(metadata.len());
     let count = len_u64(buffers.len());
@@ -118,15 +177,9 @@ pub(crate) fn encode(
         head.extend_from_slice(&len_u64(buffer.len()).to_le_bytes());
     }
     head.extend_from_slice(path);
-
-    let parts = std::iter::once(metadata)
-        .chain(buffers)
-        .filter(|part| !part.is_empty())
-        .cloned()
-        .collect();
-    Ok(Encoded {
+    Ok(Head {
         head: Bytes::from(head),
-        parts,
+        parts: buffers.len() + 1,
         wire_len,
     })
 }

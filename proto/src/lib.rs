@@ -59,7 +59,7 @@ mod test_util;
 pub mod fuzzing;
 
 pub use body::{Body, ReceiveBuffer};
-pub use encode::Encoded;
+pub use encode::{Encoded, Head};
 pub use error::{ConfigError, Format, LimitExceeded, LimitField, Malformed, Misuse, WireError};
 pub use head::{FixedHeader, Layout};
 pub use len::len_u64;

@@ -61,6 +61,45 @@ fn body_with_an_empty_buffer_between_non_empty_ones_matches_golden_bytes() {
 }
 
 #[test]
+fn a_head_joined_to_moved_parts_is_the_same_body_with_no_reference_taken() {
+    let message = golden_message();
+    let head = encode_head(&message, &Limits::default()).unwrap();
+    assert_eq!(head.wire_len(), len_u64(golden().len()));
+    let metadata_at = message.metadata.as_ptr();
+    let TensorMessage {
+        metadata, buffers, ..
+    } = message;
+    let parts = std::iter::once(metadata).chain(buffers);
+    let encoded = head.clone().join(parts.clone());
+    assert_eq!(encoded.to_vec(), golden());
+    assert_eq!(
+        encoded,
+        encode(&golden_message(), &Limits::default()).unwrap()
+    );
+    let slices = head.into_slices(parts);
+    assert_eq!(
+        slices.len(),
+        4,
+        "head, metadata and the two non-empty buffers"
+    );
+    assert_eq!(slices.concat(), golden());
+    assert_eq!(
+        slices[1].as_ptr(),
+        metadata_at,
+        "the metadata moved, not copied"
+    );
+}
+
+#[test]
+fn a_head_is_refused_where_the_body_would_be() {
+    let limits = Limits::builder().max_buffers(2).build();
+    assert_eq!(
+        encode_head(&golden_message(), &limits).unwrap_err(),
+        encode(&golden_message(), &limits).unwrap_err()
+    );
+}
+
+#[test]
 fn control_only_body_matches_golden_bytes() {
     let message = TensorMessage::new(3, Bytes::from_static(b"m"), vec![]);
     let golden = cat(&[

@@ -123,14 +123,14 @@ impl Responder for ShmResponder {
                     // waits for credit: copy on the copy thread.
                     stats::global().record_shm_copy_thread_copy();
                     let job = Box::new(move |t: &Arc<Transport>| {
-                        reply_tensor(t, &conn, id, &message, layout, None);
+                        reply_tensor(t, &conn, id, message, layout, None);
                     });
                     if let Err(job) = t.copier.push(job) {
                         drop(job);
                     }
                     return;
                 }
-                return reply_tensor(&t, &conn, id, &message, layout, taken);
+                return reply_tensor(&t, &conn, id, message, layout, taken);
             }
         };
         answer(&self.transport, &self.conn, self.id, reply);
@@ -144,7 +144,7 @@ fn reply_tensor(
     t: &Arc<Transport>,
     conn: &Arc<Conn>,
     id: u64,
-    message: &TensorMessage,
+    message: TensorMessage,
     layout: Layout,
     taken: Option<Taken<'_>>,
 ) {
@@ -154,6 +154,7 @@ fn reply_tensor(
         Ok(taken) => taken,
         Err(why) => return fail(format!("cannot send the reply over shared memory: {why}")),
     };
+    let total = message.total_bytes();
     let mut packed = match layout.fill(message, &t.limits, taken, &t.lending, conn.peer.pid) {
         Ok(packed) => packed,
         Err(e) => return fail(format!("cannot send the reply: {e}")),
@@ -173,7 +174,7 @@ fn reply_tensor(
         )
     });
     if sent {
-        stats::global().record_shm_sent(message.total_bytes(), packed.copied, packed.zero_copy);
+        stats::global().record_shm_sent(total, packed.copied, packed.zero_copy);
     } else {
         t.lending.release(conn.peer.pid, &packed.leases);
     }

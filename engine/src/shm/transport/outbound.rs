@@ -141,7 +141,8 @@ fn transmit(
             return full(t, request, &why);
         }
     };
-    let mut packed = match layout.fill(&message, &t.limits, taken, &t.lending, conn.peer.pid) {
+    let total = message.total_bytes();
+    let mut packed = match layout.fill(message, &t.limits, taken, &t.lending, conn.peer.pid) {
         Ok(packed) => packed,
         Err(e) => return completion.complete(Err(e)),
     };
@@ -194,7 +195,7 @@ fn transmit(
     }
     match sent {
         Ok(()) => {
-            stats::global().record_shm_sent(message.total_bytes(), packed.copied, packed.zero_copy);
+            stats::global().record_shm_sent(total, packed.copied, packed.zero_copy);
             if cancel.early.load(Ordering::Acquire) {
                 cancel.fire(&Arc::downgrade(conn), &Arc::downgrade(t));
             }

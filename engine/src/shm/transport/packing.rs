@@ -12,7 +12,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tensorwire_proto::shm::{Body, MAX_DATAGRAM, Part, Returned, SHARED_PART_BYTES, Shared};
 use tensorwire_proto::transport::Error;
-use tensorwire_proto::{Limits, TensorMessage, len_u64};
+use tensorwire_proto::{Head, Limits, TensorMessage, len_u64};
 
 use super::lending::{Lending, LentSlot, Taken};
 use crate::shm::segments::{Segment, Segments, Slot, SlotMut};
@@ -62,9 +62,9 @@ pub(super) struct Layout {
 }
 
 enum Shape {
-    /// The PTM1 body in the datagram, as the slices of its encoding (written straight into
-    /// the queue with the record).
-    Inline(Vec<Bytes>),
+    /// The PTM1 body in the datagram: its head here, its parts the message's own, moved in
+    /// when it is filled (written straight into the queue with the record).
+    Inline(Head),
     /// Part by part.
     Parts {
         version: u32,
@@ -139,9 +139,9 @@ pub(super) fn layout(
                 "a path of {path_len} bytes is too long for the shared-memory path"
             ))
         })?;
-    let encoded = tensorwire_proto::ptm1::encode(message, limits).map_err(Error::Encode)?;
-    let wire_len = usize::try_from(encoded.wire_len())
-        .map_err(|_| Error::Misuse("message too large".into()))?;
+    let head = tensorwire_proto::ptm1::encode_head(message, limits).map_err(Error::Encode)?;
+    let wire_len =
+        usize::try_from(head.wire_len()).map_err(|_| Error::Misuse("message too large".into()))?;
     // A small message goes in the record unless it is (partly) a view of the recipient's own
     // memory, which goes back by reference (an echo: no copy at all).
     let returns = || {
@@ -151,11 +151,8 @@ pub(super) fn layout(
             .any(|b| !b.is_empty() && locate(b).is_some())
     };
     if wire_len <= inline_up_to.min(room.saturating_sub(8)) && !returns() {
-        let (head, parts) = encoded.into_parts();
-        let mut slices = parts;
-        slices.insert(0, head);
         return Ok(Layout {
-            shape: Shape::Inline(slices),
+            shape: Shape::Inline(head),
             copy: 0,
         });
     }
@@ -266,10 +263,11 @@ pub(super) fn within(bytes: &[u8], range: std::ops::Range<usize>) -> Option<usiz
 
 impl Layout {
     /// Copies what needs copying into `slot` (given iff `self.copy > 0`) and lends every slot
-    /// the body refers to to process `holder`.
+    /// the body refers to to process `holder`. The message is consumed: an inline body takes
+    /// its parts as they are (no reference count touched), other shapes drop it here.
     pub(super) fn fill(
         self,
-        message: &TensorMessage,
+        message: TensorMessage,
         limits: &Limits,
         taken: Option<Taken<'_>>,
         lending: &Lending,
@@ -286,7 +284,7 @@ impl Layout {
         };
         let fresh = match (slot, self.copy) {
             (Some(mut slot), copy) if copy > 0 && slot.capacity() >= copy => {
-                self.copy_into(&mut slot, message, limits)?;
+                self.copy_into(&mut slot, &message, limits)?;
                 Some(slot.freeze())
             }
             (None, 0) => None,
@@ -315,9 +313,10 @@ impl Layout {
             (lease, slot)
         });
         packed.body = match self.shape {
-            Shape::Inline(slices) => {
+            Shape::Inline(head) => {
                 packed.copied = message.total_bytes();
-                Body::InlineSlices(slices)
+                let parts = std::iter::once(message.metadata).chain(message.buffers);
+                Body::InlineSlices(head.into_slices(parts))
             }
             Shape::Packed => {
                 let (lease, slot) = fresh.as_ref().ok_or_else(no_slot)?;
