@@ -85,6 +85,26 @@ fn check(res: libc::c_int) -> io::Result<libc::c_int> {
 /// A new sealable memfd with `len` bytes reserved (`fallocate`: a full memory limit is an
 /// error now, never a SIGBUS later) and its size sealed.
 pub(crate) fn memfd(name: &str, len: u64) -> io::Result<OwnedFd> {
+    let fd = memfd_unreserved(name, len)?;
+    reserve(fd.as_raw_fd(), 0, len)?;
+    Ok(fd)
+}
+
+/// Reserves `len` bytes of `fd` from `offset` (`fallocate`, within its size): a full memory
+/// limit is an error now, never a SIGBUS when the pages are touched.
+pub(crate) fn reserve(fd: RawFd, offset: u64, len: u64) -> io::Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let offset = libc::off_t::try_from(offset).map_err(|_| io::Error::other("offset too large"))?;
+    let len = libc::off_t::try_from(len).map_err(|_| io::Error::other("memfd size too large"))?;
+    // SAFETY: fallocate takes no pointers.
+    check(unsafe { libc::fallocate(fd, 0, offset, len) }).map(drop)
+}
+
+/// A new sealable memfd of `len` bytes, its size sealed, none of it reserved yet ([`reserve`]
+/// before the pages are touched).
+pub(crate) fn memfd_unreserved(name: &str, len: u64) -> io::Result<OwnedFd> {
     let name = CString::new(name).map_err(|_| io::Error::other("memfd name has a NUL byte"))?;
     let base = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
     // SAFETY: `name` is a valid NUL-terminated string for the duration of the call.
@@ -100,11 +120,8 @@ pub(crate) fn memfd(name: &str, len: u64) -> io::Result<OwnedFd> {
     // SAFETY: memfd_create just returned this descriptor; nothing else owns it.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let len = libc::off_t::try_from(len).map_err(|_| io::Error::other("memfd size too large"))?;
-    if len > 0 {
-        // SAFETY: fallocate takes no pointers.
-        let res = unsafe { libc::fallocate(fd.as_raw_fd(), 0, 0, len) };
-        check(res)?;
-    }
+    // SAFETY: ftruncate takes no pointers.
+    check(unsafe { libc::ftruncate(fd.as_raw_fd(), len) })?;
     add_seals(fd.as_raw_fd(), SEALS_SIZE)?;
     Ok(fd)
 }
@@ -234,15 +251,23 @@ impl FileMap {
     /// rather than one fault per 4 KiB page as it is filled: a loan of a reused slot is then
     /// written at memory speed. Older kernels refuse the advice and pages fault in as before.
     pub(crate) fn populate(&self) {
-        if self.len == 0 || self.private {
+        self.populate_range(0, self.len);
+    }
+
+    /// [`FileMap::populate`] for `len` bytes from `offset` (page-aligned; clamped to the
+    /// mapping).
+    pub(crate) fn populate_range(&self, offset: usize, len: usize) {
+        let len = len.min(self.len.saturating_sub(offset));
+        if len == 0 || self.private || offset % 4096 != 0 {
             return;
         }
-        // SAFETY: advice on exactly the range this value maps; populating for writing changes
-        // no contents (the pages are the file's, or zero-filled if it never had them).
+        // SAFETY: advice on a range inside this mapping (`offset + len <= self.len`);
+        // populating for writing changes no contents (the pages are the file's, or
+        // zero-filled if it never had them).
         unsafe {
             libc::madvise(
-                self.ptr.as_ptr().cast(),
-                self.len,
+                self.ptr.as_ptr().add(offset).cast(),
+                len,
                 crate::sys::MADV_POPULATE_WRITE,
             )
         };

@@ -2,7 +2,7 @@
 //!
 //! A segment is one memfd, reserved with `fallocate` (a full memory limit is an error now,
 //! never a SIGBUS later), sealed against shrinking and growing, and mapped once by its owner
-//! (writable, pre-faulted) and once by each peer that reads from it (read-only, through a
+//! (writable, pre-faulted: [`commit`], a large one on several threads) and once by each peer that reads from it (read-only, through a
 //! read-only descriptor). A slot is a fixed-size, page-aligned range of a segment.
 //!
 //! Credit, not revocation: a slot is written only while its owner holds it exclusively
@@ -26,6 +26,7 @@ use tensorwire_proto::shm::ShmError;
 use crate::shm::os::{self, FileMap, os_error};
 use crate::shm::quota::{Charge, Quota};
 
+mod commit;
 pub(crate) mod loaned;
 
 const PAGE: usize = 4096;
@@ -369,10 +370,11 @@ pub(crate) struct Segment {
 impl Segment {
     fn create(id: u64, class: usize, slots: u32, charge: Charge) -> Result<Self, ShmError> {
         let len = class * slots as usize;
-        let fd = os::memfd(&format!("tensorwire-segment-{id}"), len as u64)
-            .map_err(|e| os_error("memfd_create/fallocate", &e))?;
+        let fd = os::memfd_unreserved(&format!("tensorwire-segment-{id}"), len as u64)
+            .map_err(|e| os_error("memfd_create", &e))?;
         let map =
-            FileMap::new(fd.as_raw_fd(), 0, len, true, true).map_err(|e| os_error("mmap", &e))?;
+            FileMap::new(fd.as_raw_fd(), 0, len, true, false).map_err(|e| os_error("mmap", &e))?;
+        commit::commit(fd.as_raw_fd(), &map, len).map_err(|e| os_error("fallocate", &e))?;
         let read_only =
             os::read_only(fd.as_raw_fd()).map_err(|e| os_error("reopen read-only", &e))?;
         // From here on only the mapping above writes the segment: a peer that re-opens its
