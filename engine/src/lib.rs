@@ -38,6 +38,7 @@ pub mod stats;
 mod sync;
 mod sys;
 mod tcp_options;
+mod unmap;
 mod uring;
 
 pub use endpoint::{Endpoint, Incoming, Recv, Replier, Request};

@@ -174,7 +174,8 @@ pub(super) unsafe fn populate_range(base: *mut u8, from: usize, to: usize) {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        // SAFETY: the range is exactly the mapping this value owns; nothing refers to it now.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        // SAFETY: the range is exactly the mapping this value owns; nothing refers to it now,
+        // and it is given up once, here (a large one on the unmapping thread).
+        unsafe { crate::unmap::unmap(self.ptr.as_ptr(), self.len) };
     }
 }

@@ -325,8 +325,9 @@ impl FileMap {
 impl Drop for FileMap {
     fn drop(&mut self) {
         if self.len > 0 {
-            // SAFETY: exactly the range this value mapped; no reference to it outlives `self`.
-            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+            // SAFETY: exactly the range this value mapped; no reference to it outlives `self`,
+            // and it is given up once, here (a large one on the unmapping thread).
+            unsafe { crate::unmap::unmap(self.ptr.as_ptr(), self.len) };
         }
     }
 }
