@@ -98,6 +98,7 @@ impl Head {
     pub fn join(self, parts: impl IntoIterator<Item = Bytes>) -> Encoded {
         let mut joined = Vec::with_capacity(self.parts);
         joined.extend(parts.into_iter().filter(|part| !part.is_empty()));
+        check_parts(self.head.len(), self.wire_len, &joined);
         Encoded {
             head: self.head,
             parts: joined,
@@ -108,11 +109,23 @@ impl Head {
     /// [`Head::join`] as one list of slices, the head first (for a writer that takes them in
     /// order).
     pub fn into_slices(self, parts: impl IntoIterator<Item = Bytes>) -> Vec<Bytes> {
+        let (head_len, wire_len) = (self.head.len(), self.wire_len);
         let mut slices = Vec::with_capacity(self.parts + 1);
         slices.push(self.head);
         slices.extend(parts.into_iter().filter(|part| !part.is_empty()));
+        check_parts(head_len, wire_len, &slices[1..]);
         slices
     }
+}
+
+/// Parts that are not the message a head was built from make a corrupt frame: a caller's bug,
+/// caught in debug builds.
+fn check_parts(head_len: usize, wire_len: u64, parts: &[Bytes]) {
+    debug_assert_eq!(
+        parts.iter().map(|p| len_u64(p.len())).sum::<u64>() + len_u64(head_len),
+        wire_len,
+        "the parts joined to a head are not its message's"
+    );
 }
 
 /// Builds any frame's head, without touching its parts. Checks (PTR1 order) path, metadata,

@@ -98,8 +98,14 @@ pub(crate) fn reserve(fd: RawFd, offset: u64, len: u64) -> io::Result<()> {
     }
     let offset = libc::off_t::try_from(offset).map_err(|_| io::Error::other("offset too large"))?;
     let len = libc::off_t::try_from(len).map_err(|_| io::Error::other("memfd size too large"))?;
-    // SAFETY: fallocate takes no pointers.
-    check(unsafe { libc::fallocate(fd, 0, offset, len) }).map(drop)
+    loop {
+        // SAFETY: fallocate takes no pointers.
+        match check(unsafe { libc::fallocate(fd, 0, offset, len) }) {
+            // A signal came while the kernel zeroed pages (it undid this call's work): again.
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            result => return result.map(drop),
+        }
+    }
 }
 
 /// A new sealable memfd of `len` bytes, its size sealed, none of it reserved yet ([`reserve`]

@@ -2,8 +2,9 @@
 //!
 //! A segment is one memfd, reserved with `fallocate` (a full memory limit is an error now,
 //! never a SIGBUS later), sealed against shrinking and growing, and mapped once by its owner
-//! (writable, pre-faulted: [`commit`], a large one on several threads) and once by each peer that reads from it (read-only, through a
-//! read-only descriptor). A slot is a fixed-size, page-aligned range of a segment.
+//! (writable, pre-faulted: [`commit`], a large one on several threads) and once by each peer
+//! that reads from it (read-only, through a read-only descriptor). A slot is a fixed-size,
+//! page-aligned range of a segment.
 //!
 //! Credit, not revocation: a slot is written only while its owner holds it exclusively
 //! ([`SlotMut`]); once frozen it is shared ([`Slot`]) by every local `Bytes` and every peer's

@@ -105,6 +105,11 @@ pub(super) struct Packed {
     pub(super) lent: u64,
     pub(super) copied: u64,
     pub(super) zero_copy: u64,
+    /// The message itself, for a body that names (some of) its parts where they are: kept
+    /// until the send is done with `Packed`, so a part that is a view of the peer's memory
+    /// releases its lease after the record that names it, never before (`None` for an inline
+    /// body, which owns the parts).
+    pub(super) named: Option<TensorMessage>,
 }
 
 impl Packed {
@@ -264,7 +269,8 @@ pub(super) fn within(bytes: &[u8], range: std::ops::Range<usize>) -> Option<usiz
 impl Layout {
     /// Copies what needs copying into `slot` (given iff `self.copy > 0`) and lends every slot
     /// the body refers to to process `holder`. The message is consumed: an inline body takes
-    /// its parts as they are (no reference count touched), other shapes drop it here.
+    /// its parts as they are (no reference count touched); other shapes keep it in
+    /// [`Packed::named`].
     pub(super) fn fill(
         self,
         message: TensorMessage,
@@ -281,6 +287,7 @@ impl Layout {
             lent: 0,
             copied: 0,
             zero_copy: 0,
+            named: None,
         };
         let fresh = match (slot, self.copy) {
             (Some(mut slot), copy) if copy > 0 && slot.capacity() >= copy => {
@@ -316,7 +323,8 @@ impl Layout {
             Shape::Inline(head) => {
                 packed.copied = message.total_bytes();
                 let parts = std::iter::once(message.metadata).chain(message.buffers);
-                Body::InlineSlices(head.into_slices(parts))
+                packed.body = Body::InlineSlices(head.into_slices(parts));
+                return Ok(packed);
             }
             Shape::Packed => {
                 let (lease, slot) = fresh.as_ref().ok_or_else(no_slot)?;
@@ -394,6 +402,7 @@ impl Layout {
         };
         packed.segments.sort_unstable_by_key(|s| s.id);
         packed.segments.dedup_by_key(|s| s.id);
+        packed.named = Some(message);
         Ok(packed)
     }
 
