@@ -56,25 +56,6 @@ impl Encoded {
     }
 }
 
-/// Encodes any frame: its head ([`head`]) and its parts shared with the caller (each
-/// `Bytes` cloned).
-#[allow(clippy::too_many_arguments)] // one private funnel for both formats and every kind
-pub(crate) fn encode(
-    format: Format,
-    kind: Option<FrameKind>,
-    extension: u8,
-    version: u32,
-    path: &[u8],
-    metadata: &Bytes,
-    buffers: &[Bytes],
-    limits: &Limits,
-) -> Result<Encoded, WireError> {
-    let head = head(
-        format, kind, extension, version, path, metadata, buffers, limits,
-    )?;
-    Ok(head.join(std::iter::once(metadata).chain(buffers).cloned()))
-}
-
 /// A frame's head (fixed header, length table, path) and its length on the wire, built before
 /// its parts are joined to it: a sender that owns the message moves them in
 /// ([`Head::join`]) instead of sharing them, and one that copies the message somewhere needs
@@ -104,6 +85,12 @@ impl Head {
             parts: joined,
             wire_len: self.wire_len,
         }
+    }
+
+    /// The frame with its parts shared with the caller (each `Bytes` cloned): `metadata` and
+    /// `buffers` of the message the head was built from.
+    pub fn share(self, metadata: &Bytes, buffers: &[Bytes]) -> Encoded {
+        self.join(std::iter::once(metadata).chain(buffers).cloned())
     }
 
     /// [`Head::join`] as one list of slices, the head first (for a writer that takes them in

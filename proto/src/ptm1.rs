@@ -16,7 +16,7 @@
 use bytes::Bytes;
 
 use crate::body::{Body, Parts, ReceiveBuffer};
-use crate::encode::{Encoded, Head, encode as encode_frame, head as frame_head};
+use crate::encode::{Encoded, Head, head as frame_head};
 use crate::error::{Format, LimitField, Malformed, WireError};
 use crate::len::len_u64;
 use crate::limits::Limits;
@@ -37,16 +37,7 @@ pub const FIXED_HEADER_LEN: usize = 20;
 ///
 /// [`WireError::LimitExceeded`] if the buffer count, metadata or total size is over `limits`.
 pub fn encode(message: &TensorMessage, limits: &Limits) -> Result<Encoded, WireError> {
-    encode_frame(
-        Format::Ptm1,
-        None,
-        0,
-        message.version,
-        b"",
-        &message.metadata,
-        &message.buffers,
-        limits,
-    )
+    Ok(encode_head(message, limits)?.share(&message.metadata, &message.buffers))
 }
 
 /// The head of `message`'s PTM1 body alone, checked against `limits` as [`encode`] does: for

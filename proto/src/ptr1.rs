@@ -18,7 +18,7 @@
 use bytes::Bytes;
 
 use crate::body::{Body, Parts, ReceiveBuffer};
-use crate::encode::{Encoded, encode as encode_frame};
+use crate::encode::{Encoded, head as frame_head};
 use crate::error::{Format, Malformed, WireError};
 pub use crate::kind::FrameKind;
 use crate::len::len_u64;
@@ -200,20 +200,22 @@ pub fn encode_extended(
         Frame::TensorResponse(message) => (b"", &message.metadata, &message.buffers),
         Frame::Ack { .. } => (b"", &EMPTY, &[]),
         Frame::Error { text, .. } => {
-            return encode_frame(
+            let text = Bytes::copy_from_slice(text.as_bytes());
+            let head = frame_head(
                 Format::Ptr1,
                 Some(FrameKind::Error),
                 extension,
                 frame.version(),
                 b"",
-                &Bytes::copy_from_slice(text.as_bytes()),
+                &text,
                 &[],
                 &limits.for_error_replies(),
-            );
+            )?;
+            return Ok(head.share(&text, &[]));
         }
         Frame::SingleResponse { msg_type, data, .. } => (msg_type.as_bytes(), data, &[]),
     };
-    encode_frame(
+    let head = frame_head(
         Format::Ptr1,
         Some(frame.kind()),
         extension,
@@ -222,7 +224,8 @@ pub fn encode_extended(
         metadata,
         buffers,
         limits,
-    )
+    )?;
+    Ok(head.share(metadata, buffers))
 }
 
 /// Decodes exactly one frame from contiguous bytes; metadata and buffers are zero-copy slices

@@ -190,7 +190,7 @@ mod tests {
     use bytes::Bytes;
 
     use super::{FIRST_WRITE, SPLIT_ABOVE, Transmit};
-    use crate::encode::encode;
+    use crate::encode::head;
     use crate::error::Format;
     use crate::kind::FrameKind;
     use crate::limits::Limits;
@@ -201,7 +201,7 @@ mod tests {
             .map(|&len| Bytes::from(vec![7_u8; len]))
             .collect();
         let metadata = Bytes::from_static(b"meta");
-        let encoded = encode(
+        let encoded = head(
             Format::Ptr1,
             Some(FrameKind::Ask),
             0,
@@ -211,7 +211,8 @@ mod tests {
             &buffers,
             &Limits::default(),
         )
-        .expect("a small frame encodes");
+        .expect("a small frame encodes")
+        .share(&metadata, &buffers);
         Transmit::new(encoded)
     }
 
