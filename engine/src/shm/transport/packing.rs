@@ -481,3 +481,7 @@ fn misplaced() -> Error {
 fn no_slot() -> Error {
     Error::Misuse("a layout that copies was filled without a slot".into())
 }
+
+#[cfg(test)]
+#[path = "packing_tests.rs"]
+mod tests;
