@@ -77,43 +77,55 @@ async fn serve_connection(shared: Arc<Shared>, mut stream: TcpStream, peer: std:
     let mut transmit = None;
     'connection: loop {
         let now = Instant::now();
-        while let Some(event) = session.poll_event() {
-            match event {
-                ServerEvent::Admit { kind, path } => {
-                    session.admit(shared.inbound.admit(kind, &path), now);
-                }
-                ServerEvent::Request { seq, mut request } => {
-                    request.peer = Some(peer);
-                    let responder = Box::new(TaskResponder {
-                        answers: answers_tx.clone(),
-                        seq,
-                    });
-                    match shared.inbound.deliver(request, responder) {
-                        Delivery::Enqueued => session.handle_enqueued(seq, now),
-                        Delivery::Waiting(withdraw) => waiting = Some((seq, withdraw)),
-                        Delivery::Refused(text) => session.handle_answer(seq, Err(text), now),
+        'settle: loop {
+            while let Some(event) = session.poll_event() {
+                match event {
+                    ServerEvent::Admit { kind, path } => {
+                        session.admit(shared.inbound.admit(kind, &path), now);
                     }
+                    ServerEvent::Request { seq, mut request } => {
+                        request.peer = Some(peer);
+                        let responder = Box::new(TaskResponder {
+                            answers: answers_tx.clone(),
+                            seq,
+                        });
+                        match shared.inbound.deliver(request, responder) {
+                            Delivery::Enqueued => session.handle_enqueued(seq, now),
+                            Delivery::Waiting(withdraw) => waiting = Some((seq, withdraw)),
+                            Delivery::Refused(text) => session.handle_answer(seq, Err(text), now),
+                        }
+                    }
+                    ServerEvent::Withdraw { seq } => {
+                        // Without a handle the request already got in (its Enqueued is on its way).
+                        let withdrawn = waiting
+                            .take_if(|(s, _)| *s == seq)
+                            .is_some_and(|(_, withdraw)| withdraw.withdraw());
+                        session.handle_withdrawn(seq, withdrawn, now);
+                    }
+                    ServerEvent::ShutdownWrite => {
+                        let _ = stream.shutdown().await;
+                    }
+                    ServerEvent::Close(reason) => {
+                        tracing::debug!(%reason, %peer, "closing a server connection");
+                        break 'connection;
+                    }
+                    ServerEvent::HandOff { preface } => {
+                        hand_off(&shared, stream, preface);
+                        shared.connections.fetch_sub(1, Ordering::Relaxed);
+                        return;
+                    }
+                    _ => {}
                 }
-                ServerEvent::Withdraw { seq } => {
-                    // Without a handle the request already got in (its Enqueued is on its way).
-                    let withdrawn = waiting
-                        .take_if(|(s, _)| *s == seq)
-                        .is_some_and(|(_, withdraw)| withdraw.withdraw());
-                    session.handle_withdrawn(seq, withdrawn, now);
-                }
-                ServerEvent::ShutdownWrite => {
-                    let _ = stream.shutdown().await;
-                }
-                ServerEvent::Close(reason) => {
-                    tracing::debug!(%reason, %peer, "closing a server connection");
-                    break 'connection;
-                }
-                ServerEvent::HandOff { preface } => {
-                    hand_off(&shared, stream, preface);
-                    shared.connections.fetch_sub(1, Ordering::Relaxed);
-                    return;
-                }
-                _ => {}
+            }
+            // Answers sent already (a handler that answered at once): taken before the transmit,
+            // so the replies to a pipelining client's requests that are ready go out together.
+            let mut answered = false;
+            while let Ok(answer) = answers.try_recv() {
+                answered = true;
+                apply(&mut session, &mut waiting, answer);
+            }
+            if !answered {
+                break 'settle;
             }
         }
         if transmit.is_none() {
@@ -130,16 +142,11 @@ async fn serve_connection(shared: Arc<Shared>, mut stream: TcpStream, peer: std:
                 Ready::WriteFailed(e) => session.handle_write_error(e),
                 Ready::Nothing => {}
             },
-            answer = answers.recv() => match answer {
-                Some(Answer::Enqueued(seq)) => {
-                    if waiting.as_ref().is_some_and(|(s, _)| *s == seq) {
-                        waiting = None;
-                    }
-                    session.handle_enqueued(seq, Instant::now());
+            answer = answers.recv() => {
+                if let Some(answer) = answer {
+                    apply(&mut session, &mut waiting, answer);
                 }
-                Some(Answer::Reply(seq, answer)) => session.handle_answer(seq, answer, Instant::now()),
-                None => {}
-            },
+            }
             () = io::sleep_until(deadline) => session.handle_timeout(Instant::now()),
             () = stopped(&mut shutdown) => session.shut_down(),
             () = stopped(&mut draining), if !session.is_finishing() => {
@@ -151,6 +158,23 @@ async fn serve_connection(shared: Arc<Shared>, mut stream: TcpStream, peer: std:
         withdraw.withdraw();
     }
     shared.connections.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// A handler's word on a request: in the mailbox, or its answer.
+fn apply(
+    session: &mut ServerSession,
+    waiting: &mut Option<(u64, Box<dyn Withdraw>)>,
+    answer: Answer,
+) {
+    match answer {
+        Answer::Enqueued(seq) => {
+            if waiting.as_ref().is_some_and(|(s, _)| *s == seq) {
+                *waiting = None;
+            }
+            session.handle_enqueued(seq, Instant::now());
+        }
+        Answer::Reply(seq, answer) => session.handle_answer(seq, answer, Instant::now()),
+    }
 }
 
 fn hand_off(shared: &Shared, stream: TcpStream, preface: Vec<u8>) {

@@ -15,7 +15,10 @@ use crate::session::read_buf::Lent;
 use crate::session::read_buf::ReadBuf;
 use crate::transport::{ReceiveMemory, RecvBuffer};
 
+use scratch::SMALL_REST;
+
 mod received;
+mod scratch;
 mod window;
 
 pub(crate) use received::{Received, RecvError};
@@ -68,6 +71,10 @@ pub(crate) struct Receiver {
     /// Memory lent for the current frame's sections, used in order before `memory` is asked
     /// (a stripe's parts of its request's buffers).
     lent: VecDeque<RecvBuffer>,
+    /// The last read filled scratch to its end.
+    scratch_filled: bool,
+    /// Frames finished since scratch was last lent for a read.
+    frames_since_read: u32,
 }
 
 impl Receiver {
@@ -93,6 +100,8 @@ impl Receiver {
             version: None,
             charged: 0,
             lent: VecDeque::new(),
+            scratch_filled: false,
+            frames_since_read: 0,
         }
     }
 
@@ -104,7 +113,13 @@ impl Receiver {
         let quantum = self.config.progress_quantum();
         let inner = match &mut self.stage {
             Stage::Done | Stage::Admission(_) => return None,
-            Stage::Body(body) if self.start == self.end => {
+            // The rest of a small body comes through scratch with whatever follows it (the
+            // next requests of a client that pipelines) in the same read.
+            Stage::Body(None) => return None,
+            Stage::Body(body)
+                if self.start == self.end
+                    && body.as_ref().is_some_and(|b| b.remaining() > SMALL_REST) =>
+            {
                 let body = body.take()?;
                 if body.exposed_unfilled() == 0 {
                     self.stage = Stage::Body(Some(body));
@@ -117,6 +132,8 @@ impl Receiver {
             // resumes.
             _ if self.held && self.start < self.end => return None,
             _ => {
+                self.grow_scratch_if_pipelined();
+                self.frames_since_read = 0;
                 let mut buf = self.scratch.take()?;
                 if self.start > 0 {
                     buf.copy_within(self.start..self.end, 0);
@@ -161,6 +178,7 @@ impl Receiver {
         match buf.inner {
             Lent::Scratch { buf, from } => {
                 self.end = (from + n).min(buf.len());
+                self.scratch_filled = n > 0 && self.end == buf.len();
                 self.scratch = Some(buf);
             }
             Lent::Body(mut body) => {
@@ -491,6 +509,7 @@ impl Receiver {
     }
 
     fn end_frame(&mut self) {
+        self.frames_since_read = self.frames_since_read.saturating_add(1);
         self.release();
         self.lent.clear();
         self.frame_bytes = 0;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::SessionConfig;
+use crate::encode::Encoded;
 use crate::kind::FrameKind;
 use crate::ptr1::Frame;
 use crate::session::read_buf::ReadBuf;
@@ -23,13 +24,19 @@ use crate::transport::{
     InboundRequest, REJECTED, REQUIRES_TLS, ReceiveMemory, Reply, RequestKind, format_duration,
 };
 
-/// One accepted PTR1 connection: requests in, replies out, one at a time.
+/// One accepted PTR1 connection: requests in, replies out, in order.
 ///
 /// A request is read (head, path, then payload into final memory), admitted by the node
 /// ([`ServerEvent::Admit`]) before any payload memory is committed, delivered
 /// ([`ServerEvent::Request`]) and answered: an ask with the handler's reply, a tell with an
-/// Ack once it is in the mailbox (a full mailbox delays it: backpressure). Bytes of a next
-/// request are buffered, not parsed, until the reply is out, so replies never interleave.
+/// Ack once it is in the mailbox (a full mailbox delays it: backpressure). One request is
+/// with the node at a time: bytes of the next are buffered, not parsed, until it is answered.
+/// A client that pipelines (sends requests without waiting for replies) has its next request
+/// read while earlier replies are still being written, and the replies that are ready go out
+/// together in one transmit. Replies not yet written are bounded (64 of them or 1 MiB: past
+/// that no request is read until they are out; a reply that large alone is written before the
+/// next request is read, as for a client that does not pipeline), and go out in the order of
+/// their requests.
 /// Every error the peer can still be told about is sent as an Error frame; after a malformed
 /// frame the write side is shut down and input discarded for a bounded time.
 ///
@@ -42,9 +49,13 @@ pub struct ServerSession {
     require_tls: bool,
     /// The request being answered.
     request: Option<Outstanding>,
-    /// The reply, queued for `poll_transmit` or being written.
-    reply: Option<Outgoing>,
-    /// After the reply: shut down the write side and drain.
+    /// Replies ready for `poll_transmit`, in the order of their requests.
+    replies: VecDeque<Encoded>,
+    /// Their bytes.
+    replies_bytes: u64,
+    /// The replies handed to the driver and being written.
+    writing: Option<Writing>,
+    /// After the replies queued: shut down the write side and drain.
     drain_after_reply: bool,
     /// The node closes gracefully: close once nothing is outstanding ([`ServerSession::finish`]).
     finishing: bool,
@@ -92,11 +103,22 @@ struct Outstanding {
     withdrawing: bool,
 }
 
+/// Replies handed out in one transmit.
 #[derive(Debug)]
-enum Outgoing {
-    Queued(Transmit),
-    Writing { remaining: u64, wire_len: u64 },
+struct Writing {
+    remaining: u64,
+    /// Each reply's wire length (counted as sent once all are).
+    frames: Vec<u64>,
 }
+
+/// Past this many replies not yet written, a pipelining client's next request is not read
+/// until they are out.
+pub(crate) const PIPELINED_REPLIES: usize = 64;
+/// Past this many bytes of replies not yet written, likewise (a reply this large alone is
+/// written before the next request is read, as for a client that does not pipeline).
+pub(crate) const PIPELINED_REPLY_BYTES: u64 = 1 << 20;
+/// Ready replies are handed out together up to this many bytes (one at least).
+const COALESCED_BYTES: u64 = 256 << 10;
 
 impl ServerSession {
     /// A session for a newly accepted connection. With `require_tls`, PTR1 requests are
@@ -111,7 +133,9 @@ impl ServerSession {
             receiver: Receiver::new(Arc::clone(&config), memory, true),
             require_tls,
             request: None,
-            reply: None,
+            replies: VecDeque::new(),
+            replies_bytes: 0,
+            writing: None,
             drain_after_reply: false,
             finishing: false,
             draining_since: None,
@@ -245,40 +269,52 @@ impl ServerSession {
         self.drive(now);
     }
 
-    /// The frame to write next, if any; report progress with [`ServerSession::handle_written`].
+    /// The replies to write next (every one ready, up to a bound), if any and none is being
+    /// written; report progress with [`ServerSession::handle_written`].
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
-        let Some(Outgoing::Queued(_)) = &self.reply else {
+        if self.writing.is_some() || self.replies.is_empty() {
             return None;
-        };
-        let Some(Outgoing::Queued(transmit)) = self.reply.take() else {
-            return None;
-        };
-        self.reply = Some(Outgoing::Writing {
-            remaining: transmit.remaining(),
-            wire_len: transmit.wire_len(),
+        }
+        let mut count = 0;
+        let mut bytes = 0;
+        for reply in &self.replies {
+            let len = reply.wire_len();
+            if count > 0 && bytes + len > COALESCED_BYTES {
+                break;
+            }
+            bytes += len;
+            count += 1;
+        }
+        let replies: Vec<Encoded> = self.replies.drain(..count).collect();
+        self.replies_bytes -= bytes;
+        let frames = replies.iter().map(Encoded::wire_len).collect();
+        self.writing = Some(Writing {
+            remaining: bytes,
+            frames,
         });
         self.send_rate.start(now);
-        Some(transmit)
+        Some(match replies.len() {
+            1 => Transmit::new(replies.into_iter().next()?),
+            _ => Transmit::frames(replies),
+        })
     }
 
     /// `n` more bytes of the transmit were written.
     pub fn handle_written(&mut self, n: usize, now: Instant) {
-        let Some(Outgoing::Writing {
-            remaining,
-            wire_len,
-        }) = &mut self.reply
-        else {
+        let Some(writing) = &mut self.writing else {
             return;
         };
         self.send_rate.progress(n);
-        *remaining = remaining.saturating_sub(crate::len::len_u64(n));
-        if *remaining > 0 {
+        writing.remaining = writing.remaining.saturating_sub(crate::len::len_u64(n));
+        if writing.remaining > 0 {
             return;
         }
-        stats::global().record_raw_frame_sent(*wire_len);
-        self.reply = None;
+        for wire_len in &writing.frames {
+            stats::global().record_raw_frame_sent(*wire_len);
+        }
+        self.writing = None;
         self.send_rate.stop();
-        if self.drain_after_reply {
+        if self.drain_after_reply && self.replies.is_empty() {
             self.events.push_back(ServerEvent::ShutdownWrite);
             self.receiver.drain();
             self.draining_since = Some(now);
@@ -398,8 +434,12 @@ impl ServerSession {
     /// Runs the receiver until it needs more bytes or a decision.
     fn drive(&mut self, now: Instant) {
         while !self.closed {
-            self.receiver
-                .hold(self.request.is_some() || self.reply.is_some());
+            // A peer that finished sending still gets the replies it asked for before its
+            // close is acted on.
+            let gone = self.receiver.peer_gone() && !self.nothing_to_write();
+            self.receiver.hold(
+                self.request.is_some() || self.drain_after_reply || gone || self.replies_full(),
+            );
             let Some(received) = self.receiver.next() else {
                 break;
             };
@@ -433,7 +473,7 @@ impl ServerSession {
         }
         let idle = !self.closed
             && self.request.is_none()
-            && self.reply.is_none()
+            && self.nothing_to_write()
             && self.admitting.is_none()
             && self.draining_since.is_none()
             && self.preface_until.is_none()
@@ -444,7 +484,7 @@ impl ServerSession {
             self.idle_since = Some(now);
         }
         let nothing_outstanding = self.request.is_none()
-            && self.reply.is_none()
+            && self.nothing_to_write()
             && self.admitting.is_none()
             && self.draining_since.is_none()
             && self.receiver.has_nothing_started();
@@ -530,7 +570,7 @@ impl ServerSession {
             }
         };
         match version {
-            Some(version) if self.reply.is_none() => {
+            Some(version) => {
                 // The header was readable: tell the peer before closing.
                 self.request = None;
                 self.drain_after_reply = true;
@@ -542,10 +582,29 @@ impl ServerSession {
 
     fn queue_reply(&mut self, frame: Frame) {
         match encode_reply(&frame, &self.config.limits) {
-            Some(encoded) => self.reply = Some(Outgoing::Queued(Transmit::new(encoded))),
+            Some(encoded) => {
+                self.replies_bytes += encoded.wire_len();
+                self.replies.push_back(encoded);
+            }
             // Not even a short error text fits the configured limits.
             None => self.close(CloseReason::ReplyTooLarge),
         }
+    }
+
+    /// Whether no reply is waiting to be written or being written.
+    fn nothing_to_write(&self) -> bool {
+        self.replies.is_empty() && self.writing.is_none()
+    }
+
+    /// Whether the replies not yet written reach a pipelining bound: no request is read
+    /// until they are out.
+    fn replies_full(&self) -> bool {
+        let (count, bytes) = self
+            .writing
+            .as_ref()
+            .map_or((0, 0), |w| (w.frames.len(), w.remaining));
+        count + self.replies.len() >= PIPELINED_REPLIES
+            || bytes + self.replies_bytes >= PIPELINED_REPLY_BYTES
     }
 
     fn waiting_since(&self) -> Option<Instant> {

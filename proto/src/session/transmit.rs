@@ -2,6 +2,8 @@
 
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+
 use crate::encode::Encoded;
 use crate::len::len_u64;
 
@@ -24,38 +26,68 @@ pub(crate) const FIRST_WRITE: usize = 64 << 10;
 /// Frames at most this long go out in one write.
 pub(crate) const SPLIT_ABOVE: u64 = 768 << 10;
 
-/// An encoded frame for a driver to write in full: head, path, metadata and every buffer, in
-/// order (one `sendmsg` over [`Transmit::slices`] or [`Transmit::write_slices`], more past
-/// 1024 slices, after a short write, or after a large frame's first bytes). It owns the frame, so a driver keeps it alive as long
-/// as the kernel may read it.
+/// Encoded frames for a driver to write in full, in order: each one's head, path, metadata
+/// and buffers (one `sendmsg` over [`Transmit::slices`] or [`Transmit::write_slices`], more
+/// past 1024 slices, after a short write, or after a large frame's first bytes). Usually one
+/// frame; a server answering pipelined requests hands out the replies it has ready together
+/// ([`Transmit::frames`]). It owns the frames, so a driver keeps it alive as long as the
+/// kernel may read it.
 #[derive(Debug)]
 pub struct Transmit {
-    encoded: Encoded,
-    /// First slice not completely written (0 = the head, then the parts).
+    /// Every frame's head, then its parts, frame after frame (empty parts left out).
+    slices: Vec<Bytes>,
+    /// First slice not completely written.
     next: usize,
     /// Bytes of that slice already written.
     offset: usize,
     remaining: u64,
+    wire_len: u64,
 }
 
 impl Transmit {
     pub(crate) fn new(encoded: Encoded) -> Self {
+        let wire_len = encoded.wire_len();
+        let (head, parts) = encoded.into_parts();
+        let mut slices = Vec::with_capacity(1 + parts.len());
+        slices.push(head);
+        slices.extend(parts);
         Self {
-            remaining: encoded.wire_len(),
-            encoded,
+            slices,
             next: 0,
             offset: 0,
+            remaining: wire_len,
+            wire_len,
+        }
+    }
+
+    /// Several frames written one after another, as one transmit (at least one frame).
+    pub(crate) fn frames(frames: impl IntoIterator<Item = Encoded>) -> Self {
+        let mut slices = Vec::new();
+        let mut wire_len = 0;
+        for encoded in frames {
+            wire_len += encoded.wire_len();
+            let (head, parts) = encoded.into_parts();
+            slices.push(head);
+            slices.extend(parts);
+        }
+        Self {
+            slices,
+            next: 0,
+            offset: 0,
+            remaining: wire_len,
+            wire_len,
         }
     }
 
     /// What is still to be written, in order.
     pub fn slices(&self) -> impl Iterator<Item = &[u8]> {
-        let (next, offset) = (self.next, self.offset);
-        self.encoded
-            .slices()
-            .skip(next)
+        let offset = self.offset;
+        self.slices
+            .get(self.next..)
+            .unwrap_or_default()
+            .iter()
             .enumerate()
-            .map(move |(i, slice)| if i == 0 { &slice[offset..] } else { slice })
+            .map(move |(i, slice)| if i == 0 { &slice[offset..] } else { &slice[..] })
             .filter(|slice| !slice.is_empty())
     }
 
@@ -73,10 +105,9 @@ impl Transmit {
         })
     }
 
-    /// [`FIRST_WRITE`] while nothing of a frame larger than [`SPLIT_ABOVE`] is written.
+    /// [`FIRST_WRITE`] while nothing of a transmit larger than [`SPLIT_ABOVE`] is written.
     fn first_write_limit(&self) -> usize {
-        let whole = self.encoded.wire_len();
-        if self.remaining == whole && whole > SPLIT_ABOVE {
+        if self.remaining == self.wire_len && self.wire_len > SPLIT_ABOVE {
             FIRST_WRITE
         } else {
             usize::MAX
@@ -88,7 +119,7 @@ impl Transmit {
         let mut n = usize::try_from(self.remaining).map_or(n, |r| n.min(r));
         self.remaining -= len_u64(n);
         while n > 0 {
-            let Some(len) = self.slice_len(self.next) else {
+            let Some(len) = self.slices.get(self.next).map(Bytes::len) else {
                 break;
             };
             let left = len - self.offset;
@@ -108,16 +139,9 @@ impl Transmit {
         self.remaining
     }
 
-    /// Bytes of the whole frame.
+    /// Bytes of every frame in it.
     pub fn wire_len(&self) -> u64 {
-        self.encoded.wire_len()
-    }
-
-    fn slice_len(&self, index: usize) -> Option<usize> {
-        match index {
-            0 => Some(self.encoded.head().len()),
-            n => self.encoded.parts().get(n - 1).map(|part| part.len()),
-        }
+        self.wire_len
     }
 }
 
@@ -196,12 +220,16 @@ mod tests {
     use crate::limits::Limits;
 
     fn frame(buffers: &[usize]) -> Transmit {
+        Transmit::new(encoded(buffers))
+    }
+
+    fn encoded(buffers: &[usize]) -> crate::encode::Encoded {
         let buffers: Vec<Bytes> = buffers
             .iter()
             .map(|&len| Bytes::from(vec![7_u8; len]))
             .collect();
         let metadata = Bytes::from_static(b"meta");
-        let encoded = head(
+        head(
             Format::Ptr1,
             Some(FrameKind::Ask),
             0,
@@ -212,8 +240,7 @@ mod tests {
             &Limits::default(),
         )
         .expect("a small frame encodes")
-        .share(&metadata, &buffers);
-        Transmit::new(encoded)
+        .share(&metadata, &buffers)
     }
 
     fn covered(tx: &Transmit) -> usize {
@@ -227,6 +254,30 @@ mod tests {
         let tx = frame(&[payload]);
         assert_eq!(tx.wire_len(), wire_len);
         tx
+    }
+
+    #[test]
+    fn frames_together_are_written_in_order_across_their_boundaries() {
+        let (one, two) = (encoded(&[100]), encoded(&[200, 300]));
+        let expected: Vec<u8> = one
+            .slices()
+            .chain(two.slices())
+            .flatten()
+            .copied()
+            .collect();
+        let mut tx = Transmit::frames([one, two]);
+        assert_eq!(tx.wire_len(), u64::try_from(expected.len()).unwrap());
+        let mut written: Vec<u8> = Vec::new();
+        // Short writes of 7 bytes, each ending anywhere.
+        loop {
+            let chunk: Vec<u8> = tx.write_slices().flatten().copied().take(7).collect();
+            written.extend(&chunk);
+            if tx.advance(chunk.len()) {
+                break;
+            }
+        }
+        assert_eq!(written, expected);
+        assert_eq!(tx.slices().count(), 0);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 mod client;
 mod finish;
 mod pair;
+mod pipelined;
 mod pool;
 mod server;
 mod stripes;

@@ -150,6 +150,10 @@ pub(super) struct Pair {
     pub(super) server_closed: Option<CloseReason>,
     pub(super) client_closed: Option<CloseReason>,
     pub(super) client_transmits: usize,
+    pub(super) server_transmits: usize,
+    /// Reads the server finished, and the largest scratch one of them was given.
+    pub(super) server_reads: usize,
+    pub(super) server_scratch_max: usize,
 }
 
 impl Pair {
@@ -199,6 +203,9 @@ impl Pair {
             server_closed: None,
             client_closed: None,
             client_transmits: 0,
+            server_transmits: 0,
+            server_reads: 0,
+            server_scratch_max: 0,
         }
     }
 
@@ -313,6 +320,7 @@ impl Pair {
         if self.server_tx.is_none() && self.server_closed.is_none() {
             if let Some(tx) = self.server.poll_transmit(self.now) {
                 self.server_tx = Some(tx);
+                self.server_transmits += 1;
                 progress = true;
             }
         }
@@ -382,6 +390,10 @@ impl Pair {
             return false;
         };
         let buf = self.server_read.take().unwrap();
+        self.server_reads += 1;
+        if !buf.is_payload() {
+            self.server_scratch_max = self.server_scratch_max.max(buf.capacity());
+        }
         self.server.handle_read(buf, result, self.now);
         true
     }

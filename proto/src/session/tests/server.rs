@@ -14,7 +14,7 @@ fn encoded(frame: &Frame) -> Vec<u8> {
     ptr1::encode(frame, &Limits::default()).unwrap().to_vec()
 }
 
-fn ask_frame(path: &str, message: crate::TensorMessage) -> Vec<u8> {
+pub(super) fn ask_frame(path: &str, message: crate::TensorMessage) -> Vec<u8> {
     encoded(&Frame::Ask {
         path: path.into(),
         message,
