@@ -5,7 +5,8 @@
 //!
 //! Checked on every input: no panic; receive memory charged never exceeds its budget and is
 //! all given back once the session is dropped; every byte a server writes parses as PTR1
-//! frames; a client reports exactly one outcome per started request.
+//! frames; a server has at most one request with the node at a time (pipelined ones wait);
+//! a client reports exactly one outcome per started request.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -112,6 +113,9 @@ pub fn ptr1_server_session(data: &[u8]) {
             }
         }
         assert!(memory.charged() <= BUDGET, "over the receive budget");
+        // Pipelined requests are read while replies are written, but the node has one at a
+        // time: the next is delivered only once this one is answered.
+        assert!(delivered.len() <= 1, "two requests with the node at once");
     }
     session.shut_down();
     while session.poll_event().is_some() {}
