@@ -244,6 +244,32 @@ pub fn read_frame(stream: &mut TcpStream) -> std::io::Result<Option<Frame>> {
     }
 }
 
+/// Reads PTR1 frames from a plain socket until the peer closes: every whole frame, in order
+/// (several may come in one read).
+pub fn read_frames_to_end(stream: &mut TcpStream) -> std::io::Result<Vec<Frame>> {
+    let mut decoder = ptr1::Decoder::new(Limits::default());
+    let mut buf = vec![0u8; 64 << 10];
+    let mut frames = Vec::new();
+    loop {
+        let n = match stream.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => 0,
+            Err(e) => return Err(e),
+        };
+        if n == 0 {
+            return Ok(frames);
+        }
+        let mut rest = &buf[..n];
+        while !rest.is_empty() {
+            let (used, frame) = decoder
+                .decode(rest)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+            frames.extend(frame);
+            rest = &rest[used..];
+        }
+    }
+}
+
 /// A PTR1 fixed header with the given fields (for hand-made frames).
 pub fn raw_header(kind: u8, version: u32, path_len: u32, metadata_len: u64, count: u32) -> Vec<u8> {
     let mut h = b"PTR1".to_vec();

@@ -105,7 +105,8 @@ pub fn ptr1_server_session(data: &[u8]) {
                 ServerEvent::Request { seq, request } => delivered.push((seq, request.kind)),
                 ServerEvent::Withdraw { seq } => {
                     let got_in = script.byte().is_some_and(|b| b & 1 == 1);
-                    delivered.retain(|&(s, _)| s != seq || got_in);
+                    // A tell that got in is acknowledged at once; an ask that got in waits for its answer.
+                    delivered.retain(|&(s, k)| s != seq || (got_in && k == RequestKind::Ask));
                     session.handle_withdrawn(seq, !got_in, now);
                 }
                 ServerEvent::ShutdownWrite => {}

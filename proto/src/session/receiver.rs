@@ -15,8 +15,6 @@ use crate::session::read_buf::Lent;
 use crate::session::read_buf::ReadBuf;
 use crate::transport::{ReceiveMemory, RecvBuffer};
 
-use scratch::SMALL_REST;
-
 mod received;
 mod scratch;
 mod window;
@@ -111,6 +109,7 @@ impl Receiver {
             return None;
         }
         let quantum = self.config.progress_quantum();
+        let small_rest = self.small_rest();
         let inner = match &mut self.stage {
             Stage::Done | Stage::Admission(_) => return None,
             // The rest of a small body comes through scratch with whatever follows it (the
@@ -118,7 +117,7 @@ impl Receiver {
             Stage::Body(None) => return None,
             Stage::Body(body)
                 if self.start == self.end
-                    && body.as_ref().is_some_and(|b| b.remaining() > SMALL_REST) =>
+                    && body.as_ref().is_some_and(|b| b.remaining() > small_rest) =>
             {
                 let body = body.take()?;
                 if body.exposed_unfilled() == 0 {

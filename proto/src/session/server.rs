@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::SessionConfig;
-use crate::encode::Encoded;
 use crate::kind::FrameKind;
 use crate::ptr1::Frame;
 use crate::session::read_buf::ReadBuf;
@@ -16,9 +15,13 @@ use crate::session::{CloseReason, encode_reply};
 use crate::stats;
 use crate::transport::StripeStore;
 mod event;
+mod replies;
 mod striped;
 
 pub use event::ServerEvent;
+use replies::Replies;
+#[cfg(test)]
+pub(crate) use replies::{PIPELINED_REPLIES, PIPELINED_REPLY_BYTES};
 
 use crate::transport::{
     InboundRequest, REJECTED, REQUIRES_TLS, ReceiveMemory, Reply, RequestKind, format_duration,
@@ -49,14 +52,13 @@ pub struct ServerSession {
     require_tls: bool,
     /// The request being answered.
     request: Option<Outstanding>,
-    /// Replies ready for `poll_transmit`, in the order of their requests.
-    replies: VecDeque<Encoded>,
-    /// Their bytes.
-    replies_bytes: u64,
-    /// The replies handed to the driver and being written.
-    writing: Option<Writing>,
+    /// Replies queued and being written, in the order of their requests.
+    replies: Replies,
     /// After the replies queued: shut down the write side and drain.
     drain_after_reply: bool,
+    /// After the replies queued: close (the peer is gone or the stream unusable, but replies
+    /// to requests the node acted on still go out first).
+    close_after_replies: Option<CloseReason>,
     /// The node closes gracefully: close once nothing is outstanding ([`ServerSession::finish`]).
     finishing: bool,
     draining_since: Option<Instant>,
@@ -103,23 +105,6 @@ struct Outstanding {
     withdrawing: bool,
 }
 
-/// Replies handed out in one transmit.
-#[derive(Debug)]
-struct Writing {
-    remaining: u64,
-    /// Each reply's wire length (counted as sent once all are).
-    frames: Vec<u64>,
-}
-
-/// Past this many replies not yet written, a pipelining client's next request is not read
-/// until they are out.
-pub(crate) const PIPELINED_REPLIES: usize = 64;
-/// Past this many bytes of replies not yet written, likewise (a reply this large alone is
-/// written before the next request is read, as for a client that does not pipeline).
-pub(crate) const PIPELINED_REPLY_BYTES: u64 = 1 << 20;
-/// Ready replies are handed out together up to this many bytes (one at least).
-const COALESCED_BYTES: u64 = 256 << 10;
-
 impl ServerSession {
     /// A session for a newly accepted connection. With `require_tls`, PTR1 requests are
     /// answered with an Error frame saying so, then the connection is closed.
@@ -133,10 +118,9 @@ impl ServerSession {
             receiver: Receiver::new(Arc::clone(&config), memory, true),
             require_tls,
             request: None,
-            replies: VecDeque::new(),
-            replies_bytes: 0,
-            writing: None,
+            replies: Replies::default(),
             drain_after_reply: false,
+            close_after_replies: None,
             finishing: false,
             draining_since: None,
             admitting: None,
@@ -174,9 +158,9 @@ impl ServerSession {
         if self.receiver.peer_gone() && self.request.is_some() {
             if self.waiting_seq().is_some() || self.receiver.read_failed() {
                 // Nobody is left to tell whether a request still waiting for mailbox space got
-                // in, or to read the answer of a connection that failed.
-                self.close(CloseReason::PeerClosed);
-                return;
+                // in, or to read the answer of a connection that failed; replies to the
+                // requests before it (a client that pipelined) still go out.
+                return self.close_after_replies(CloseReason::PeerClosed);
             }
             self.peer_finished_at.get_or_insert(now);
         }
@@ -272,49 +256,28 @@ impl ServerSession {
     /// The replies to write next (every one ready, up to a bound), if any and none is being
     /// written; report progress with [`ServerSession::handle_written`].
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
-        if self.writing.is_some() || self.replies.is_empty() {
-            return None;
-        }
-        let mut count = 0;
-        let mut bytes = 0;
-        for reply in &self.replies {
-            let len = reply.wire_len();
-            if count > 0 && bytes + len > COALESCED_BYTES {
-                break;
-            }
-            bytes += len;
-            count += 1;
-        }
-        let replies: Vec<Encoded> = self.replies.drain(..count).collect();
-        self.replies_bytes -= bytes;
-        let frames = replies.iter().map(Encoded::wire_len).collect();
-        self.writing = Some(Writing {
-            remaining: bytes,
-            frames,
-        });
+        let transmit = self.replies.transmit()?;
         self.send_rate.start(now);
-        Some(match replies.len() {
-            1 => Transmit::new(replies.into_iter().next()?),
-            _ => Transmit::frames(replies),
-        })
+        Some(transmit)
     }
 
     /// `n` more bytes of the transmit were written.
     pub fn handle_written(&mut self, n: usize, now: Instant) {
-        let Some(writing) = &mut self.writing else {
+        if !self.replies.is_writing() {
             return;
-        };
+        }
         self.send_rate.progress(n);
-        writing.remaining = writing.remaining.saturating_sub(crate::len::len_u64(n));
-        if writing.remaining > 0 {
+        if !self.replies.written(crate::len::len_u64(n)) {
             return;
         }
-        for wire_len in &writing.frames {
-            stats::global().record_raw_frame_sent(*wire_len);
-        }
-        self.writing = None;
         self.send_rate.stop();
-        if self.drain_after_reply && self.replies.is_empty() {
+        if !self.replies.is_empty() {
+            return self.drive(now);
+        }
+        if let Some(reason) = self.close_after_replies.take() {
+            return self.close(reason);
+        }
+        if self.drain_after_reply {
             self.events.push_back(ServerEvent::ShutdownWrite);
             self.receiver.drain();
             self.draining_since = Some(now);
@@ -436,9 +399,13 @@ impl ServerSession {
         while !self.closed {
             // A peer that finished sending still gets the replies it asked for before its
             // close is acted on.
-            let gone = self.receiver.peer_gone() && !self.nothing_to_write();
+            let gone = self.receiver.peer_gone() && !self.replies.is_empty();
             self.receiver.hold(
-                self.request.is_some() || self.drain_after_reply || gone || self.replies_full(),
+                self.request.is_some()
+                    || self.drain_after_reply
+                    || self.close_after_replies.is_some()
+                    || gone
+                    || self.replies.full(),
             );
             let Some(received) = self.receiver.next() else {
                 break;
@@ -473,7 +440,7 @@ impl ServerSession {
         }
         let idle = !self.closed
             && self.request.is_none()
-            && self.nothing_to_write()
+            && self.replies.is_empty()
             && self.admitting.is_none()
             && self.draining_since.is_none()
             && self.preface_until.is_none()
@@ -484,7 +451,7 @@ impl ServerSession {
             self.idle_since = Some(now);
         }
         let nothing_outstanding = self.request.is_none()
-            && self.nothing_to_write()
+            && self.replies.is_empty()
             && self.admitting.is_none()
             && self.draining_since.is_none()
             && self.receiver.has_nothing_started();
@@ -555,6 +522,11 @@ impl ServerSession {
             withdrawing: false,
         });
         self.receiver.hold(true);
+        if self.receiver.peer_gone() {
+            // Read from what was buffered before the peer finished (it pipelined): its answer
+            // is written only for `idle_timeout` more, as for the request the end found.
+            self.peer_finished_at.get_or_insert(now);
+        }
         let request = InboundRequest::new(kind, path, message);
         self.events.push_back(ServerEvent::Request { seq, request });
     }
@@ -566,7 +538,7 @@ impl ServerSession {
             RecvError::Wire(e) => format!("{REJECTED}{e}"),
             RecvError::Memory(text) => format!("{REJECTED}{text}"),
             RecvError::Truncated { .. } | RecvError::Io(_) => {
-                return self.close(CloseReason::from_recv(error));
+                return self.close_after_replies(CloseReason::from_recv(error));
             }
         };
         match version {
@@ -576,35 +548,33 @@ impl ServerSession {
                 self.drain_after_reply = true;
                 self.queue_reply(Frame::Error { version, text });
             }
-            _ => self.close(CloseReason::from_recv(error)),
+            // Nothing to tell the peer with; replies to earlier requests still go out, then
+            // the write side is shut and input drained, so they are not lost to a reset.
+            None if !self.replies.is_empty() => self.drain_after_reply = true,
+            None => self.close(CloseReason::from_recv(error)),
         }
+    }
+
+    /// Closes once the replies queued are written (at once if there are none): the request
+    /// with the node (if any) is given up — withdrawn if it waits for mailbox space — and no
+    /// more input is read.
+    fn close_after_replies(&mut self, reason: CloseReason) {
+        if self.replies.is_empty() {
+            return self.close(reason);
+        }
+        if let Some(seq) = self.waiting_seq() {
+            self.events.push_back(ServerEvent::Withdraw { seq });
+        }
+        self.request = None;
+        self.close_after_replies = Some(reason);
     }
 
     fn queue_reply(&mut self, frame: Frame) {
         match encode_reply(&frame, &self.config.limits) {
-            Some(encoded) => {
-                self.replies_bytes += encoded.wire_len();
-                self.replies.push_back(encoded);
-            }
+            Some(encoded) => self.replies.push(encoded),
             // Not even a short error text fits the configured limits.
             None => self.close(CloseReason::ReplyTooLarge),
         }
-    }
-
-    /// Whether no reply is waiting to be written or being written.
-    fn nothing_to_write(&self) -> bool {
-        self.replies.is_empty() && self.writing.is_none()
-    }
-
-    /// Whether the replies not yet written reach a pipelining bound: no request is read
-    /// until they are out.
-    fn replies_full(&self) -> bool {
-        let (count, bytes) = self
-            .writing
-            .as_ref()
-            .map_or((0, 0), |w| (w.frames.len(), w.remaining));
-        count + self.replies.len() >= PIPELINED_REPLIES
-            || bytes + self.replies_bytes >= PIPELINED_REPLY_BYTES
     }
 
     fn waiting_since(&self) -> Option<Instant> {

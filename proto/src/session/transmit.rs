@@ -42,6 +42,8 @@ pub struct Transmit {
     offset: usize,
     remaining: u64,
     wire_len: u64,
+    /// The longest frame's wire length.
+    largest: u64,
 }
 
 impl Transmit {
@@ -57,15 +59,17 @@ impl Transmit {
             offset: 0,
             remaining: wire_len,
             wire_len,
+            largest: wire_len,
         }
     }
 
     /// Several frames written one after another, as one transmit (at least one frame).
     pub(crate) fn frames(frames: impl IntoIterator<Item = Encoded>) -> Self {
         let mut slices = Vec::new();
-        let mut wire_len = 0;
+        let (mut wire_len, mut largest) = (0, 0);
         for encoded in frames {
             wire_len += encoded.wire_len();
+            largest = largest.max(encoded.wire_len());
             let (head, parts) = encoded.into_parts();
             slices.push(head);
             slices.extend(parts);
@@ -76,6 +80,7 @@ impl Transmit {
             offset: 0,
             remaining: wire_len,
             wire_len,
+            largest,
         }
     }
 
@@ -142,6 +147,12 @@ impl Transmit {
     /// Bytes of every frame in it.
     pub fn wire_len(&self) -> u64 {
         self.wire_len
+    }
+
+    /// Bytes of its longest frame (a driver choosing zero-copy sends by frame size looks at
+    /// this: small replies written together are still small frames).
+    pub fn largest_frame(&self) -> u64 {
+        self.largest
     }
 }
 
@@ -265,7 +276,9 @@ mod tests {
             .flatten()
             .copied()
             .collect();
+        let largest = one.wire_len().max(two.wire_len());
         let mut tx = Transmit::frames([one, two]);
+        assert_eq!(tx.largest_frame(), largest);
         assert_eq!(tx.wire_len(), u64::try_from(expected.len()).unwrap());
         let mut written: Vec<u8> = Vec::new();
         // Short writes of 7 bytes, each ending anywhere.

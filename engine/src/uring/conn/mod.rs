@@ -126,7 +126,7 @@ impl Conn {
         }
         let transmit = self.session().poll_transmit(now)?;
         let zero_copy =
-            self.zero_copy && zero_copy_min.is_some_and(|min| transmit.wire_len() >= min);
+            self.zero_copy && zero_copy_min.is_some_and(|min| transmit.largest_frame() >= min);
         Some(SendMsg::new(
             Arc::clone(&self.fd),
             transmit,

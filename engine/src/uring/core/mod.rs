@@ -62,6 +62,10 @@ pub(super) struct Core {
     /// Requests to start outside the handler that found them (a connection freed up, a
     /// waiter may connect): a work list instead of recursion, however many wait.
     backlog: std::collections::VecDeque<Backlog>,
+    /// The server connection whose events are being handled: an answer given to it
+    /// meanwhile (a handler that answered at once) only updates its session, and that loop
+    /// takes the events that follow — no recursion per pipelined request.
+    serving_events: Option<ConnKey>,
     /// The time of the current loop turn.
     now: Instant,
     /// The core failed while it was not stopping: a new core may take its place.
@@ -116,6 +120,7 @@ impl Core {
             polling,
             recent: poll_policy::RecentConns::new(),
             published: [0, 0],
+            serving_events: None,
             now: Instant::now(),
             restartable: false,
             #[cfg(test)]
@@ -435,6 +440,7 @@ impl Core {
         if self.fault == Some(Fault::PanicInRecovery) {
             panic!("an injected panic in recovery");
         }
+        self.serving_events = None;
         let reason = format!("a panic was caught on its core thread: {text}");
         let panicked = || Error::DriverFailed {
             driver: "io_uring",

@@ -76,6 +76,12 @@ impl Core {
 
     /// Handles what the server session asks for until it asks for nothing more.
     pub(super) fn server_events(&mut self, key: ConnKey) {
+        let outer = self.serving_events.replace(key);
+        self.each_server_event(key);
+        self.serving_events = outer;
+    }
+
+    fn each_server_event(&mut self, key: ConnKey) {
         let ctx = Arc::clone(&self.ctx);
         loop {
             let now = self.now;
@@ -145,7 +151,9 @@ impl Core {
                 server.waiting = None;
             }
             server.session.handle_enqueued(seq, now);
-            self.pump(key);
+            if self.serving_events != Some(key) {
+                self.pump(key);
+            }
         }
     }
 
@@ -155,7 +163,10 @@ impl Core {
         let now = self.now;
         if let Some(server) = self.conns.server_mut(key) {
             server.session.handle_answer(seq, answer, now);
-            self.pump(key);
+            // Answered at once by a handler its event loop ran: that loop goes on.
+            if self.serving_events != Some(key) {
+                self.pump(key);
+            }
         }
     }
 

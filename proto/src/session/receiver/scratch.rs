@@ -3,12 +3,12 @@
 
 use super::Receiver;
 
-/// The rest of a body at most this long is read through scratch (then copied into place) rather
-/// than straight into its memory: one read then also brings what follows it. A client that
-/// pipelines 4 KiB asks had every body's last bytes read on their own (one receive per ask,
-/// `benches/examples/ptr1_pipelined_client.rs`); copying at most this much costs less than a
-/// receive.
-pub(super) const SMALL_REST: u64 = 8 << 10;
+/// The rest of a body at most this long (and at most half of scratch) is read through scratch
+/// (then copied into place) rather than straight into its memory: one read then also brings
+/// what follows it. A client that pipelines 4 KiB asks had every body's last bytes read on
+/// their own (one receive per ask, `benches/examples/ptr1_pipelined_client.rs`); copying at
+/// most this much costs less than a receive.
+const SMALL_REST: u64 = 8 << 10;
 
 /// Scratch grows to this many times [`crate::config::SessionConfig::scratch_len`] on a
 /// connection whose peer pipelines (a read filled it with two or more whole frames): with 16
@@ -18,6 +18,11 @@ pub(super) const SMALL_REST: u64 = 8 << 10;
 const PIPELINED_SCRATCH_GROWTH: usize = 4;
 
 impl Receiver {
+    /// The longest rest of a body read through scratch.
+    pub(super) fn small_rest(&self) -> u64 {
+        SMALL_REST.min(crate::len::len_u64(self.config.scratch_len / 2))
+    }
+
     /// A peer that pipelines (the last read filled scratch with two or more whole frames) gets
     /// a larger scratch, once: more of its requests come in each read.
     pub(super) fn grow_scratch_if_pipelined(&mut self) {

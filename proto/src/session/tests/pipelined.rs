@@ -203,3 +203,54 @@ fn the_small_rest_of_a_body_is_read_with_the_requests_after_it() {
     assert_eq!(reply_lens(&frames(&sut.take_from_server())).len(), 4);
     assert_eq!(sut.server_reads, 2);
 }
+
+#[test]
+fn a_client_that_finishes_while_its_next_request_waits_still_gets_the_replies_before_it() {
+    let mut sut = Pair::new();
+    sut.node = NodeMode::Hold;
+    sut.pipe_capacity = 16; // the first reply is still being written when the end arrives
+    sut.raw_to_server(&asks(2, 10));
+    sut.node = NodeMode::Full; // the second waits for mailbox space
+    let first = sut.requests[0].1.message.clone();
+    sut.answer(0, Ok(Reply::Tensor(first)));
+    assert_eq!(sut.requests.len(), 2, "the second was read and waits");
+    sut.to_server.finished = true;
+    sut.drive();
+    let mut written = Vec::new();
+    loop {
+        let bytes = sut.take_from_server();
+        if bytes.is_empty() {
+            break;
+        }
+        written.extend(bytes);
+        sut.drive();
+    }
+    assert_eq!(
+        reply_lens(&frames(&written)),
+        [10],
+        "the first reply was written"
+    );
+    assert_eq!(sut.withdrawn, [1], "the waiting one was withdrawn");
+    assert!(matches!(sut.server_closed, Some(CloseReason::PeerClosed)));
+}
+
+#[test]
+fn replies_before_a_frame_without_a_readable_head_are_written_then_input_drained() {
+    let config = SessionConfig {
+        drain_timeout: Duration::from_secs(2),
+        ..SessionConfig::default()
+    };
+    let mut sut = Pair::with(config);
+    let mut wire = asks(3, 10);
+    wire.extend(b"NOPE");
+    wire.extend([0; 60]);
+    sut.raw_to_server(&wire);
+    assert_eq!(reply_lens(&frames(&sut.take_from_server())), [10, 11, 12]);
+    assert!(
+        sut.to_client.finished,
+        "write side shut down after the replies"
+    );
+    assert!(sut.server_closed.is_none(), "draining");
+    sut.advance(Duration::from_secs(2));
+    assert!(matches!(sut.server_closed, Some(CloseReason::Drained)));
+}

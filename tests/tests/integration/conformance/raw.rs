@@ -22,6 +22,7 @@ conformance!(
         oversized_lengths_are_answered_with_an_error_frame_before_any_allocation,
         ten_thousand_connect_disconnect_cycles_leave_no_fd_behind,
         asks_pipelined_on_one_connection_are_answered_one_at_a_time_in_order,
+        many_pipelined_asks_are_all_answered_in_order_before_the_half_close_closes,
         a_client_that_half_closes_after_its_ask_still_gets_the_reply,
         a_large_request_trickling_in_is_received_whole,
         a_non_ptr1_connection_is_handed_off_with_its_first_bytes,
@@ -179,6 +180,43 @@ fn asks_pipelined_on_one_connection_are_answered_one_at_a_time_in_order(drivers:
         "each ask is dispatched only after the previous reply: {:?}",
         started.elapsed()
     );
+}
+
+fn many_pipelined_asks_are_all_answered_in_order_before_the_half_close_closes(drivers: Drivers) {
+    // Written at once, then the write side shut: the server reads them while it writes the
+    // replies before them, several together, and closes only once all are out.
+    let server = drivers.echo_server();
+    let mut stream = raw_stream(server.local_addr());
+    let asks: Vec<_> = (0..300)
+        .map(|i| patterned(i, 1 + (i as usize % 3), 1 + (i as usize * 97) % 9000))
+        .collect();
+    let all: Vec<u8> = asks
+        .iter()
+        .flat_map(|m| encoded_ask("/actors/echo", m.clone()))
+        .collect();
+    let writer = {
+        let mut stream = stream.try_clone().unwrap();
+        std::thread::spawn(move || {
+            stream.write_all(&all)?;
+            stream.shutdown(Shutdown::Write)
+        })
+    };
+    let replies = read_frames_to_end(&mut stream).unwrap();
+    writer.join().unwrap().unwrap();
+    assert_eq!(
+        replies.len(),
+        asks.len(),
+        "every ask answered, then the close"
+    );
+    for (expected, reply) in asks.iter().zip(&replies) {
+        match reply {
+            Frame::TensorResponse(message) => {
+                assert_eq!(message.version, expected.version);
+                assert_eq!(checksum(message), checksum(expected));
+            }
+            other => panic!("reply {}: {other:?}", expected.version),
+        }
+    }
 }
 
 fn a_client_that_half_closes_after_its_ask_still_gets_the_reply(drivers: Drivers) {
