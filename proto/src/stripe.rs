@@ -4,11 +4,13 @@
 //! It is an extension of PTR1 that only peers which said they know it ever see:
 //!
 //! 1. **Capabilities.** Before it stripes to a peer, a client asks it an ordinary PTR1 Ask to
-//!    [`CAPABILITIES_PATH`] with an empty message. A peer that knows striping answers a
-//!    SingleResponse of type [`CAPABILITIES_TYPE`] whose data is [`Capabilities`] as text; any
-//!    other peer answers what it answers an Ask to an endpoint it does not have (an Error
-//!    frame): the client then sends that peer whole frames, as before. Nothing but a plain
-//!    Ask ever reaches a peer that has not answered the capability.
+//!    [`CAPABILITIES_PATH`] with an empty message. A tensorwire peer answers a SingleResponse
+//!    of type [`CAPABILITIES_TYPE`] whose data is [`capabilities_reply`]'s text: its
+//!    [`Capabilities`] if it takes stripes, and always how many requests it reads ahead on a
+//!    connection (`pipeline=N`, [`pipeline_depth`]). A peer that takes no stripes, or any other
+//!    peer (which answers what it answers an Ask to an endpoint it does not have: an Error
+//!    frame), is sent whole frames, as before. Nothing but a plain Ask ever reaches a peer that
+//!    has not answered the capability.
 //! 2. **Stripes.** Every buffer of the request that is long enough is cut into `count` parts
 //!    by [`part`] (page-aligned, the same rule on both sides). Stripe `k` is a Tell frame with
 //!    [`EXTENSION_STRIPE`] in its extension byte (the first reserved byte of the PTR1 header),
@@ -99,6 +101,32 @@ impl Capabilities {
         let max_stripes = max_stripes?.min(MAX_STRIPES);
         (stripes && max_stripes >= 2).then_some(Self { max_stripes })
     }
+}
+
+/// The capabilities reply's data: `stripes` as [`Capabilities::encode`] says (when the peer
+/// takes stripes), then `pipeline=N` — how many requests it reads ahead of its replies on one
+/// connection (a client may keep that many in flight on it; more only wait in the socket).
+pub fn capabilities_reply(stripes: Option<Capabilities>, pipeline: u16) -> Bytes {
+    match stripes {
+        Some(stripes) => {
+            let mut text = String::from_utf8_lossy(&stripes.encode()).into_owned();
+            let _ = write!(text, " pipeline={pipeline}");
+            Bytes::from(text)
+        }
+        None => Bytes::from(format!("pipeline={pipeline}")),
+    }
+}
+
+/// How many requests a peer's capabilities reply says it reads ahead on one connection
+/// (`pipeline=N`, N ≥ 2); `None` if it says nothing of it (then one request at a time).
+pub fn pipeline_depth(data: &[u8]) -> Option<u16> {
+    let text = std::str::from_utf8(data).ok()?;
+    text.split_ascii_whitespace()
+        .find_map(|pair| match pair.split_once('=') {
+            Some(("pipeline", n)) => n.parse::<u16>().ok(),
+            _ => None,
+        })
+        .filter(|depth| *depth >= 2)
 }
 
 /// Identifies one striped request among everything a receiver holds: 128 random bits chosen

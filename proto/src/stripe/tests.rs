@@ -160,3 +160,22 @@ fn capabilities_say_whether_a_peer_takes_stripes() {
     );
     assert_eq!(Capabilities::parse(b"\xff"), None);
 }
+
+#[test]
+fn capabilities_say_how_many_requests_a_peer_reads_ahead() {
+    let with_stripes = capabilities_reply(Some(Capabilities { max_stripes: 8 }), 64);
+    assert_eq!(
+        Capabilities::parse(&with_stripes),
+        Some(Capabilities { max_stripes: 8 })
+    );
+    assert_eq!(pipeline_depth(&with_stripes), Some(64));
+    let without = capabilities_reply(None, 64);
+    assert_eq!(Capabilities::parse(&without), None, "takes no stripes");
+    assert_eq!(pipeline_depth(&without), Some(64));
+    // A peer that says nothing of it, or one, or nonsense: one request at a time.
+    assert_eq!(pipeline_depth(b"stripes=1 max-stripes=16"), None);
+    assert_eq!(pipeline_depth(b"pipeline=1"), None);
+    assert_eq!(pipeline_depth(b"pipeline=lots"), None);
+    assert_eq!(pipeline_depth(b"pipeline=70000"), None);
+    assert_eq!(pipeline_depth(b"\xff"), None);
+}

@@ -1,15 +1,17 @@
-//! The server session's part in striping ([`crate::stripe`]): the capabilities Ask answered,
+//! The server session's part in striping ([`crate::stripe`]): the capabilities Ask answered
+//! (also by a node that takes no stripes: it says how many requests it reads ahead),
 //! a stripe received straight into its parts of the stripe store, a striped request put back
 //! together before it is delivered.
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::replies::PIPELINED_REPLIES;
 use super::{Incoming, ServerSession};
 use crate::ptr1::Frame;
 use crate::stripe::{
     CAPABILITIES_PATH, CAPABILITIES_TYPE, EXTENSION_STRIPE, EXTENSION_STRIPED, StripeDescriptor,
-    StripedHeader,
+    StripedHeader, capabilities_reply,
 };
 use crate::transport::{RequestKind, StripeStore};
 
@@ -33,18 +35,21 @@ impl ServerSession {
         version: u32,
         now: Instant,
     ) -> bool {
+        if (extension, kind) == (0, RequestKind::Ask) && path == CAPABILITIES_PATH {
+            // Answered by every tensorwire node: what it reads ahead, and stripes if it takes
+            // them.
+            self.receiver.refuse();
+            let stripes = self.stripes.as_ref().map(|s| s.capabilities());
+            let pipeline = u16::try_from(PIPELINED_REPLIES).unwrap_or(u16::MAX);
+            self.queue_reply(Frame::SingleResponse {
+                version,
+                msg_type: CAPABILITIES_TYPE.to_owned(),
+                data: capabilities_reply(stripes, pipeline),
+            });
+            return true;
+        }
         if let Some(stripes) = self.stripes.clone() {
             match (extension, kind) {
-                (0, RequestKind::Ask) if path == CAPABILITIES_PATH => {
-                    self.receiver.refuse();
-                    let data = stripes.capabilities().encode();
-                    self.queue_reply(Frame::SingleResponse {
-                        version,
-                        msg_type: CAPABILITIES_TYPE.to_owned(),
-                        data,
-                    });
-                    return true;
-                }
                 (EXTENSION_STRIPE, RequestKind::Tell) => {
                     self.admit_stripe(&stripes, path, version, now);
                     return true;

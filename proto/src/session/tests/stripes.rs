@@ -160,7 +160,7 @@ fn stripes_whose_request_never_comes_are_dropped_after_their_ttl() {
 }
 
 #[test]
-fn a_node_that_takes_stripes_says_so_and_one_that_does_not_answers_as_any_peer() {
+fn every_node_answers_the_capabilities_ask_and_only_one_that_takes_stripes_offers_them() {
     let ask = crate::TensorMessage::new(0, Bytes::new(), Vec::new());
     for takes in [true, false] {
         let mut pair = Pair::new();
@@ -175,19 +175,18 @@ fn a_node_that_takes_stripes_says_so_and_one_that_does_not_answers_as_any_peer()
         );
         pair.drive();
         let answer = pair.done.pop().unwrap();
-        if takes {
-            let Ok(Answer::Reply(Reply::Single { msg_type, data })) = answer else {
-                panic!("{answer:?}");
-            };
-            assert_eq!(msg_type, CAPABILITIES_TYPE);
-            assert_eq!(
-                Capabilities::parse(&data),
-                Some(Capabilities { max_stripes: 16 })
-            );
-        } else {
-            assert!(matches!(answer, Err(Error::Remote { .. })), "{answer:?}");
-        }
-        assert!(pair.requests.is_empty());
+        let Ok(Answer::Reply(Reply::Single { msg_type, data })) = answer else {
+            panic!("{answer:?}");
+        };
+        assert_eq!(msg_type, CAPABILITIES_TYPE);
+        let stripes = takes.then_some(Capabilities { max_stripes: 16 });
+        assert_eq!(Capabilities::parse(&data), stripes, "{data:?}");
+        assert_eq!(
+            crate::stripe::pipeline_depth(&data),
+            Some(64),
+            "it reads ahead as many requests as it queues replies: {data:?}"
+        );
+        assert!(pair.requests.is_empty(), "never delivered to the node");
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use tensorwire_engine::Reply;
 use tensorwire_proto::ptr1::Frame;
+use tensorwire_proto::stripe::{CAPABILITIES_PATH, CAPABILITIES_TYPE, pipeline_depth};
 use tensorwire_proto::transport::HandOff;
 use tensorwire_tests::*;
 
@@ -23,6 +24,7 @@ conformance!(
         ten_thousand_connect_disconnect_cycles_leave_no_fd_behind,
         asks_pipelined_on_one_connection_are_answered_one_at_a_time_in_order,
         many_pipelined_asks_are_all_answered_in_order_before_the_half_close_closes,
+        the_capabilities_ask_says_how_many_requests_the_server_reads_ahead,
         a_client_that_half_closes_after_its_ask_still_gets_the_reply,
         a_large_request_trickling_in_is_received_whole,
         a_non_ptr1_connection_is_handed_off_with_its_first_bytes,
@@ -216,6 +218,22 @@ fn many_pipelined_asks_are_all_answered_in_order_before_the_half_close_closes(dr
             }
             other => panic!("reply {}: {other:?}", expected.version),
         }
+    }
+}
+
+fn the_capabilities_ask_says_how_many_requests_the_server_reads_ahead(drivers: Drivers) {
+    // Answered by the session itself, never by a handler.
+    let server = drivers.echo_server();
+    let mut stream = raw_stream(server.local_addr());
+    stream
+        .write_all(&raw_ask(CAPABILITIES_PATH.as_bytes(), 0))
+        .unwrap();
+    match read_frame(&mut stream).unwrap() {
+        Some(Frame::SingleResponse { msg_type, data, .. }) => {
+            assert_eq!(msg_type, CAPABILITIES_TYPE);
+            assert_eq!(pipeline_depth(&data), Some(64), "{data:?}");
+        }
+        other => panic!("expected the capabilities, got {other:?}"),
     }
 }
 
