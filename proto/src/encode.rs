@@ -77,7 +77,8 @@ impl Head {
     /// The frame: this head and `parts` — the metadata, then every buffer, of the message the
     /// head was built from (empty ones are left out, as on the wire).
     pub fn join(self, parts: impl IntoIterator<Item = Bytes>) -> Encoded {
-        let mut joined = Vec::with_capacity(self.parts);
+        // One slot more: a transmit puts the head in front without growing it.
+        let mut joined = Vec::with_capacity(self.parts + 1);
         joined.extend(parts.into_iter().filter(|part| !part.is_empty()));
         check_parts(self.head.len(), self.wire_len, &joined);
         Encoded {

@@ -127,7 +127,12 @@ impl TransportStats {
     /// A PTR1 frame of `wire_bytes` (head included) was completely written; sets the copy model
     /// to `direct_tcp`.
     pub fn record_raw_frame_sent(&self, wire_bytes: u64) {
-        self.raw_frames_sent.fetch_add(1, Relaxed);
+        self.record_raw_frames_sent(1, wire_bytes);
+    }
+
+    /// `frames` PTR1 frames of `wire_bytes` together were completely written.
+    pub fn record_raw_frames_sent(&self, frames: u64, wire_bytes: u64) {
+        self.raw_frames_sent.fetch_add(frames, Relaxed);
         self.raw_bytes_sent.fetch_add(wire_bytes, Relaxed);
         self.set_active_copy_model(CopyModel::DirectTcp);
     }

@@ -220,47 +220,32 @@ pub fn raw_stream(addr: SocketAddr) -> TcpStream {
 
 /// Reads one PTR1 frame from a plain socket; `None` if the peer closed first.
 pub fn read_frame(stream: &mut TcpStream) -> std::io::Result<Option<Frame>> {
-    let mut decoder = ptr1::Decoder::new(Limits::default());
-    let mut buf = [0u8; 4096];
-    loop {
-        let n = match stream.read(&mut buf) {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => 0,
-            Err(e) => return Err(e),
-        };
-        if n == 0 {
-            return Ok(None);
-        }
-        let mut rest = &buf[..n];
-        while !rest.is_empty() {
-            let (used, frame) = decoder
-                .decode(rest)
-                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-            if frame.is_some() {
-                return Ok(frame);
-            }
-            rest = &rest[used..];
-        }
-    }
+    read_frames(stream, 1, 4096).map(|frames| frames.into_iter().next())
 }
 
 /// Reads PTR1 frames from a plain socket until the peer closes: every whole frame, in order
 /// (several may come in one read).
 pub fn read_frames_to_end(stream: &mut TcpStream) -> std::io::Result<Vec<Frame>> {
+    read_frames(stream, usize::MAX, 64 << 10)
+}
+
+/// Frames read, `chunk` bytes a read at most, until `want` of them are whole or the peer
+/// closes (bytes read past the last one wanted are dropped).
+fn read_frames(stream: &mut TcpStream, want: usize, chunk: usize) -> std::io::Result<Vec<Frame>> {
     let mut decoder = ptr1::Decoder::new(Limits::default());
-    let mut buf = vec![0u8; 64 << 10];
+    let mut buf = vec![0u8; chunk];
     let mut frames = Vec::new();
-    loop {
+    while frames.len() < want {
         let n = match stream.read(&mut buf) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => 0,
             Err(e) => return Err(e),
         };
         if n == 0 {
-            return Ok(frames);
+            break;
         }
         let mut rest = &buf[..n];
-        while !rest.is_empty() {
+        while !rest.is_empty() && frames.len() < want {
             let (used, frame) = decoder
                 .decode(rest)
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
@@ -268,6 +253,7 @@ pub fn read_frames_to_end(stream: &mut TcpStream) -> std::io::Result<Vec<Frame>>
             rest = &rest[used..];
         }
     }
+    Ok(frames)
 }
 
 /// A PTR1 fixed header with the given fields (for hand-made frames).

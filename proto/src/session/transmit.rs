@@ -49,10 +49,8 @@ pub struct Transmit {
 impl Transmit {
     pub(crate) fn new(encoded: Encoded) -> Self {
         let wire_len = encoded.wire_len();
-        let (head, parts) = encoded.into_parts();
-        let mut slices = Vec::with_capacity(1 + parts.len());
-        slices.push(head);
-        slices.extend(parts);
+        let (head, mut slices) = encoded.into_parts();
+        slices.insert(0, head); // the parts were allocated with room for it
         Self {
             slices,
             next: 0,
@@ -63,25 +61,19 @@ impl Transmit {
         }
     }
 
-    /// Several frames written one after another, as one transmit (at least one frame).
-    pub(crate) fn frames(frames: impl IntoIterator<Item = Encoded>) -> Self {
-        let mut slices = Vec::new();
-        let (mut wire_len, mut largest) = (0, 0);
-        for encoded in frames {
-            wire_len += encoded.wire_len();
-            largest = largest.max(encoded.wire_len());
+    /// `first`, then `rest`, written one after another as one transmit.
+    pub(crate) fn frames(first: Encoded, rest: impl IntoIterator<Item = Encoded>) -> Self {
+        let mut transmit = Self::new(first);
+        for encoded in rest {
+            let len = encoded.wire_len();
             let (head, parts) = encoded.into_parts();
-            slices.push(head);
-            slices.extend(parts);
+            transmit.slices.push(head);
+            transmit.slices.extend(parts);
+            transmit.wire_len += len;
+            transmit.remaining += len;
+            transmit.largest = transmit.largest.max(len);
         }
-        Self {
-            slices,
-            next: 0,
-            offset: 0,
-            remaining: wire_len,
-            wire_len,
-            largest,
-        }
+        transmit
     }
 
     /// What is still to be written, in order.
@@ -277,7 +269,7 @@ mod tests {
             .copied()
             .collect();
         let largest = one.wire_len().max(two.wire_len());
-        let mut tx = Transmit::frames([one, two]);
+        let mut tx = Transmit::frames(one, [two]);
         assert_eq!(tx.largest_frame(), largest);
         assert_eq!(tx.wire_len(), u64::try_from(expected.len()).unwrap());
         let mut written: Vec<u8> = Vec::new();

@@ -54,6 +54,17 @@ fn peer_view(at: usize, len: usize) -> (Bytes, std::ops::Range<usize>, Arc<Atomi
     (mapping.slice(at..at + len), range, released)
 }
 
+/// Finds bytes in the peer's mapping at `mapping`, as the connection's lookup does.
+fn locator(mapping: std::ops::Range<usize>) -> impl Fn(&[u8]) -> Option<Located> {
+    move |bytes| {
+        super::within(bytes, mapping.clone()).map(|offset| Located {
+            segment: PEER_SEGMENT,
+            offset: len_u64(offset),
+            mapping: mapping.clone(),
+        })
+    }
+}
+
 #[test]
 fn a_view_of_the_peer_s_memory_is_released_only_after_the_record_naming_it_is_sent() {
     // An echo's reply: its one buffer is the asker's own memory, sent back by reference. The
@@ -61,13 +72,7 @@ fn a_view_of_the_peer_s_memory_is_released_only_after_the_record_naming_it_is_se
     // that names it: a Release queued before the record lets the asker lend the slot again
     // (or refuse the reply) before it reads the record.
     let (view, mapping, released) = peer_view(4096, 8192);
-    let locate = |bytes: &[u8]| {
-        super::within(bytes, mapping.clone()).map(|offset| Located {
-            segment: PEER_SEGMENT,
-            offset: len_u64(offset),
-            mapping: mapping.clone(),
-        })
-    };
+    let locate = locator(mapping);
     let message = TensorMessage::new(1, Bytes::from_static(b"meta"), vec![view]);
     let limits = Limits::default();
     let ours = segments();
@@ -106,13 +111,7 @@ fn a_small_message_s_parts_move_into_the_record_and_live_as_long_as_it() {
     // Inline: the parts (views of anybody's memory, here the peer's metadata) are moved into
     // the record, so they drop with the record's body, after it is written.
     let (metadata, mapping, released) = peer_view(0, 100);
-    let locate = |bytes: &[u8]| {
-        super::within(bytes, mapping.clone()).map(|offset| Located {
-            segment: PEER_SEGMENT,
-            offset: len_u64(offset),
-            mapping: mapping.clone(),
-        })
-    };
+    let locate = locator(mapping);
     let message = TensorMessage::new(1, metadata, vec![Bytes::from(vec![1u8; 256])]);
     let limits = Limits::default();
     let ours = segments();

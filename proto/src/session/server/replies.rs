@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 
 use crate::encode::Encoded;
+use crate::len::len_u64;
 use crate::session::transmit::Transmit;
 use crate::stats;
 
@@ -31,8 +32,9 @@ pub(super) struct Replies {
 #[derive(Debug)]
 struct Writing {
     remaining: u64,
-    /// Each reply's wire length (counted as sent once all are).
-    frames: Vec<u64>,
+    /// Replies in it and their bytes (counted as sent once all are written).
+    frames: usize,
+    bytes: u64,
 }
 
 impl Replies {
@@ -58,20 +60,16 @@ impl Replies {
             bytes += len;
             count += 1;
         }
-        let mut replies: Vec<Encoded> = self.queued.drain(..count).collect();
+        let mut replies = self.queued.drain(..count);
+        let first = replies.next()?;
+        let transmit = Transmit::frames(first, replies);
         self.queued_bytes -= bytes;
         self.writing = Some(Writing {
             remaining: bytes,
-            frames: replies.iter().map(Encoded::wire_len).collect(),
+            frames: count,
+            bytes,
         });
-        Some(match replies.pop() {
-            Some(only) if replies.is_empty() => Transmit::new(only),
-            Some(last) => {
-                replies.push(last);
-                Transmit::frames(replies)
-            }
-            None => return None,
-        })
+        Some(transmit)
     }
 
     /// `n` more bytes of the transmit were written; `true` once all of it is (each reply is
@@ -84,9 +82,7 @@ impl Replies {
         if writing.remaining > 0 {
             return false;
         }
-        for wire_len in &writing.frames {
-            stats::global().record_raw_frame_sent(*wire_len);
-        }
+        stats::global().record_raw_frames_sent(len_u64(writing.frames), writing.bytes);
         self.writing = None;
         true
     }
@@ -107,7 +103,7 @@ impl Replies {
         let (count, bytes) = self
             .writing
             .as_ref()
-            .map_or((0, 0), |w| (w.frames.len(), w.remaining));
+            .map_or((0, 0), |w| (w.frames, w.remaining));
         count + self.queued.len() >= PIPELINED_REPLIES
             || bytes + self.queued_bytes >= PIPELINED_REPLY_BYTES
     }

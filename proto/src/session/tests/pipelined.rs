@@ -29,6 +29,19 @@ fn reply_lens(replies: &[Frame]) -> Vec<usize> {
         .collect()
 }
 
+/// Everything the server writes while the client reads as fast as it can.
+fn read_all(sut: &mut Pair) -> Vec<u8> {
+    let mut written = Vec::new();
+    loop {
+        let bytes = sut.take_from_server();
+        if bytes.is_empty() {
+            return written;
+        }
+        written.extend(bytes);
+        sut.drive();
+    }
+}
+
 #[test]
 fn replies_to_pipelined_requests_go_out_together_and_in_order() {
     let mut sut = Pair::new();
@@ -87,15 +100,7 @@ fn a_pipelining_client_that_does_not_read_holds_a_bounded_number_of_replies() {
         (PIPELINED_REPLIES..=PIPELINED_REPLIES + in_pipe + 1).contains(&delivered),
         "{delivered} requests read while the client reads nothing"
     );
-    let mut replies = Vec::new();
-    loop {
-        let bytes = sut.take_from_server();
-        if bytes.is_empty() {
-            break;
-        }
-        replies.extend(bytes);
-        sut.drive();
-    }
+    let replies = read_all(&mut sut);
     let lens = reply_lens(&frames(&replies));
     assert_eq!(lens, (4096..4096 + total).collect::<Vec<_>>());
 }
@@ -216,15 +221,7 @@ fn a_client_that_finishes_while_its_next_request_waits_still_gets_the_replies_be
     assert_eq!(sut.requests.len(), 2, "the second was read and waits");
     sut.to_server.finished = true;
     sut.drive();
-    let mut written = Vec::new();
-    loop {
-        let bytes = sut.take_from_server();
-        if bytes.is_empty() {
-            break;
-        }
-        written.extend(bytes);
-        sut.drive();
-    }
+    let written = read_all(&mut sut);
     assert_eq!(
         reply_lens(&frames(&written)),
         [10],
