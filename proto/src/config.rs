@@ -157,6 +157,11 @@ pub struct ConnectionPoolConfig {
     /// How long a connection above the idle cap may stay idle (default 1 s), so a burst does
     /// not close what the next burst would reopen.
     pub trim_after: Duration,
+    /// Connections per peer (default 4, at most `max_per_peer`) from which small requests to a
+    /// peer that takes pipelined requests go onto the busy connection carrying fewest instead
+    /// of a new one: a few connections spread the work over the peer's threads, more only add
+    /// wake-ups and small segments (`docs/benchmarks.md`, "Pipelining").
+    pub pipeline_connections: usize,
 }
 
 impl Default for ConnectionPoolConfig {
@@ -167,6 +172,7 @@ impl Default for ConnectionPoolConfig {
             busy_bytes_per_peer: 2 << 20,
             max_waiting: 16_384,
             trim_after: Duration::from_secs(1),
+            pipeline_connections: 4,
         }
     }
 }

@@ -1,5 +1,6 @@
-//! Helpers for the striping tests: a strict PTR1 peer that knows nothing of striping (it
-//! refuses any frame with a non-zero reserved byte), and a proxy that cuts off one stripe.
+//! Helpers for the striping and pipelining tests: a strict PTR1 peer that knows nothing of
+//! striping (it refuses any frame with a non-zero reserved byte) and notes requests that
+//! arrive before the one before them is answered, and a proxy that cuts off one stripe.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -9,6 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tensorwire_proto::ptr1::{self, Frame};
+use tensorwire_proto::stripe::{CAPABILITIES_PATH, CAPABILITIES_TYPE, capabilities_reply};
 use tensorwire_proto::{FixedHeader, Format, Limits};
 
 /// What the strict peer saw: per frame, its kind byte, reserved bytes, path and message.
@@ -20,6 +22,9 @@ pub struct Seen {
     pub reserved: [u8; 3],
     /// The frame as decoded.
     pub frame: Frame,
+    /// Bytes of a further frame had arrived before this one was answered: the client
+    /// pipelined (one that waits for each reply cannot have sent them yet).
+    pub pipelined: bool,
 }
 
 /// A PTR1 server written from the protocol page alone, as another implementation would be:
@@ -35,6 +40,13 @@ pub struct StrictPeer {
 impl StrictPeer {
     /// Starts it on a loopback port.
     pub fn start() -> Self {
+        Self::start_answering(None)
+    }
+
+    /// Starts it on a loopback port; with `pipeline`, it answers the capabilities Ask saying
+    /// it takes that many requests per connection at once (it reads them one after another
+    /// all the same), instead of refusing it as an unknown path.
+    pub fn start_answering(pipeline: Option<u16>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").expect("binds");
         let addr = listener.local_addr().expect("an address");
         listener.set_nonblocking(true).expect("non-blocking");
@@ -46,7 +58,7 @@ impl StrictPeer {
                 match listener.accept() {
                     Ok((stream, _)) => {
                         let seen = Arc::clone(&seen2);
-                        std::thread::spawn(move || serve_strictly(stream, &seen));
+                        std::thread::spawn(move || serve_strictly(stream, &seen, pipeline));
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(5)),
                 }
@@ -75,7 +87,7 @@ impl Drop for StrictPeer {
     }
 }
 
-fn serve_strictly(mut stream: TcpStream, seen: &Mutex<Vec<Seen>>) {
+fn serve_strictly(mut stream: TcpStream, seen: &Mutex<Vec<Seen>>, pipeline: Option<u16>) {
     let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
     let limits = Limits::default();
     loop {
@@ -86,12 +98,14 @@ fn serve_strictly(mut stream: TcpStream, seen: &Mutex<Vec<Seen>>) {
             return;
         };
         let reserved = [header[5], header[6], header[7]];
+        let pipelined = more_to_read(&stream);
         seen.lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(Seen {
                 kind: header[4],
                 reserved,
                 frame: frame.clone(),
+                pipelined,
             });
         if reserved != [0, 0, 0] {
             return; // not a frame this peer understands
@@ -99,6 +113,13 @@ fn serve_strictly(mut stream: TcpStream, seen: &Mutex<Vec<Seen>>) {
         let reply = match frame {
             Frame::Ask { path, message } if path == "/actors/echo" => {
                 Frame::TensorResponse(message)
+            }
+            Frame::Ask { path, message } if path == CAPABILITIES_PATH && pipeline.is_some() => {
+                Frame::SingleResponse {
+                    version: message.version,
+                    msg_type: CAPABILITIES_TYPE.into(),
+                    data: capabilities_reply(None, pipeline.unwrap_or(1)),
+                }
             }
             Frame::Ask { path, message } | Frame::Tell { path, message } => Frame::Error {
                 version: message.version,
@@ -113,6 +134,17 @@ fn serve_strictly(mut stream: TcpStream, seen: &Mutex<Vec<Seen>>) {
             return;
         }
     }
+}
+
+/// Whether bytes wait to be read on `stream` now.
+fn more_to_read(stream: &TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    if stream.set_nonblocking(true).is_err() {
+        return false;
+    }
+    let waiting = matches!(stream.peek(&mut byte), Ok(n) if n > 0);
+    let _ = stream.set_nonblocking(false);
+    waiting
 }
 
 /// Reads one whole PTR1 frame (its fixed header and all of it); `None` at the end or on error.

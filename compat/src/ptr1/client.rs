@@ -1,11 +1,12 @@
 //! Outgoing connections on tokio: the shared per-peer pool, and one task per connection that
 //! drives its client session with the requests the pool gives it.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use tensorwire_proto::session::{Checkin, Checkout, ClientEvent, ClientSession};
+use tensorwire_proto::session::{Checkin, Checkout, ClientEvent, ClientSession, RequestToken};
 use tensorwire_proto::transport::{Completion, Error};
 use tokio::sync::mpsc;
 
@@ -23,9 +24,10 @@ pub(crate) fn start(shared: &Arc<Shared>, outgoing: Outgoing) {
         outgoing.request.deadline().at(),
         outgoing.request.pool_bytes(),
     );
-    let checkout = lock(&shared.pool).checkout(peer, outgoing, bytes, deadline);
+    let depth = outgoing.request.pipeline();
+    let checkout = lock(&shared.pool).checkout_pipelined(peer, outgoing, bytes, deadline, depth);
     match checkout {
-        Checkout::Reuse(id, outgoing) => {
+        Checkout::Reuse(id, outgoing) | Checkout::Pipeline(id, outgoing) => {
             let sender = lock(&shared.conns).get(&id).cloned();
             let sent = match sender {
                 Some(sender) => sender.send(Command::Carry(outgoing)),
@@ -71,15 +73,19 @@ fn connect(shared: &Arc<Shared>, outgoing: Outgoing) {
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let (sender, commands) = mpsc::unbounded_channel();
     lock(&shared.conns).insert(id, sender.clone());
+    lock(&shared.pool).opened(outgoing.peer, id);
     Shared::spawn(
         shared,
         connection(Arc::clone(shared), id, outgoing, sender, commands),
     );
 }
 
-/// The request a connection carries now.
+/// A request a connection carries.
 struct Current {
+    /// Distinguishes it among the connection's requests (for cancellation).
     id: u64,
+    /// The request in its session.
+    token: RequestToken,
     completion: Box<dyn Completion>,
 }
 
@@ -99,7 +105,14 @@ async fn connection(
         Instant::now(),
     );
     let mut next_request = 0u64;
-    let mut current = begin(&mut session, first, &sender, &mut next_request);
+    // The requests carried, in the order they were started.
+    let mut carrying: VecDeque<Current> = VecDeque::new();
+    let mut conn = Conn {
+        shared: &shared,
+        id,
+        sender: &sender,
+    };
+    conn.begin(&mut session, first, &mut carrying, &mut next_request);
     let mut shutdown = shared.shutdown.subscribe();
     let stream = tokio::select! {
         connected = socket_options::connect(peer, &shared.session) => match connected {
@@ -126,11 +139,15 @@ async fn connection(
     let mut transmit = None;
     let mut pooled = false;
     'connection: loop {
-        let mut finished = None;
+        let mut finished = Vec::new();
         let mut close = false;
         while let Some(event) = session.poll_event() {
             match event {
-                ClientEvent::Done(outcome) => finished = current.take().map(|done| (done, outcome)),
+                ClientEvent::Done { token, outcome } => {
+                    if let Some(index) = carrying.iter().position(|c| c.token == token) {
+                        finished.extend(carrying.remove(index).map(|done| (done, outcome)));
+                    }
+                }
                 ClientEvent::Close(reason) => {
                     tracing::debug!(%reason, %peer, "closing a client connection");
                     close = true;
@@ -138,7 +155,16 @@ async fn connection(
                 _ => {}
             }
         }
-        if !close && current.is_none() && !pooled && session.is_reusable() && stream.is_some() {
+        if !close && !carrying.is_empty() {
+            // With others still on their way, requests waiting for the peer may be pipelined
+            // behind them, one for each that has its outcome.
+            for _ in 0..finished.len() {
+                let next = lock(&shared.pool).answered(peer, id);
+                let Some(next) = next else { break };
+                conn.begin(&mut session, next, &mut carrying, &mut next_request);
+            }
+        }
+        if !close && carrying.is_empty() && !pooled && session.is_reusable() && stream.is_some() {
             // Back to the pool (or straight to the next request waiting for this peer) before
             // the caller hears of the outcome, so its next request finds it there.
             loop {
@@ -148,7 +174,7 @@ async fn connection(
                         next.completion.complete(Err(Error::Cancelled));
                     }
                     Checkin::Serve(_, next) => {
-                        current = begin(&mut session, next, &sender, &mut next_request);
+                        conn.begin(&mut session, next, &mut carrying, &mut next_request);
                         break;
                     }
                     Checkin::Idle => {
@@ -159,7 +185,7 @@ async fn connection(
             }
             shared.pool_changed.notify_one();
         }
-        if let Some((done, outcome)) = finished {
+        for (done, outcome) in finished {
             done.completion.complete(outcome);
         }
         if close {
@@ -186,11 +212,11 @@ async fn connection(
             command = commands.recv() => match command {
                 Some(Command::Carry(outgoing)) => {
                     pooled = false;
-                    current = begin(&mut session, outgoing, &sender, &mut next_request);
+                    conn.begin(&mut session, outgoing, &mut carrying, &mut next_request);
                 }
                 Some(Command::Cancel(request)) => {
-                    if current.as_ref().is_some_and(|c| c.id == request) {
-                        session.cancel();
+                    if let Some(carried) = carrying.iter().find(|c| c.id == request) {
+                        session.cancel(carried.token);
                     }
                 }
                 // Trimmed from the pool: close.
@@ -200,8 +226,8 @@ async fn connection(
             () = stopped(&mut shutdown) => session.shut_down(),
         }
     }
-    if let Some(current) = current {
-        current
+    for carried in carrying {
+        carried
             .completion
             .complete(Err(Error::ConnectionClosed { peer, detail: None }));
     }
@@ -221,31 +247,55 @@ async fn connection(
     shared.connections.fetch_sub(1, Ordering::Relaxed);
 }
 
-/// Starts `outgoing` on the session; registers its cancellation with this task.
-fn begin(
-    session: &mut ClientSession,
-    outgoing: Outgoing,
-    sender: &mpsc::UnboundedSender<Command>,
-    next_request: &mut u64,
-) -> Option<Current> {
-    let id = *next_request;
-    *next_request += 1;
-    let Outgoing {
-        request,
-        completion,
-        ..
-    } = outgoing;
-    if session.start(request, Instant::now()).is_err() {
-        completion.complete(Err(Error::Misuse(
-            "a pooled connection could not take a request".into(),
-        )));
-        return None;
+/// The connection task's own handles, for starting requests on its session.
+struct Conn<'a> {
+    shared: &'a Arc<Shared>,
+    id: u64,
+    sender: &'a mpsc::UnboundedSender<Command>,
+}
+
+impl Conn<'_> {
+    /// Starts `outgoing` on the session behind what it carries; registers its cancellation
+    /// with this task. A session that cannot take it (its writing failed while others were on
+    /// their way) is offered no more, and the request goes back through the pool.
+    fn begin(
+        &mut self,
+        session: &mut ClientSession,
+        outgoing: Outgoing,
+        carrying: &mut VecDeque<Current>,
+        next_request: &mut u64,
+    ) {
+        let Outgoing {
+            peer,
+            request,
+            completion,
+        } = outgoing;
+        let token = match session.start(request, Instant::now()) {
+            Ok(token) => token,
+            Err(request) => {
+                lock(&self.shared.pool).retire(peer, self.id);
+                return start(
+                    self.shared,
+                    Outgoing {
+                        peer,
+                        request,
+                        completion,
+                    },
+                );
+            }
+        };
+        let id = *next_request;
+        *next_request += 1;
+        let sender = self.sender.clone();
+        completion.on_cancel(Box::new(move || {
+            let _ = sender.send(Command::Cancel(id));
+        }));
+        carrying.push_back(Current {
+            id,
+            token,
+            completion,
+        });
     }
-    let sender = sender.clone();
-    completion.on_cancel(Box::new(move || {
-        let _ = sender.send(Command::Cancel(id));
-    }));
-    Some(Current { id, completion })
 }
 
 /// Fails requests whose deadline passed while they waited for a connection, and closes idle

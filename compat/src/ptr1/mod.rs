@@ -195,6 +195,7 @@ impl Outbound for TokioDriver {
             deadline,
             completion,
             framing,
+            pipeline,
             ..
         } = request;
         if *self.shared.shutdown.borrow() {
@@ -203,7 +204,7 @@ impl Outbound for TokioDriver {
         let limits = &self.shared.limits;
         let request =
             match ClientRequest::encode_framed(kind, &path, message, &framing, limits, deadline) {
-                Ok(request) => request,
+                Ok(request) => request.with_pipeline(pipeline),
                 Err(e) => return completion.complete(Err(e)),
             };
         client::start(

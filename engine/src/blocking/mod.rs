@@ -178,10 +178,9 @@ impl Conn {
         spin: Duration,
         interrupt: Option<&dyn Fn() -> bool>,
     ) -> Result<Answer, Error> {
-        let started = self.session.start(request, Instant::now());
-        if started.is_err() {
+        let Ok(token) = self.session.start(request, Instant::now()) else {
             return Err(Error::Misuse("a pooled connection was not idle".into()));
-        }
+        };
         let mut transmit = None;
         let mut read = None;
         // Since when nothing could be read or written (the current wait).
@@ -190,7 +189,8 @@ impl Conn {
         loop {
             let now = Instant::now();
             while let Some(event) = self.session.poll_event() {
-                if let ClientEvent::Done(outcome) = event {
+                // One request at a time: its outcome is the only one.
+                if let ClientEvent::Done { outcome, .. } = event {
                     if let Some(since) = waiting_since {
                         self.spin.waited(now.saturating_duration_since(since));
                     }
@@ -290,7 +290,7 @@ impl Conn {
                             let nothing = Err(std::io::ErrorKind::WouldBlock.into());
                             self.session.handle_read(buf, nothing, Instant::now());
                         }
-                        self.session.cancel();
+                        self.session.cancel(token);
                         return Err(Error::Cancelled);
                     }
                     if wait >= until_timeout {

@@ -5,6 +5,7 @@
 mod builder;
 mod close;
 mod local;
+mod pipelines;
 mod routing;
 mod send;
 mod stripes;
@@ -61,6 +62,8 @@ pub(crate) struct NodeInner {
     driver: Arc<dyn Driver>,
     /// Cuts large requests to peers that take stripes.
     stripes: Arc<stripes::StripeSender>,
+    /// How many requests each peer takes on one connection at once.
+    pipelines: Arc<pipelines::PipelineDepths>,
     /// Where peers' stripes go (`None`: this node takes none).
     stripe_store: Option<Arc<tensorwire_proto::session::StripeStore>>,
     pub(crate) registry: Arc<Registry>,

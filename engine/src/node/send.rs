@@ -280,7 +280,10 @@ impl NodeInner {
         match (target, &self.transport, &self.shm) {
             (Target::Transport, Some(transport), _) => transport.send(request),
             (Target::Shm { insist }, _, Some(shm)) => shm.send(request, insist, here),
-            _ => self.stripes.send(request),
+            _ => {
+                let in_flight = self.outbound.get();
+                self.stripes.send(self.pipelines.mark(request, in_flight));
+            }
         }
     }
 

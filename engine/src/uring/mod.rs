@@ -199,6 +199,7 @@ impl Outbound for UringDriver {
             deadline,
             completion,
             framing,
+            pipeline,
             ..
         } = request;
         if self.shut_down.load(Ordering::Acquire) {
@@ -208,7 +209,7 @@ impl Outbound for UringDriver {
         let encoded =
             ClientRequest::encode_framed(kind, &path, message, &framing, &self.limits, deadline);
         let request = match encoded {
-            Ok(request) => request,
+            Ok(request) => request.with_pipeline(pipeline),
             Err(e) => return completion.complete(Err(e)),
         };
         let core = match self.next_live_core() {

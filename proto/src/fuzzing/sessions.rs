@@ -8,6 +8,7 @@
 //! frames; a server has at most one request with the node at a time (pipelined ones wait);
 //! a client reports exactly one outcome per started request.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,8 +17,8 @@ use bytes::Bytes;
 
 use crate::message::TensorMessage;
 use crate::session::{
-    ClientEvent, ClientRequest, ClientSession, ReadBuf, ServerEvent, ServerSession, SessionConfig,
-    Transmit,
+    ClientEvent, ClientRequest, ClientSession, ReadBuf, RequestToken, ServerEvent, ServerSession,
+    SessionConfig, Transmit,
 };
 use crate::transport::{ActorPath, Deadline, HeapMemory, Reply, RequestKind};
 use crate::{Limits, ptr1};
@@ -129,16 +130,18 @@ pub fn ptr1_server_session(data: &[u8]) {
     every_frame_parses(&written);
 }
 
-/// A client session with one request started, fed the script in `data` as its peer's doing.
+/// A client session with one request started, fed the script in `data` as its peer's doing;
+/// the script starts more (up to [`PIPELINE`] on their way at once) and gives some up.
 pub fn ptr1_client_session(data: &[u8]) {
     let mut script = Script(data);
     let memory = Arc::new(HeapMemory::new(BUDGET));
     let mut now = Instant::now();
     let peer: SocketAddr = ([127, 0, 0, 1], 9).into();
     let mut session = ClientSession::connected(config(), memory.clone(), peer);
-    let (mut started, mut outcomes) = (0u32, 0u32);
+    let mut started: Vec<RequestToken> = Vec::new();
+    let mut done: HashSet<RequestToken> = HashSet::new();
     let mut writing: Option<Transmit> = None;
-    started += start(&mut session, script.byte().unwrap_or(0), now);
+    start(&mut session, script.byte().unwrap_or(0), now, &mut started);
     while let Some(step) = script.byte() {
         if session.is_closed() {
             break;
@@ -169,34 +172,31 @@ pub fn ptr1_client_session(data: &[u8]) {
                 }
             }
             6 => session.handle_write_error(std::io::ErrorKind::BrokenPipe.into(), now),
-            7 => session.cancel(),
+            7 => {
+                let pick = usize::from(script.byte().unwrap_or(0));
+                if let Some(&token) = started.get(pick % started.len().max(1)) {
+                    session.cancel(token);
+                }
+            }
             8 if session.is_reusable() => {
                 writing = None;
-                started += start(&mut session, script.byte().unwrap_or(0), now);
+                start(&mut session, script.byte().unwrap_or(0), now, &mut started);
+            }
+            8 if session.can_take() && session.in_flight() < PIPELINE => {
+                // Pipelined behind what is on its way (the transmit being written goes on).
+                start(&mut session, script.byte().unwrap_or(0), now, &mut started);
             }
             _ => {
                 now += Duration::from_millis(u64::from(script.byte().unwrap_or(0)) * 40);
                 session.handle_timeout(now);
             }
         }
-        while let Some(event) = session.poll_event() {
-            if let ClientEvent::Done(_) = event {
-                outcomes += 1;
-                assert!(
-                    outcomes <= started,
-                    "an outcome for a request never started"
-                );
-            }
-        }
+        outcomes(&mut session, &started, &mut done);
         assert!(memory.charged() <= BUDGET, "over the receive budget");
     }
     session.shut_down();
-    while let Some(event) = session.poll_event() {
-        if let ClientEvent::Done(_) = event {
-            outcomes += 1;
-        }
-    }
-    assert_eq!(outcomes, started, "one outcome per started request");
+    outcomes(&mut session, &started, &mut done);
+    assert_eq!(done.len(), started.len(), "one outcome per started request");
     drop(session);
     assert_eq!(
         memory.charged(),
@@ -242,14 +242,36 @@ fn config() -> Arc<SessionConfig> {
     })
 }
 
-/// Starts an ask or a tell (by `kind`'s low bit) on `session`; 1 if it started.
-fn start(session: &mut ClientSession, kind: u8, now: Instant) -> u32 {
+/// Requests a fuzzed client session has on its way at most.
+const PIPELINE: usize = 4;
+
+/// Starts an ask or a tell (by `kind`'s low bit) on `session`; notes its token if it started.
+fn start(session: &mut ClientSession, kind: u8, now: Instant, started: &mut Vec<RequestToken>) {
     let kind = if kind & 1 == 0 {
         RequestKind::Ask
     } else {
         RequestKind::Tell
     };
-    u32::from(session.start(request(kind, now), now).is_ok())
+    if let Ok(token) = session.start(request(kind, now), now) {
+        started.push(token);
+    }
+}
+
+/// Takes the session's outcomes: each for a request started, and only one per request.
+fn outcomes(
+    session: &mut ClientSession,
+    started: &[RequestToken],
+    done: &mut HashSet<RequestToken>,
+) {
+    while let Some(event) = session.poll_event() {
+        if let ClientEvent::Done { token, .. } = event {
+            assert!(
+                started.contains(&token),
+                "an outcome for a request never started"
+            );
+            assert!(done.insert(token), "two outcomes for one request");
+        }
+    }
 }
 
 fn request(kind: RequestKind, now: Instant) -> ClientRequest {

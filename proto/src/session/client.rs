@@ -6,179 +6,73 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+mod in_flight;
+mod request;
+
+pub use in_flight::RequestToken;
+pub use request::ClientRequest;
+
 use crate::config::SessionConfig;
-use crate::encode::Encoded;
 use crate::kind::FrameKind;
-use crate::limits::Limits;
-use crate::message::TensorMessage;
-use crate::ptr1::{self, Frame};
+use crate::ptr1::Frame;
 use crate::session::read_buf::ReadBuf;
 use crate::session::receiver::{Received, Receiver, RecvError};
 use crate::session::transmit::{RateMeter, Transmit};
 use crate::session::{CloseReason, server_closes_after};
 use crate::stats;
-use crate::stripe::{CAPABILITIES_PATH, EXTENSION_STRIPE, EXTENSION_STRIPED, Framing};
-use crate::transport::{ActorPath, Answer, Deadline, Error, ReceiveMemory, Reply, RequestKind};
-
-/// One request for a client session: an encoded Ask or Tell frame and its deadline.
-#[derive(Debug)]
-pub struct ClientRequest {
-    kind: RequestKind,
-    encoded: Encoded,
-    deadline: Deadline,
-    /// A stripe of a striped request (not counted against a peer's busy bytes).
-    stripe: bool,
-}
-
-impl ClientRequest {
-    /// Encodes the request frame (the message's buffers are referenced, not copied).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Encode`] if the message is over `limits`.
-    pub fn encode(
-        kind: RequestKind,
-        path: &ActorPath,
-        message: TensorMessage,
-        limits: &Limits,
-        deadline: Deadline,
-    ) -> Result<Self, Error> {
-        let path = path.as_str().to_owned();
-        let frame = match kind {
-            RequestKind::Ask => Frame::Ask { path, message },
-            RequestKind::Tell => Frame::Tell { path, message },
-        };
-        let encoded = ptr1::encode(&frame, limits).map_err(Error::Encode)?;
-        Ok(Self {
-            kind,
-            encoded,
-            deadline,
-            stripe: false,
-        })
-    }
-
-    /// Encodes the request as `framing` says ([`crate::stripe`]): whole, as
-    /// [`ClientRequest::encode`]; a stripe, as a Tell whose path slot is its descriptor (`kind`
-    /// and `path` are not sent); a striped request, as an Ask or Tell marked striped.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Encode`] if the frame is over `limits`.
-    pub fn encode_framed(
-        kind: RequestKind,
-        path: &ActorPath,
-        message: TensorMessage,
-        framing: &Framing,
-        limits: &Limits,
-        deadline: Deadline,
-    ) -> Result<Self, Error> {
-        let (kind, frame, extension) = match framing {
-            Framing::Whole => return Self::encode(kind, path, message, limits, deadline),
-            Framing::Stripe(descriptor) => (
-                RequestKind::Tell,
-                Frame::Tell {
-                    path: descriptor.to_path(),
-                    message,
-                },
-                EXTENSION_STRIPE,
-            ),
-            Framing::Capabilities => (
-                RequestKind::Ask,
-                Frame::Ask {
-                    path: CAPABILITIES_PATH.to_owned(),
-                    message,
-                },
-                0,
-            ),
-            Framing::Striped => {
-                let path = path.as_str().to_owned();
-                let frame = match kind {
-                    RequestKind::Ask => Frame::Ask { path, message },
-                    RequestKind::Tell => Frame::Tell { path, message },
-                };
-                (kind, frame, EXTENSION_STRIPED)
-            }
-        };
-        let encoded = ptr1::encode_extended(&frame, extension, limits).map_err(Error::Encode)?;
-        Ok(Self {
-            kind,
-            encoded,
-            deadline,
-            stripe: matches!(framing, Framing::Stripe(_)),
-        })
-    }
-
-    /// The bytes a client pool counts for this request against a peer's busy bytes: its
-    /// frame's length, or 0 for a stripe (the stripes of one request go out at once, each on a
-    /// connection of its own, however large).
-    pub fn pool_bytes(&self) -> u64 {
-        if self.stripe { 0 } else { self.wire_len() }
-    }
-
-    /// The request frame's length on the wire.
-    pub fn wire_len(&self) -> u64 {
-        self.encoded.wire_len()
-    }
-
-    /// Ask or tell.
-    pub fn kind(&self) -> RequestKind {
-        self.kind
-    }
-
-    /// When it gives up.
-    pub fn deadline(&self) -> Deadline {
-        self.deadline
-    }
-}
+use crate::transport::{Answer, Error, ReceiveMemory, Reply, RequestKind};
+use in_flight::{InFlight, Stage};
 
 /// What a client session asks of its driver.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum ClientEvent {
-    /// The outcome of the started request (exactly one per [`ClientSession::start`]).
-    Done(Result<Answer, Error>),
+    /// The outcome of request `token` (exactly one per [`ClientSession::start`] that took
+    /// it). Outcomes come in the order the requests were started, except that a request
+    /// given up on (its deadline passed, or it was cancelled) has its outcome at once.
+    Done {
+        /// The request, as [`ClientSession::start`] returned it.
+        token: RequestToken,
+        /// Its reply, or why there is none.
+        outcome: Result<Answer, Error>,
+    },
     /// Close the connection (cancel what is in flight). The session is finished.
     Close(CloseReason),
 }
 
-/// One outgoing PTR1 connection: one request at a time, its one reply, then the next.
+/// One outgoing PTR1 connection: its requests' frames written in order (several at once to a
+/// peer that takes pipelined requests, [`ClientRequest::with_pipeline`]; the pool decides how
+/// many), their replies read in the same order.
 ///
-/// The request is written while a read is armed, so a server that rejects it mid-stream is
-/// heard (its Error frame) rather than a broken pipe. A reply's kind is checked against the
-/// request before any payload memory is committed. While idle the session keeps a read armed:
-/// if the peer closes (or sends anything), the connection is finished and never reused. A
-/// request on a connection that fails is failed, never replayed: the peer may have acted on it.
+/// A request is written while a read is armed, so a server that rejects it mid-stream is heard
+/// (its Error frame) rather than a broken pipe. A reply's kind is checked against its request
+/// before any payload memory is committed. While idle the session keeps a read armed: if the
+/// peer closes (or sends anything), the connection is finished and never reused. A request on
+/// a connection that fails is failed, never replayed: the peer may have acted on it.
+///
+/// A request whose deadline passes, or that is cancelled, has its outcome at once; if its
+/// frame had begun to go out, its reply is still read (and dropped) when it comes, so the
+/// requests behind it keep their connection. A connection on which every request left is
+/// given up on is closed.
 #[derive(Debug)]
 pub struct ClientSession {
     config: Arc<SessionConfig>,
     receiver: Receiver,
     peer: SocketAddr,
     connected: bool,
-    request: Option<Busy>,
-    /// The request frame, queued for `poll_transmit` or being written.
-    transmit: Option<Outgoing>,
+    requests: InFlight,
+    /// Bytes of the transmit handed out not yet written.
+    writing: Option<u64>,
+    /// Writing failed: nothing more is written; the pending read decides (the peer's Error
+    /// frame, or the close), and this is what the close is reported with.
+    write_error: Option<io::Error>,
+    write_failed: bool,
     events: VecDeque<ClientEvent>,
     connect_until: Option<Instant>,
     head_until: Option<Instant>,
     receive_rate: RateMeter,
     send_rate: RateMeter,
     closed: bool,
-}
-
-#[derive(Debug)]
-struct Busy {
-    kind: RequestKind,
-    deadline: Deadline,
-    /// The whole request was written.
-    sent: bool,
-    /// Writing failed; the pending read decides (the peer's Error frame, or the close).
-    write_error: Option<io::Error>,
-}
-
-#[derive(Debug)]
-enum Outgoing {
-    Queued(Transmit),
-    Writing { remaining: u64, wire_len: u64 },
 }
 
 impl ClientSession {
@@ -206,8 +100,10 @@ impl ClientSession {
             receiver: Receiver::new(Arc::clone(&config), memory, false),
             peer,
             connected: true,
-            request: None,
-            transmit: None,
+            requests: InFlight::default(),
+            writing: None,
+            write_error: None,
+            write_failed: false,
             events: VecDeque::new(),
             connect_until: None,
             head_until: None,
@@ -229,51 +125,57 @@ impl ClientSession {
         self.connect_until = None;
     }
 
-    /// Connecting failed: the started request (if any) fails with the error.
+    /// Connecting failed: every started request fails with the error.
     pub fn handle_connect_error(&mut self, source: io::Error) {
         let peer = self.peer;
         self.fail(Error::Connect { peer, source }, CloseReason::OutOfStep);
     }
 
-    /// Starts a request; given back if the session cannot take one now (busy, closed, or
-    /// bytes are buffered that nobody asked for).
+    /// Starts a request behind those already started (the caller decides how many its peer
+    /// takes at once); given back if the session cannot take one now (closed, writing failed,
+    /// or — while no request is started — bytes are buffered that nobody asked for).
     ///
     /// # Errors
     ///
     /// The request itself, unchanged.
-    pub fn start(&mut self, request: ClientRequest, now: Instant) -> Result<(), ClientRequest> {
-        if self.closed || self.request.is_some() || !self.receiver.is_between_frames() {
+    pub fn start(
+        &mut self,
+        request: ClientRequest,
+        now: Instant,
+    ) -> Result<RequestToken, ClientRequest> {
+        if !self.can_take() {
             return Err(request);
         }
+        let token = self.requests.token();
         if request.deadline.has_passed(now) {
-            self.events.push_back(ClientEvent::Done(Err(request
-                .deadline
-                .error(request.kind.as_str()))));
-            return Ok(());
+            let outcome = Err(request.deadline.error(request.kind.as_str()));
+            self.events.push_back(ClientEvent::Done { token, outcome });
+            return Ok(token);
         }
-        self.request = Some(Busy {
-            kind: request.kind,
-            deadline: request.deadline,
-            sent: false,
-            write_error: None,
-        });
-        self.transmit = Some(Outgoing::Queued(Transmit::new(request.encoded)));
-        Ok(())
+        self.requests
+            .push(token, request.kind, request.deadline, request.encoded);
+        Ok(token)
     }
 
-    /// The caller gave up on the started request: the connection is closed (the peer may have
+    /// The caller gave up on request `token`: its outcome is [`Error::Cancelled`] at once. If
+    /// nothing of it was handed out it is taken out; otherwise its reply is read and dropped,
+    /// and once nobody waits for anything on the connection it is closed (the peer may have
     /// seen all, part or none of the request).
-    pub fn cancel(&mut self) {
-        if self.request.is_some() {
-            self.fail(Error::Cancelled, CloseReason::OutOfStep);
+    pub fn cancel(&mut self, token: RequestToken) {
+        if self.closed || self.requests.give_up(token).is_none() {
+            return;
         }
+        self.events.push_back(ClientEvent::Done {
+            token,
+            outcome: Err(Error::Cancelled),
+        });
+        self.close_if_abandoned();
     }
 
-    /// Closes the session (the node is shutting down); a started request fails with
+    /// Closes the session (the node is shutting down); every started request fails with
     /// [`Error::Shutdown`].
     pub fn shut_down(&mut self) {
         self.fail(Error::Shutdown, CloseReason::Shutdown);
-        self.close(CloseReason::Shutdown);
     }
 
     /// Memory for the next read, if one is wanted now (also while idle: a completed read
@@ -290,7 +192,7 @@ impl ClientSession {
         if self.closed {
             return;
         }
-        if self.request.is_none() {
+        if self.requests.is_empty() {
             // Idle: whatever happened, this connection is done.
             let reason = match result {
                 Ok(0) => CloseReason::PeerClosed,
@@ -310,57 +212,46 @@ impl ClientSession {
         self.receive_rate.progress(n);
     }
 
-    /// The request frame to write, if it has not been handed out yet.
+    /// The request frames not handed out yet (several together, in order), if any.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
-        if !self.connected {
+        if !self.connected || self.closed || self.write_failed || self.writing.is_some() {
             return None;
         }
-        let Some(Outgoing::Queued(_)) = &self.transmit else {
-            return None;
-        };
-        let Some(Outgoing::Queued(transmit)) = self.transmit.take() else {
-            return None;
-        };
-        self.transmit = Some(Outgoing::Writing {
-            remaining: transmit.remaining(),
-            wire_len: transmit.wire_len(),
-        });
+        let transmit = self.requests.take_transmit()?;
+        self.writing = Some(transmit.remaining());
         self.send_rate.start(now);
         Some(transmit)
     }
 
-    /// `n` more bytes of the request were written.
+    /// `n` more bytes of the transmit were written.
     pub fn handle_written(&mut self, n: usize, now: Instant) {
-        let Some(Outgoing::Writing {
-            remaining,
-            wire_len,
-        }) = &mut self.transmit
-        else {
+        let Some(remaining) = &mut self.writing else {
             return;
         };
         self.send_rate.progress(n);
         *remaining = remaining.saturating_sub(crate::len::len_u64(n));
-        if *remaining > 0 {
-            return;
+        let done = *remaining == 0;
+        let (frames, bytes) = self.requests.written(n);
+        if frames > 0 {
+            stats::global().record_raw_frames_sent(frames, bytes);
         }
-        stats::global().record_raw_frame_sent(*wire_len);
-        self.transmit = None;
-        self.send_rate.stop();
-        if let Some(request) = &mut self.request {
-            request.sent = true;
+        if done {
+            self.writing = None;
+            self.send_rate.stop();
         }
         self.drive(now);
     }
 
-    /// Writing the request failed. The read decides: the peer may have answered (an Error
-    /// frame saying why it stopped reading) before it closed.
+    /// Writing failed. The read decides: the peer may have answered (an Error frame saying
+    /// why it stopped reading) before it closed.
     pub fn handle_write_error(&mut self, error: io::Error, now: Instant) {
-        self.transmit = None;
+        self.writing = None;
+        self.write_failed = true;
         self.send_rate.stop();
-        match &mut self.request {
-            Some(request) => request.write_error = Some(error),
-            None => return self.close(CloseReason::Io(error)),
+        if self.requests.is_empty() {
+            return self.close(CloseReason::Io(error));
         }
+        self.write_error = Some(error);
         self.drive(now);
     }
 
@@ -376,7 +267,7 @@ impl ClientSession {
         }
         [
             self.connect_until,
-            self.request.as_ref().and_then(|r| r.deadline.at()),
+            self.requests.earliest_deadline(),
             self.head_until,
             self.receive_rate.deadline(),
             self.send_rate.deadline(),
@@ -392,28 +283,27 @@ impl ClientSession {
             return;
         }
         let config = Arc::clone(&self.config);
-        let connect_timeout = Error::Timeout {
-            what: "connect",
-            after: config.connect_timeout,
-        };
-        let connect_passed = self.connect_until.is_some_and(|at| at <= now);
-        let Some(request) = &self.request else {
-            // No request waits for this connection, but a connect that takes too long is
-            // given up all the same.
-            if connect_passed {
-                self.close(CloseReason::Timeout {
-                    phase: "connect",
-                    after: config.connect_timeout,
-                });
-            }
+        if self.connect_until.is_some_and(|at| at <= now) {
+            // Given up even if no request waits for this connection.
+            let error = Error::Timeout {
+                what: "connect",
+                after: config.connect_timeout,
+            };
+            let reason = CloseReason::Timeout {
+                phase: "connect",
+                after: config.connect_timeout,
+            };
+            return self.fail(error, reason);
+        }
+        if self.requests.is_empty() {
             return;
-        };
-        let (kind, deadline) = (request.kind, request.deadline);
-        let error = if connect_passed {
-            connect_timeout
-        } else if deadline.has_passed(now) {
-            deadline.error(kind.as_str())
-        } else if self.head_until.is_some_and(|at| at <= now) {
+        }
+        for (token, kind, deadline) in self.requests.expired(now) {
+            self.requests.give_up(token);
+            let outcome = Err(deadline.error(kind.as_str()));
+            self.events.push_back(ClientEvent::Done { token, outcome });
+        }
+        let error = if self.head_until.is_some_and(|at| at <= now) {
             Error::Timeout {
                 what: "the reply's head",
                 after: config.head_timeout,
@@ -429,7 +319,7 @@ impl ClientSession {
                 after: config.rate_window,
             }
         } else {
-            return;
+            return self.close_if_abandoned();
         };
         self.fail(error, CloseReason::OutOfStep);
     }
@@ -439,16 +329,32 @@ impl ClientSession {
         self.closed
     }
 
-    /// Whether a request can be started now: idle, in step, nothing buffered.
+    /// Whether the connection is idle and can be pooled: no request started, in step,
+    /// nothing buffered.
     pub fn is_reusable(&self) -> bool {
         !self.closed
             && self.connected
-            && self.request.is_none()
+            && !self.write_failed
+            && self.requests.is_empty()
             && self.receiver.is_between_frames()
     }
 
+    /// Whether [`ClientSession::start`] would take a request now (also while connecting, or
+    /// while others are on their way).
+    pub fn can_take(&self) -> bool {
+        !self.closed
+            && !self.write_failed
+            && (!self.requests.is_empty() || self.receiver.is_between_frames())
+    }
+
+    /// Requests started and not answered yet (given-up ones whose reply is still owed
+    /// included).
+    pub fn in_flight(&self) -> usize {
+        self.requests.len()
+    }
+
     fn drive(&mut self, now: Instant) {
-        while !self.closed && self.request.is_some() {
+        while !self.closed && !self.requests.is_empty() {
             let Some(received) = self.receiver.next() else {
                 break;
             };
@@ -463,7 +369,7 @@ impl ClientSession {
                     self.finish(frame);
                 }
                 Received::Closed => {
-                    let detail = self.request.as_mut().and_then(|r| r.write_error.take());
+                    let detail = self.write_error.take();
                     let peer = self.peer;
                     self.fail(
                         Error::ConnectionClosed { peer, detail },
@@ -485,10 +391,11 @@ impl ClientSession {
         }
     }
 
-    /// A reply's head is in: its kind must fit the request before payload memory is committed.
+    /// A reply's head is in: its kind must fit the request it answers before payload memory is
+    /// committed.
     fn routed(&mut self, kind: FrameKind) {
         self.head_until = None;
-        let Some(request) = &self.request else {
+        let Some(request) = self.requests.front() else {
             return;
         };
         let fits = match request.kind {
@@ -512,10 +419,11 @@ impl ClientSession {
         self.receiver.admit();
     }
 
+    /// A reply is in: it answers the front request.
     fn finish(&mut self, frame: Frame) {
         self.receive_rate.stop();
         self.head_until = None;
-        let Some(request) = self.request.take() else {
+        let Some(request) = self.requests.pop_front() else {
             return;
         };
         let peer = Some(self.peer);
@@ -535,16 +443,29 @@ impl ClientSession {
         };
         let closing =
             matches!(&outcome, Err(Error::Remote { text, .. }) if server_closes_after(text));
-        self.events.push_back(ClientEvent::Done(outcome));
-        if !request.sent {
+        if !request.abandoned {
+            let token = request.token;
+            self.events.push_back(ClientEvent::Done { token, outcome });
+        }
+        if !matches!(request.stage, Stage::Sent) {
             // The peer answered before taking the whole request: the stream is out of step.
-            self.transmit = None;
-            self.close(CloseReason::OutOfStep);
+            let error = self.behind_error("the peer answered a request it had not taken whole");
+            self.fail(error, CloseReason::OutOfStep);
         } else if closing {
             // The server refused the request at its head (over a limit, malformed, TLS
             // required): it drains and closes the connection after this reply, so a reused
-            // connection would fail the next request.
-            self.close(CloseReason::ErrorReply);
+            // connection would fail the next request, and the requests behind it are not read.
+            let error = self.behind_error("the peer refused an earlier request and closes");
+            self.fail(error, CloseReason::ErrorReply);
+        } else if self.write_failed && self.requests.is_empty() {
+            // Everything written was answered; nothing more can be written.
+            let error = self
+                .write_error
+                .take()
+                .unwrap_or_else(|| io::Error::other("writing failed"));
+            self.close(CloseReason::Io(error));
+        } else {
+            self.close_if_abandoned();
         }
     }
 
@@ -567,12 +488,39 @@ impl ClientSession {
         }
     }
 
-    /// Fails the started request (if any) with `error` and closes.
+    /// The error of requests behind one that broke the connection.
+    fn behind_error(&self, why: &str) -> Error {
+        Error::ConnectionClosed {
+            peer: self.peer,
+            detail: Some(io::Error::other(why.to_owned())),
+        }
+    }
+
+    /// Fails every request whose caller waits — the front one with `error`, the ones behind it
+    /// as closed with the same cause — and closes.
     fn fail(&mut self, error: Error, reason: CloseReason) {
-        if self.request.take().is_some() {
-            self.events.push_back(ClientEvent::Done(Err(error)));
+        let waiting = self.requests.drain_waiting();
+        let mut error = Some(error);
+        for token in waiting {
+            let outcome = match error.take() {
+                Some(first) => {
+                    let behind = self.behind_error(&first.to_string());
+                    error = Some(behind);
+                    Err(first)
+                }
+                None => Err(self.behind_error("the connection failed")),
+            };
+            self.events.push_back(ClientEvent::Done { token, outcome });
         }
         self.close(reason);
+    }
+
+    /// Nobody waits for what is left on the connection (every request was given up on): it
+    /// is closed rather than kept for replies nobody reads.
+    fn close_if_abandoned(&mut self) {
+        if self.requests.only_abandoned() {
+            self.fail(Error::Cancelled, CloseReason::OutOfStep);
+        }
     }
 
     fn close(&mut self, reason: CloseReason) {
@@ -580,7 +528,7 @@ impl ClientSession {
             return;
         }
         self.closed = true;
-        self.transmit = None;
+        self.writing = None;
         self.events.push_back(ClientEvent::Close(reason));
     }
 }

@@ -32,9 +32,9 @@ use std::time::Duration;
 
 pub use crate::config::{ConnectionPoolConfig, Keepalive, SessionConfig};
 pub use crate::transport::{ASSEMBLY_TTL, DEFAULT_MAX_STRIPES, MAX_ASSEMBLIES, StripeStore};
-pub use client::{ClientEvent, ClientRequest, ClientSession};
+pub use client::{ClientEvent, ClientRequest, ClientSession, RequestToken};
 pub use driven::DrivenSession;
-pub use pool::{Checkin, Checkout, ConnectionPool, Expired, WaiterId};
+pub use pool::{Checkin, Checkout, ConnectionPool, Expired, MAX_PIPELINED_BYTES, WaiterId};
 pub use read_buf::ReadBuf;
 pub use server::{ServerEvent, ServerSession};
 pub use transmit::{RateMeter, Transmit};

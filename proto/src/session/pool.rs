@@ -1,6 +1,7 @@
 //! The per-peer client connection policy: reuse idle connections (most recent first), cap the
 //! connections per peer (fewer for large requests: about `busy_bytes_per_peer` on their way
-//! at once), queue requests beyond the cap in order, trim idle surplus.
+//! at once), pipeline small requests to a peer that takes them onto its busy connections once
+//! it has a few, queue requests beyond the cap in order, trim idle surplus.
 //!
 //! It holds no sockets: connections are keys of the driver's own (`C`), requests are whatever
 //! the driver queues (`R`). Every deadline sits in an ordered set, so nothing is scanned
@@ -22,8 +23,12 @@ pub struct WaiterId(u64);
 pub enum Checkout<C, R> {
     /// Send it on this idle connection.
     Reuse(C, R),
-    /// Open a new connection for it (already counted as open).
+    /// Open a new connection for it (already counted as open; tell the pool its key with
+    /// [`ConnectionPool::opened`]).
     Connect(R),
+    /// Start it on this busy connection behind what it carries (its peer takes pipelined
+    /// requests).
+    Pipeline(C, R),
     /// Every connection allowed is busy: it waits, in order (its deadline runs).
     Queued(WaiterId),
     /// Every connection allowed is busy and `max_waiting` requests wait already: it is
@@ -69,10 +74,17 @@ pub struct ConnectionPool<C, R> {
     next_waiter: u64,
 }
 
+/// Requests of at most this many bytes are pipelined (to a peer that takes them): a larger
+/// one would wait behind the others' bytes for no gain, one connection already carries it at
+/// the wire's speed.
+pub const MAX_PIPELINED_BYTES: u64 = 64 << 10;
+
 #[derive(Debug)]
 struct Peer<C> {
     /// Idle connections and since when, most recently used last.
     idle: Vec<(C, Instant)>,
+    /// Busy connections the pool knows the key of, and how many requests each carries.
+    busy: Vec<(C, u32)>,
     /// Connections open (busy, idle or connecting).
     open: usize,
     queue: VecDeque<WaiterId>,
@@ -86,6 +98,8 @@ struct Waiter<R> {
     request: R,
     /// Its frame's length, for the byte budget.
     bytes: u64,
+    /// How many requests its peer takes on one connection at once.
+    depth: u16,
     deadline: Option<Instant>,
 }
 
@@ -102,7 +116,8 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
         }
     }
 
-    /// Finds a connection for `request` of `bytes` (its frame's length) to `peer`.
+    /// Finds a connection for `request` of `bytes` (its frame's length) to `peer`, one request
+    /// per connection.
     pub fn checkout(
         &mut self,
         peer: SocketAddr,
@@ -110,23 +125,56 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
         bytes: u64,
         deadline: Option<Instant>,
     ) -> Checkout<C, R> {
+        self.checkout_pipelined(peer, request, bytes, deadline, 1)
+    }
+
+    /// Finds a connection for `request` of `bytes` (its frame's length) to `peer`, which takes
+    /// up to `depth` requests on one connection before it has answered the first (1: one at a
+    /// time). An idle connection comes first; then, for a request of at most
+    /// [`MAX_PIPELINED_BYTES`] once the peer has `pipeline_connections` open, the busy one
+    /// carrying fewest (if it has room); then a new connection; then the queue.
+    pub fn checkout_pipelined(
+        &mut self,
+        peer: SocketAddr,
+        request: R,
+        bytes: u64,
+        deadline: Option<Instant>,
+        depth: u16,
+    ) -> Checkout<C, R> {
         let max = self.config.max_per_peer.max(1);
         let busy_max = self.busy_max(bytes);
         let full = self.waiters.len() >= self.config.max_waiting;
+        let spread = self.config.pipeline_connections.clamp(1, max);
+        let pipelines = depth > 1 && bytes <= MAX_PIPELINED_BYTES;
         let state = self.peers.entry(peer).or_insert_with(|| Peer {
             idle: Vec::new(),
+            busy: Vec::new(),
             open: 0,
             queue: VecDeque::new(),
             trim_at: None,
         });
-        if state.open.saturating_sub(state.idle.len()) < busy_max {
+        let may_start = state.open.saturating_sub(state.idle.len()) < busy_max;
+        if pipelines && state.busy.len() >= spread {
+            // Onto the first `spread` busy connections while they have room, even with idle
+            // ones beside them (left from before the peer's depth was known: they are trimmed).
+            if let Some(conn) = state.pipeline_onto(depth, spread) {
+                return Checkout::Pipeline(conn, request);
+            }
+        }
+        if may_start {
             if let Some((conn, _)) = state.idle.pop() {
+                state.busy.push((conn, 1));
                 return Checkout::Reuse(conn, request);
             }
-            if state.open < max {
-                state.open += 1;
-                return Checkout::Connect(request);
+        }
+        if pipelines && (state.open >= spread || !may_start || state.open >= max) {
+            if let Some(conn) = state.pipeline_onto(depth, state.busy.len()) {
+                return Checkout::Pipeline(conn, request);
             }
+        }
+        if may_start && state.open < max {
+            state.open += 1;
+            return Checkout::Connect(request);
         }
         if full {
             return Checkout::Full(request);
@@ -143,15 +191,48 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
                 peer,
                 request,
                 bytes,
+                depth,
                 deadline,
             },
         );
         Checkout::Queued(id)
     }
 
+    /// The connection opened for a [`Checkout::Connect`] is `conn`; it carries its first
+    /// request (requests may be pipelined onto it from now on, even while it connects).
+    pub fn opened(&mut self, peer: SocketAddr, conn: C) {
+        if let Some(state) = self.peers.get_mut(&peer) {
+            state.set_busy(conn, 1);
+        }
+    }
+
+    /// One request on the busy `conn` to `peer` has its outcome while others are still on
+    /// their way (when it carries nothing more, [`ConnectionPool::checkin`] it instead). Returns
+    /// the first request waiting for `peer`, if it may be pipelined onto `conn` (counted).
+    pub fn answered(&mut self, peer: SocketAddr, conn: C) -> Option<R> {
+        let state = self.peers.get_mut(&peer)?;
+        let slot = state.busy.iter_mut().find(|(c, _)| *c == conn)?;
+        slot.1 = slot.1.saturating_sub(1);
+        let load = slot.1;
+        let front = state.queue.iter().find_map(|id| self.waiters.get(id))?;
+        let fits =
+            front.depth > 1 && front.bytes <= MAX_PIPELINED_BYTES && load < u32::from(front.depth);
+        if !fits {
+            return None;
+        }
+        let request = self.next_waiter_of(peer)?;
+        if let Some(state) = self.peers.get_mut(&peer) {
+            state.set_busy(conn, load + 1);
+        }
+        Some(request)
+    }
+
     /// `conn` to `peer` finished its request and can be reused.
     pub fn checkin(&mut self, peer: SocketAddr, conn: C, now: Instant) -> Checkin<C, R> {
         if let Some(request) = self.next_waiter_of(peer) {
+            if let Some(state) = self.peers.get_mut(&peer) {
+                state.set_busy(conn, 1);
+            }
             return Checkin::Serve(conn, request);
         }
         let cap = self.config.idle_per_peer;
@@ -159,6 +240,7 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
         let Some(state) = self.peers.get_mut(&peer) else {
             return Checkin::Idle;
         };
+        state.busy.retain(|(c, _)| *c != conn);
         state.idle.push((conn, now));
         if state.idle.len() > cap && state.trim_at.is_none() {
             if let Some(at) = now.checked_add(trim_after) {
@@ -174,7 +256,17 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
     pub fn closed(&mut self, peer: SocketAddr, conn: C) -> Option<R> {
         let state = self.peers.get_mut(&peer)?;
         state.idle.retain(|(c, _)| *c != conn);
+        state.busy.retain(|(c, _)| *c != conn);
         self.not_opened(peer)
+    }
+
+    /// `conn` to `peer` cannot take another request (it finishes those it carries, then
+    /// closes): it is offered no more. Call [`ConnectionPool::closed`] once it is closed.
+    pub fn retire(&mut self, peer: SocketAddr, conn: C) {
+        if let Some(state) = self.peers.get_mut(&peer) {
+            state.idle.retain(|(c, _)| *c != conn);
+            state.busy.retain(|(c, _)| *c != conn);
+        }
     }
 
     /// A connection counted by [`Checkout::Connect`] could not even be created. Returns a
@@ -344,6 +436,14 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
         }
     }
 
+    /// Requests carried by busy connections to `peer` the pool knows of (pipelined ones
+    /// included).
+    pub fn carried(&self, peer: SocketAddr) -> usize {
+        self.peers.get(&peer).map_or(0, |state| {
+            state.busy.iter().map(|&(_, load)| load as usize).sum()
+        })
+    }
+
     fn forget_if_unused(&mut self, peer: SocketAddr) {
         let unused = self
             .peers
@@ -355,6 +455,28 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
                     self.trims.remove(&(at, peer));
                 }
             }
+        }
+    }
+}
+
+impl<C: Copy + Eq> Peer<C> {
+    /// Of the first `first` busy connections (the longest busy), the one carrying fewest, if it
+    /// carries fewer than `depth`: it carries one more.
+    fn pipeline_onto(&mut self, depth: u16, first: usize) -> Option<C> {
+        let slot = self
+            .busy
+            .iter_mut()
+            .take(first)
+            .filter(|(_, load)| *load < u32::from(depth))
+            .min_by_key(|(_, load)| *load)?;
+        slot.1 += 1;
+        Some(slot.0)
+    }
+
+    fn set_busy(&mut self, conn: C, load: u32) {
+        match self.busy.iter_mut().find(|(c, _)| *c == conn) {
+            Some(slot) => slot.1 = load,
+            None => self.busy.push((conn, load)),
         }
     }
 }

@@ -95,6 +95,10 @@ pub struct OutboundRequest {
     /// How it travels: whole (the default), or as a stripe or striped request of a striped
     /// send ([`crate::stripe`]). Only PTR1 drivers carry the striped forms.
     pub framing: crate::stripe::Framing,
+    /// How many requests the peer takes on one connection before it has answered the first,
+    /// as it said in its capabilities (1, the default: one at a time). PTR1 drivers pipeline
+    /// small requests up to it; other transports ignore it.
+    pub pipeline: u16,
 }
 
 impl OutboundRequest {
@@ -115,7 +119,15 @@ impl OutboundRequest {
             deadline,
             completion,
             framing: crate::stripe::Framing::Whole,
+            pipeline: 1,
         }
+    }
+
+    /// The same request, to a peer that takes `depth` requests on one connection at once.
+    #[must_use]
+    pub fn with_pipeline(mut self, depth: u16) -> Self {
+        self.pipeline = depth.max(1);
+        self
     }
 
     /// The same request, travelling as `framing`.
@@ -142,7 +154,8 @@ pub trait Completion: Send + 'static {
     fn complete(self: Box<Self>, outcome: Result<Answer, Error>);
 
     /// Whether the caller gave up on the request (its handle was dropped): a transport that
-    /// has not sent it yet drops it, one that is sending it closes the connection.
+    /// has not sent it yet drops it, one that is sending it gives it up (a PTR1 connection
+    /// reads and drops its reply if others are on their way behind it, or closes).
     fn is_cancelled(&self) -> bool;
 
     /// Asks to be told (by running `hook`, on whatever thread gives up) when the caller gives

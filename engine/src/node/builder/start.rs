@@ -16,6 +16,7 @@ use tensorwire_proto::transport::{Driver, DriverSetup, Error, HandOff, Transport
 
 use crate::blocking::BlockingPool;
 use crate::endpoint::Registry;
+use crate::node::pipelines::PipelineDepths;
 use crate::node::stripes::{StripeConfig, StripeSender};
 use crate::node::{Node, NodeInner, local};
 use crate::pool::ReceivePool;
@@ -165,10 +166,12 @@ impl NodeBuilder {
             self.core_busy_poll,
         );
         let stripes = StripeSender::new(stripe_config, Arc::downgrade(&driver));
+        let pipelines = PipelineDepths::new(Arc::downgrade(&driver));
         let inner = Arc::new(NodeInner {
             local_addr,
             driver,
             stripes,
+            pipelines,
             stripe_store,
             registry,
             pool,

@@ -7,7 +7,7 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tensorwire_proto::session::{ClientSession, DrivenSession, ServerSession};
+use tensorwire_proto::session::{ClientSession, DrivenSession, RequestToken, ServerSession};
 use tensorwire_proto::transport::{Completion, Withdraw};
 
 pub(crate) use crate::uring::keys::ConnKey;
@@ -75,16 +75,27 @@ pub(crate) struct Client {
     pub(crate) peer: SocketAddr,
     /// The connect in flight.
     pub(crate) connecting: Option<OpKey>,
-    /// The request being carried.
-    pub(crate) current: Option<InFlight>,
+    /// The requests being carried, in the order they were started (outcomes mostly come in
+    /// that order; one given up on comes at once).
+    pub(crate) carrying: std::collections::VecDeque<InFlight>,
     /// Whether the connection sits idle in the pool.
     pub(crate) pooled: bool,
 }
 
 pub(crate) struct InFlight {
-    /// Distinguishes the requests carried by one connection (for cancellation).
+    /// Distinguishes the requests carried by the core's connections (for cancellation).
     pub(crate) id: u64,
+    /// The request in its session.
+    pub(crate) token: RequestToken,
     pub(crate) completion: Box<dyn Completion>,
+}
+
+impl Client {
+    /// Takes out the request `token` is for.
+    pub(crate) fn take(&mut self, token: RequestToken) -> Option<InFlight> {
+        let index = self.carrying.iter().position(|c| c.token == token)?;
+        self.carrying.remove(index)
+    }
 }
 
 impl Conn {

@@ -27,8 +27,14 @@ impl Core {
             outgoing.request.deadline().at(),
             outgoing.request.pool_bytes(),
         );
-        match self.pool.checkout(outgoing.peer, outgoing, bytes, deadline) {
-            Checkout::Reuse(key, outgoing) => self.begin(key, outgoing),
+        let depth = outgoing.request.pipeline();
+        match self
+            .pool
+            .checkout_pipelined(outgoing.peer, outgoing, bytes, deadline, depth)
+        {
+            Checkout::Reuse(key, outgoing) | Checkout::Pipeline(key, outgoing) => {
+                self.begin(key, outgoing);
+            }
             Checkout::Connect(outgoing) => self.connect(outgoing),
             Checkout::Full(outgoing) => outgoing.completion.complete(Err(self.pool.full_error())),
             Checkout::Queued(id) => {
@@ -89,13 +95,14 @@ impl Core {
             session,
             peer,
             connecting: None,
-            current: None,
+            carrying: std::collections::VecDeque::new(),
             pooled: false,
         };
         let zero_copy = self.ctx.zero_copy.allowed(Some(peer));
         let key = self
             .conns
             .insert(Conn::new(Arc::clone(&fd), Role::Client(client), zero_copy));
+        self.pool.opened(peer, key);
         match self.submit(Owner::Conn(key), Op::Connect(Connect::new(fd, peer))) {
             Some(op) => {
                 if let Some(client) = self.conns.client_mut(key) {
@@ -113,12 +120,13 @@ impl Core {
         }
     }
 
-    /// Starts `outgoing` on connection `key` (idle, or still connecting).
+    /// Starts `outgoing` on connection `key` (idle, still connecting, or carrying requests
+    /// its peer lets it pipeline).
     pub(super) fn begin(&mut self, key: ConnKey, outgoing: Outgoing) {
         let now = self.now;
         if outgoing.completion.is_cancelled() {
             outgoing.completion.complete(Err(Error::Cancelled));
-            return self.release(key);
+            return self.answered(key);
         }
         let id = self.next_request;
         self.next_request += 1;
@@ -130,17 +138,26 @@ impl Core {
             completion,
             ..
         } = outgoing;
-        if let Err(request) = client.session.start(request, now) {
-            // The pool only holds connections that can take a request; should one not, the
-            // request is not lost: it goes back through the pool.
-            let peer = client.peer;
-            self.close(key);
-            return self.start_outgoing(Outgoing {
-                peer,
-                request,
-                completion,
-            });
-        }
+        let token = match client.session.start(request, now) {
+            Ok(token) => token,
+            Err(request) => {
+                // The pool only offers connections that can take a request; should one not
+                // (its writing failed while others were on their way), it is offered no more
+                // — it closes once they are answered — and the request is not lost: it goes
+                // back through the pool.
+                let peer = client.peer;
+                if client.carrying.is_empty() {
+                    self.close(key);
+                } else {
+                    self.pool.retire(peer, key);
+                }
+                return self.start_outgoing(Outgoing {
+                    peer,
+                    request,
+                    completion,
+                });
+            }
+        };
         client.pooled = false;
         let core = self.handle.clone();
         completion.on_cancel(Box::new(move || {
@@ -149,7 +166,11 @@ impl Core {
                 request: id,
             });
         }));
-        client.current = Some(InFlight { id, completion });
+        client.carrying.push_back(InFlight {
+            id,
+            token,
+            completion,
+        });
         self.pump(key);
     }
 
@@ -171,7 +192,7 @@ impl Core {
         self.pump(key);
     }
 
-    /// Handles what the client session asks for; a connection that finished its request and
+    /// Handles what the client session asks for; a connection that finished its requests and
     /// is still in step goes back to the pool (or to the next waiting request).
     pub(super) fn client_events(&mut self, key: ConnKey) {
         loop {
@@ -179,9 +200,10 @@ impl Core {
                 return;
             };
             match client.session.poll_event() {
-                Some(ClientEvent::Done(outcome)) => {
-                    if let Some(current) = client.current.take() {
-                        current.completion.complete(outcome);
+                Some(ClientEvent::Done { token, outcome }) => {
+                    if let Some(carried) = client.take(token) {
+                        carried.completion.complete(outcome);
+                        self.answered(key);
                     }
                 }
                 Some(ClientEvent::Close(reason)) => {
@@ -195,8 +217,26 @@ impl Core {
         let Some(client) = self.conns.client_mut(key) else {
             return;
         };
-        if client.current.is_none() && !client.pooled && client.session.is_reusable() {
+        if client.carrying.is_empty() && !client.pooled && client.session.is_reusable() {
             self.release(key);
+        }
+    }
+
+    /// A request carried by `key` has its outcome (or was never started): with others still
+    /// on their way, the first request waiting for its peer may be pipelined behind them.
+    fn answered(&mut self, key: ConnKey) {
+        let Some(client) = self.conns.client_mut(key) else {
+            return;
+        };
+        if client.carrying.is_empty() {
+            return self.release(key);
+        }
+        let peer = client.peer;
+        if let Some(next) = self.pool.answered(peer, key) {
+            self.backlog.push_back(Backlog {
+                conn: Some(key),
+                outgoing: next,
+            });
         }
     }
 
@@ -206,7 +246,7 @@ impl Core {
         let Some(client) = self.conns.client_mut(key) else {
             return;
         };
-        if client.current.is_some() || client.pooled || !client.session.is_reusable() {
+        if !client.carrying.is_empty() || client.pooled || !client.session.is_reusable() {
             return;
         }
         client.pooled = true;
@@ -231,8 +271,13 @@ impl Core {
         let Some(client) = self.conns.client_mut(key) else {
             return;
         };
-        if client.current.as_ref().is_some_and(|c| c.id == request) {
-            client.session.cancel();
+        if let Some(token) = client
+            .carrying
+            .iter()
+            .find(|c| c.id == request)
+            .map(|c| c.token)
+        {
+            client.session.cancel(token);
             self.pump(key);
         }
     }

@@ -201,9 +201,9 @@ impl Core {
                 }
             }
             Role::Client(client) => {
-                if let Some(current) = client.current {
-                    let peer = client.peer;
-                    current
+                let peer = client.peer;
+                for carried in client.carrying {
+                    carried
                         .completion
                         .complete(Err(Error::ConnectionClosed { peer, detail: None }));
                 }
@@ -222,8 +222,8 @@ impl Core {
         for key in self.conns.keys() {
             if let Some(conn) = self.conns.get_mut(key) {
                 if let Role::Client(client) = &mut conn.role {
-                    if let Some(current) = client.current.take() {
-                        current.completion.complete(Err(error()));
+                    for carried in client.carrying.drain(..) {
+                        carried.completion.complete(Err(error()));
                     }
                 }
             }

@@ -107,7 +107,11 @@ fn a_connect_timeout_is_reported_as_a_connect_timeout() {
     let at = sut.poll_timeout().unwrap();
     assert_eq!(at - start, Duration::from_secs(5));
     sut.handle_timeout(at);
-    let Some(ClientEvent::Done(Err(error))) = sut.poll_event() else {
+    let Some(ClientEvent::Done {
+        outcome: Err(error),
+        ..
+    }) = sut.poll_event()
+    else {
         panic!("no outcome");
     };
     assert_eq!(error.to_string(), "connect timed out after 5s");
@@ -129,7 +133,9 @@ fn a_connect_that_outlasts_its_timeout_is_given_up_even_without_a_request() {
     )
     .unwrap();
     sut.start(late, start).unwrap();
-    assert!(matches!(sut.poll_event(), Some(ClientEvent::Done(Err(e))) if e.is_timeout()));
+    assert!(
+        matches!(sut.poll_event(), Some(ClientEvent::Done { outcome: Err(e), .. }) if e.is_timeout())
+    );
     let at = sut.poll_timeout().expect("the connect deadline");
     sut.handle_timeout(at);
     assert!(matches!(
@@ -159,7 +165,11 @@ fn a_request_deadline_shorter_than_the_connect_timeout_is_reported_as_the_reques
     sut.start(request, start).unwrap();
     let at = sut.poll_timeout().unwrap();
     sut.handle_timeout(at);
-    let Some(ClientEvent::Done(Err(error))) = sut.poll_event() else {
+    let Some(ClientEvent::Done {
+        outcome: Err(error),
+        ..
+    }) = sut.poll_event()
+    else {
         panic!("no outcome");
     };
     assert_eq!(error.to_string(), "tell timed out after 300ms");
@@ -198,7 +208,7 @@ fn a_cancelled_request_closes_the_connection() {
     sut.node = NodeMode::Hold;
     sut.start(RequestKind::Ask, message(&[4]), Duration::from_secs(30));
     sut.drive();
-    sut.client.cancel();
+    sut.client.cancel(sut.last());
     sut.drive();
     assert!(matches!(sut.done.pop(), Some(Err(Error::Cancelled))));
     assert!(matches!(sut.client_closed, Some(CloseReason::OutOfStep)));
@@ -221,22 +231,6 @@ fn a_deadline_of_duration_max_never_fires() {
         }),
     );
     assert!(sut.done.pop().unwrap().is_ok());
-}
-
-#[test]
-fn a_busy_session_refuses_a_second_request() {
-    let mut sut = Pair::new();
-    sut.node = NodeMode::Hold;
-    sut.start(RequestKind::Ask, message(&[4]), Duration::from_secs(30));
-    let second = ClientRequest::encode(
-        RequestKind::Ask,
-        &ActorPath::parse("echo").unwrap(),
-        message(&[1]),
-        &Limits::default(),
-        Deadline::after(sut.now, Duration::from_secs(1)),
-    )
-    .unwrap();
-    assert!(sut.client.start(second, sut.now).is_err());
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Both sessions driven against each other in memory with virtual time.
 
 mod client;
+mod client_pipelined;
 mod finish;
 mod pair;
 mod pipelined;

@@ -12,8 +12,8 @@ use bytes::Bytes;
 
 use crate::message::TensorMessage;
 use crate::session::{
-    ClientEvent, ClientRequest, ClientSession, CloseReason, ReadBuf, ServerEvent, ServerSession,
-    SessionConfig, Transmit,
+    ClientEvent, ClientRequest, ClientSession, CloseReason, ReadBuf, RequestToken, ServerEvent,
+    ServerSession, SessionConfig, Transmit,
 };
 use crate::stripe::Framing;
 use crate::transport::{
@@ -147,6 +147,9 @@ pub(super) struct Pair {
     pub(super) requests: Vec<(u64, InboundRequest)>,
     pub(super) withdrawn: Vec<u64>,
     pub(super) done: Vec<Result<Answer, Error>>,
+    /// The requests started, in order, and the ones whose outcome came, in that order.
+    pub(super) started: Vec<RequestToken>,
+    pub(super) done_tokens: Vec<RequestToken>,
     pub(super) server_closed: Option<CloseReason>,
     pub(super) client_closed: Option<CloseReason>,
     pub(super) client_transmits: usize,
@@ -200,6 +203,8 @@ impl Pair {
             requests: Vec::new(),
             withdrawn: Vec::new(),
             done: Vec::new(),
+            started: Vec::new(),
+            done_tokens: Vec::new(),
             server_closed: None,
             client_closed: None,
             client_transmits: 0,
@@ -210,8 +215,18 @@ impl Pair {
     }
 
     /// Starts an ask or tell of `message` to `/actors/echo` with a deadline of `timeout`.
-    pub(super) fn start(&mut self, kind: RequestKind, message: TensorMessage, timeout: Duration) {
-        self.start_framed(kind, message, &Framing::Whole, timeout);
+    pub(super) fn start(
+        &mut self,
+        kind: RequestKind,
+        message: TensorMessage,
+        timeout: Duration,
+    ) -> RequestToken {
+        self.start_framed(kind, message, &Framing::Whole, timeout)
+    }
+
+    /// The request started last.
+    pub(super) fn last(&self) -> RequestToken {
+        *self.started.last().expect("a request was started")
     }
 
     /// As [`Pair::start`], travelling as `framing`.
@@ -221,7 +236,7 @@ impl Pair {
         message: TensorMessage,
         framing: &Framing,
         timeout: Duration,
-    ) {
+    ) -> RequestToken {
         let path = ActorPath::parse("echo").unwrap();
         let request = ClientRequest::encode_framed(
             kind,
@@ -232,7 +247,9 @@ impl Pair {
             Deadline::after(self.now, timeout),
         )
         .unwrap();
-        self.client.start(request, self.now).unwrap();
+        let token = self.client.start(request, self.now).unwrap();
+        self.started.push(token);
+        token
     }
 
     /// The server takes stripes into `store`.
@@ -466,7 +483,10 @@ impl Pair {
         while let Some(event) = self.client.poll_event() {
             any = true;
             match event {
-                ClientEvent::Done(outcome) => self.done.push(outcome),
+                ClientEvent::Done { token, outcome } => {
+                    self.done_tokens.push(token);
+                    self.done.push(outcome);
+                }
                 ClientEvent::Close(reason) => {
                     self.client_closed = Some(reason);
                     self.client_tx = None;

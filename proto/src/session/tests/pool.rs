@@ -261,3 +261,114 @@ fn draining_hands_back_every_waiter_and_idle_connection() {
     assert_eq!((requests, idle), (vec!["b"], vec![5]));
     assert_eq!(sut.poll_timeout(), None);
 }
+
+/// A pool whose peers have 4 connections before requests are pipelined.
+fn pipelining_pool(max: usize) -> ConnectionPool<u32, u32> {
+    ConnectionPool::new(ConnectionPoolConfig {
+        max_per_peer: max,
+        pipeline_connections: 4,
+        ..ConnectionPoolConfig::default()
+    })
+}
+
+#[test]
+fn small_requests_to_a_pipelining_peer_spread_over_a_few_connections_then_pipeline() {
+    let mut sut = pipelining_pool(32);
+    let p = peer(1);
+    for n in 0..4 {
+        assert_eq!(
+            sut.checkout_pipelined(p, n, 4096, None, 3),
+            Checkout::Connect(n)
+        );
+        sut.opened(p, 100 + n);
+    }
+    // Four connections open: the next go onto the one carrying fewest, round the four.
+    let mut onto = Vec::new();
+    for n in 4..12 {
+        match sut.checkout_pipelined(p, n, 4096, None, 3) {
+            Checkout::Pipeline(conn, request) => {
+                assert_eq!(request, n);
+                onto.push(conn);
+            }
+            other => panic!("request {n}: {other:?}"),
+        }
+    }
+    onto.sort_unstable();
+    assert_eq!(onto, vec![100, 100, 101, 101, 102, 102, 103, 103]);
+    assert_eq!(sut.carried(p), 12);
+    // Every connection carries its peer's depth: a new one is opened.
+    assert_eq!(
+        sut.checkout_pipelined(p, 12, 4096, None, 3),
+        Checkout::Connect(12)
+    );
+}
+
+#[test]
+fn large_requests_and_peers_that_do_not_pipeline_get_connections_of_their_own() {
+    let mut sut = pipelining_pool(32);
+    let p = peer(1);
+    for n in 0..6 {
+        assert_eq!(sut.checkout(p, n, 4096, None), Checkout::Connect(n));
+        sut.opened(p, 100 + n);
+    }
+    let large = crate::session::MAX_PIPELINED_BYTES + 1;
+    assert_eq!(
+        sut.checkout_pipelined(p, 6, large, None, 64),
+        Checkout::Connect(6)
+    );
+}
+
+#[test]
+fn at_the_cap_a_waiting_request_is_pipelined_onto_a_connection_with_room() {
+    let mut sut = pipelining_pool(1);
+    let p = peer(1);
+    let now = Instant::now();
+    assert_eq!(
+        sut.checkout_pipelined(p, 0, 10, None, 2),
+        Checkout::Connect(0)
+    );
+    sut.opened(p, 7);
+    assert_eq!(
+        sut.checkout_pipelined(p, 1, 10, None, 2),
+        Checkout::Pipeline(7, 1)
+    );
+    assert!(matches!(
+        sut.checkout_pipelined(p, 2, 10, None, 2),
+        Checkout::Queued(_)
+    ));
+    // The first is answered: the waiting one takes its place on the connection.
+    assert_eq!(sut.answered(p, 7), Some(2));
+    assert_eq!(sut.carried(p), 2);
+    assert_eq!(sut.answered(p, 7), None);
+    assert_eq!(sut.answered(p, 7), None);
+    assert_eq!(sut.checkin(p, 7, now), Checkin::Idle);
+    assert_eq!(sut.carried(p), 0);
+    assert_eq!(sut.closed(p, 7), None);
+}
+
+#[test]
+fn once_a_peer_pipelines_requests_gather_on_its_longest_busy_connections() {
+    let mut sut = pipelining_pool(32);
+    let p = peer(1);
+    let now = Instant::now();
+    // Eight connections opened one request each, before the peer's depth was known.
+    for n in 0..8 {
+        assert_eq!(sut.checkout(p, n, 4096, None), Checkout::Connect(n));
+        sut.opened(p, 100 + n);
+    }
+    // Two of them finish: idle.
+    assert_eq!(sut.checkin(p, 106, now), Checkin::Idle);
+    assert_eq!(sut.checkin(p, 107, now), Checkin::Idle);
+    // Now known to pipeline: requests go onto the four longest busy, not the idle ones.
+    for n in 8..16 {
+        match sut.checkout_pipelined(p, n, 4096, None, 3) {
+            Checkout::Pipeline(conn, _) => assert!((100..104).contains(&conn), "{conn}"),
+            other => panic!("request {n}: {other:?}"),
+        }
+    }
+    // They are full (3 each): the idle ones are used next.
+    assert!(matches!(
+        sut.checkout_pipelined(p, 16, 4096, None, 3),
+        Checkout::Reuse(107, 16)
+    ));
+}

@@ -148,7 +148,7 @@ fn a_client_leaving_while_its_request_waits_for_space_withdraws_it() {
     sut.node = NodeMode::Full;
     sut.start(RequestKind::Tell, message(&[10]), Duration::from_secs(30));
     sut.drive();
-    sut.client.cancel();
+    sut.client.cancel(sut.last());
     sut.drive();
     assert!(matches!(sut.client_closed, Some(CloseReason::OutOfStep)));
     assert_eq!(sut.withdrawn, vec![0]);

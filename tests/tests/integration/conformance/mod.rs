@@ -5,6 +5,7 @@
 
 mod deadline;
 mod failure;
+mod pipelined;
 mod pool;
 mod raw;
 mod round_trip;

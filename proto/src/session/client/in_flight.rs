@@ -1,0 +1,201 @@
+//! The requests on one client connection, in the order their frames go out — which is the
+//! order their replies come back in.
+//!
+//! A request is *queued* (its frame not handed to the driver yet), *writing* (handed out, some
+//! bytes still to go) or *sent*. One whose caller has its outcome already (its deadline passed,
+//! or it was cancelled, after its frame began to go out) is *abandoned*: it keeps its place, so
+//! the reply it is owed is read and dropped and the replies behind it still match.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use crate::encode::Encoded;
+use crate::len::len_u64;
+use crate::session::transmit::Transmit;
+use crate::transport::{Deadline, RequestKind};
+
+/// Request frames written together at most (one frame always goes, however large).
+const COALESCED_BYTES: u64 = 256 << 10;
+
+/// Identifies a request started on a [`super::ClientSession`]; its
+/// [`super::ClientEvent::Done`] carries it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestToken(u64);
+
+/// One request on the connection.
+#[derive(Debug)]
+pub(super) struct Pending {
+    pub(super) token: RequestToken,
+    pub(super) kind: RequestKind,
+    pub(super) deadline: Deadline,
+    pub(super) stage: Stage,
+    /// Its caller has its outcome already; its reply is read and dropped.
+    pub(super) abandoned: bool,
+}
+
+/// How far a request's frame got.
+#[derive(Debug)]
+pub(super) enum Stage {
+    /// Not handed to the driver yet: taking it out leaves nothing on the wire.
+    Queued(Encoded),
+    /// Handed out; `remaining` of its `len` bytes are not written yet.
+    Writing { remaining: u64, len: u64 },
+    /// Written whole.
+    Sent,
+}
+
+/// The connection's requests, front first.
+#[derive(Debug, Default)]
+pub(super) struct InFlight {
+    requests: VecDeque<Pending>,
+    next_token: u64,
+}
+
+impl InFlight {
+    /// A new token (for a request that is answered at once, or queued next).
+    pub(super) fn token(&mut self) -> RequestToken {
+        let token = RequestToken(self.next_token);
+        self.next_token += 1;
+        token
+    }
+
+    /// Queues a request's frame behind the others.
+    pub(super) fn push(
+        &mut self,
+        token: RequestToken,
+        kind: RequestKind,
+        deadline: Deadline,
+        encoded: Encoded,
+    ) {
+        self.requests.push_back(Pending {
+            token,
+            kind,
+            deadline,
+            stage: Stage::Queued(encoded),
+            abandoned: false,
+        });
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.requests.is_empty()
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// The request the next reply answers.
+    pub(super) fn front(&self) -> Option<&Pending> {
+        self.requests.front()
+    }
+
+    /// Takes the answered request out.
+    pub(super) fn pop_front(&mut self) -> Option<Pending> {
+        self.requests.pop_front()
+    }
+
+    /// Requests remain, and every one of them is abandoned: nobody waits for this connection.
+    pub(super) fn only_abandoned(&self) -> bool {
+        !self.requests.is_empty() && self.requests.iter().all(|r| r.abandoned)
+    }
+
+    /// The earliest deadline of a request whose caller still waits.
+    pub(super) fn earliest_deadline(&self) -> Option<Instant> {
+        self.requests
+            .iter()
+            .filter(|r| !r.abandoned)
+            .filter_map(|r| r.deadline.at())
+            .min()
+    }
+
+    /// The frames not handed out yet, oldest first, as one transmit of about
+    /// [`COALESCED_BYTES`] at most; they are *writing* from now on.
+    pub(super) fn take_transmit(&mut self) -> Option<Transmit> {
+        let mut frames = Vec::new();
+        let mut bytes = 0u64;
+        for request in &mut self.requests {
+            let Stage::Queued(encoded) = &request.stage else {
+                continue;
+            };
+            let len = encoded.wire_len();
+            if !frames.is_empty() && bytes + len > COALESCED_BYTES {
+                break;
+            }
+            bytes += len;
+            let Stage::Queued(encoded) = std::mem::replace(
+                &mut request.stage,
+                Stage::Writing {
+                    remaining: len,
+                    len,
+                },
+            ) else {
+                continue;
+            };
+            frames.push(encoded);
+        }
+        let mut frames = frames.into_iter();
+        let first = frames.next()?;
+        Some(Transmit::frames(first, frames))
+    }
+
+    /// `n` more bytes were written; returns how many frames (and their bytes) that finished.
+    pub(super) fn written(&mut self, n: usize) -> (u64, u64) {
+        let mut left = len_u64(n);
+        let (mut frames, mut bytes) = (0u64, 0u64);
+        for request in &mut self.requests {
+            if left == 0 {
+                break;
+            }
+            let Stage::Writing { remaining, len } = &mut request.stage else {
+                continue;
+            };
+            let step = left.min(*remaining);
+            *remaining -= step;
+            left -= step;
+            if *remaining == 0 {
+                bytes += *len;
+                frames += 1;
+                request.stage = Stage::Sent;
+            }
+        }
+        (frames, bytes)
+    }
+
+    /// The request `token` is given up on: a queued one is taken out (nothing of it was
+    /// written), one whose frame began to go out is abandoned. Returns its kind if its caller
+    /// still waited for it.
+    pub(super) fn give_up(&mut self, token: RequestToken) -> Option<RequestKind> {
+        let index = self.requests.iter().position(|r| r.token == token)?;
+        let request = &mut self.requests[index];
+        if request.abandoned {
+            return None;
+        }
+        let kind = request.kind;
+        if matches!(request.stage, Stage::Queued(_)) {
+            self.requests.remove(index);
+        } else {
+            request.abandoned = true;
+        }
+        Some(kind)
+    }
+
+    /// The tokens and kinds of requests whose deadline passed by `now` (their callers still
+    /// waiting).
+    pub(super) fn expired(&self, now: Instant) -> Vec<(RequestToken, RequestKind, Deadline)> {
+        self.requests
+            .iter()
+            .filter(|r| !r.abandoned && r.deadline.has_passed(now))
+            .map(|r| (r.token, r.kind, r.deadline))
+            .collect()
+    }
+
+    /// Takes every request out; returns the tokens of those whose callers still wait, front
+    /// first.
+    pub(super) fn drain_waiting(&mut self) -> Vec<RequestToken> {
+        self.requests
+            .drain(..)
+            .filter(|r| !r.abandoned)
+            .map(|r| r.token)
+            .collect()
+    }
+}
