@@ -73,7 +73,8 @@ fn connect(shared: &Arc<Shared>, outgoing: Outgoing) {
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let (sender, commands) = mpsc::unbounded_channel();
     lock(&shared.conns).insert(id, sender.clone());
-    lock(&shared.pool).opened(outgoing.peer, id);
+    let bytes = outgoing.request.pool_bytes();
+    lock(&shared.pool).opened(outgoing.peer, id, bytes);
     Shared::spawn(
         shared,
         connection(Arc::clone(shared), id, outgoing, sender, commands),
@@ -155,12 +156,15 @@ async fn connection(
                 _ => {}
             }
         }
-        if !close && !carrying.is_empty() {
-            // With others still on their way, requests waiting for the peer may be pipelined
-            // behind them, one for each that has its outcome.
-            for _ in 0..finished.len() {
-                let next = lock(&shared.pool).answered(peer, id);
-                let Some(next) = next else { break };
+        if close {
+            // Ending: offered no more, so nothing is pipelined onto it from here on.
+            lock(&shared.pool).retire(peer, id);
+        }
+        for _ in 0..finished.len() {
+            // The pool hears of every outcome; with others still on their way, a request
+            // waiting for the peer may be pipelined behind them.
+            let next = lock(&shared.pool).answered(peer, id);
+            if let Some(next) = next {
                 conn.begin(&mut session, next, &mut carrying, &mut next_request);
             }
         }
@@ -172,6 +176,7 @@ async fn connection(
                 match checkin {
                     Checkin::Serve(_, next) if next.completion.is_cancelled() => {
                         next.completion.complete(Err(Error::Cancelled));
+                        lock(&shared.pool).answered(peer, id);
                     }
                     Checkin::Serve(_, next) => {
                         conn.begin(&mut session, next, &mut carrying, &mut next_request);
@@ -181,6 +186,8 @@ async fn connection(
                         pooled = true;
                         break;
                     }
+                    // A request handed to it is on its way here (`Command::Carry`).
+                    Checkin::Carrying => break,
                 }
             }
             shared.pool_changed.notify_one();

@@ -270,7 +270,7 @@ impl ClientSession {
             self.requests.earliest_deadline(),
             self.head_until,
             self.receive_rate.deadline(),
-            self.send_rate.deadline(),
+            self.send_rate_deadline(),
         ]
         .into_iter()
         .flatten()
@@ -313,7 +313,7 @@ impl ClientSession {
                 what: "the reply (below the minimum rate)",
                 after: config.rate_window,
             }
-        } else if !self.send_rate.check(now) {
+        } else if self.send_rate_deadline().is_some() && !self.send_rate.check(now) {
             Error::Timeout {
                 what: "writing the request (the peer is not reading)",
                 after: config.rate_window,
@@ -322,6 +322,17 @@ impl ClientSession {
             return self.close_if_abandoned();
         };
         self.fail(error, CloseReason::OutOfStep);
+    }
+
+    /// When writing falls below the minimum rate — checked only while the frame being
+    /// written is the front request's: behind an unanswered one, a peer that stops reading is
+    /// busy with it (it reads on once it answers), not slow.
+    fn send_rate_deadline(&self) -> Option<Instant> {
+        if self.requests.front_is_writing() {
+            self.send_rate.deadline()
+        } else {
+            None
+        }
     }
 
     /// Whether the session is finished.
@@ -335,6 +346,7 @@ impl ClientSession {
         !self.closed
             && self.connected
             && !self.write_failed
+            && self.writing.is_none()
             && self.requests.is_empty()
             && self.receiver.is_between_frames()
     }
@@ -367,6 +379,12 @@ impl ClientSession {
                 Received::Frame { frame, wire_len } => {
                     stats::global().record_raw_frame_received(wire_len);
                     self.finish(frame);
+                    if self.writing.is_some() && self.requests.front_is_writing() {
+                        // The write now measured is the front's: its window starts now, not
+                        // while the peer was busy with the request answered.
+                        self.send_rate.stop();
+                        self.send_rate.start(now);
+                    }
                 }
                 Received::Closed => {
                     let detail = self.write_error.take();
@@ -447,9 +465,11 @@ impl ClientSession {
             let token = request.token;
             self.events.push_back(ClientEvent::Done { token, outcome });
         }
-        if !matches!(request.stage, Stage::Sent) {
-            // The peer answered before taking the whole request: the stream is out of step.
-            let error = self.behind_error("the peer answered a request it had not taken whole");
+        if matches!(request.stage, Stage::Queued(_)) {
+            // The peer answered a request it cannot have seen: the stream is out of step. (One
+            // being written may be answered before the driver hears the write finish: a
+            // coalesced transmit's last bytes may still be on their way.)
+            let error = self.behind_error("the peer answered a request it had not been sent");
             self.fail(error, CloseReason::OutOfStep);
         } else if closing {
             // The server refused the request at its head (over a limit, malformed, TLS

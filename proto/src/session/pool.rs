@@ -43,6 +43,9 @@ pub enum Checkin<C, R> {
     Serve(C, R),
     /// It is idle in the pool.
     Idle,
+    /// A request handed to it (pipelined onto it meanwhile) is not started yet: it stays
+    /// busy, and is checked in again once that one is answered.
+    Carrying,
 }
 
 /// What expired at a deadline.
@@ -83,8 +86,8 @@ pub const MAX_PIPELINED_BYTES: u64 = 64 << 10;
 struct Peer<C> {
     /// Idle connections and since when, most recently used last.
     idle: Vec<(C, Instant)>,
-    /// Busy connections the pool knows the key of, and how many requests each carries.
-    busy: Vec<(C, u32)>,
+    /// Busy connections the pool knows the key of, longest busy first.
+    busy: Vec<Busy<C>>,
     /// Connections open (busy, idle or connecting).
     open: usize,
     queue: VecDeque<WaiterId>,
@@ -163,7 +166,7 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
         }
         if may_start {
             if let Some((conn, _)) = state.idle.pop() {
-                state.busy.push((conn, 1));
+                state.set_busy(conn, 1, bytes);
                 return Checkout::Reuse(conn, request);
             }
         }
@@ -199,39 +202,61 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
     }
 
     /// The connection opened for a [`Checkout::Connect`] is `conn`; it carries its first
-    /// request (requests may be pipelined onto it from now on, even while it connects).
-    pub fn opened(&mut self, peer: SocketAddr, conn: C) {
+    /// request, of `bytes` (small requests may be pipelined onto it from now on, even while it
+    /// connects).
+    pub fn opened(&mut self, peer: SocketAddr, conn: C, bytes: u64) {
         if let Some(state) = self.peers.get_mut(&peer) {
-            state.set_busy(conn, 1);
+            state.set_busy(conn, 1, bytes);
         }
     }
 
-    /// One request on the busy `conn` to `peer` has its outcome while others are still on
-    /// their way (when it carries nothing more, [`ConnectionPool::checkin`] it instead). Returns
-    /// the first request waiting for `peer`, if it may be pipelined onto `conn` (counted).
+    /// A request handed to `conn` to `peer` has its outcome (or was never started): one
+    /// call for each. Returns the first request waiting for `peer`, if it may be pipelined onto
+    /// `conn` behind what it still carries (counted). Once the driver has nothing more on the
+    /// connection, it [`ConnectionPool::checkin`]s it.
     pub fn answered(&mut self, peer: SocketAddr, conn: C) -> Option<R> {
         let state = self.peers.get_mut(&peer)?;
-        let slot = state.busy.iter_mut().find(|(c, _)| *c == conn)?;
-        slot.1 = slot.1.saturating_sub(1);
-        let load = slot.1;
+        let slot = state.busy.iter_mut().find(|b| b.conn == conn)?;
+        slot.load = slot.load.saturating_sub(1);
+        let (load, small) = (slot.load, slot.small);
+        if load == 0 {
+            return None; // idle: the checkin serves the next waiter, whatever it is
+        }
         let front = state.queue.iter().find_map(|id| self.waiters.get(id))?;
-        let fits =
-            front.depth > 1 && front.bytes <= MAX_PIPELINED_BYTES && load < u32::from(front.depth);
+        let fits = small
+            && front.depth > 1
+            && front.bytes <= MAX_PIPELINED_BYTES
+            && load < u32::from(front.depth);
         if !fits {
             return None;
         }
         let request = self.next_waiter_of(peer)?;
-        if let Some(state) = self.peers.get_mut(&peer) {
-            state.set_busy(conn, load + 1);
+        if let Some(slot) = self
+            .peers
+            .get_mut(&peer)
+            .and_then(|state| state.busy.iter_mut().find(|b| b.conn == conn))
+        {
+            slot.load += 1;
         }
         Some(request)
     }
 
     /// `conn` to `peer` finished its request and can be reused.
     pub fn checkin(&mut self, peer: SocketAddr, conn: C, now: Instant) -> Checkin<C, R> {
-        if let Some(request) = self.next_waiter_of(peer) {
+        let carrying = self.peers.get(&peer).is_some_and(|state| {
+            state
+                .busy
+                .iter()
+                .any(|busy| busy.conn == conn && busy.load > 0)
+        });
+        if carrying {
+            return Checkin::Carrying;
+        }
+        if let Some((request, bytes)) = self.next_waiter_with_bytes(peer) {
             if let Some(state) = self.peers.get_mut(&peer) {
-                state.set_busy(conn, 1);
+                // As if it had been idle: what it carried before does not count.
+                state.busy.retain(|b| b.conn != conn);
+                state.set_busy(conn, 1, bytes);
             }
             return Checkin::Serve(conn, request);
         }
@@ -240,7 +265,7 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
         let Some(state) = self.peers.get_mut(&peer) else {
             return Checkin::Idle;
         };
-        state.busy.retain(|(c, _)| *c != conn);
+        state.busy.retain(|b| b.conn != conn);
         state.idle.push((conn, now));
         if state.idle.len() > cap && state.trim_at.is_none() {
             if let Some(at) = now.checked_add(trim_after) {
@@ -256,7 +281,7 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
     pub fn closed(&mut self, peer: SocketAddr, conn: C) -> Option<R> {
         let state = self.peers.get_mut(&peer)?;
         state.idle.retain(|(c, _)| *c != conn);
-        state.busy.retain(|(c, _)| *c != conn);
+        state.busy.retain(|b| b.conn != conn);
         self.not_opened(peer)
     }
 
@@ -265,7 +290,7 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
     pub fn retire(&mut self, peer: SocketAddr, conn: C) {
         if let Some(state) = self.peers.get_mut(&peer) {
             state.idle.retain(|(c, _)| *c != conn);
-            state.busy.retain(|(c, _)| *c != conn);
+            state.busy.retain(|b| b.conn != conn);
         }
     }
 
@@ -400,13 +425,19 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
     }
 
     fn next_waiter_of(&mut self, peer: SocketAddr) -> Option<R> {
+        self.next_waiter_with_bytes(peer)
+            .map(|(request, _)| request)
+    }
+
+    /// The first request waiting for `peer`, taken out, and its bytes.
+    fn next_waiter_with_bytes(&mut self, peer: SocketAddr) -> Option<(R, u64)> {
         loop {
             let id = self.peers.get_mut(&peer)?.queue.pop_front()?;
             if let Some(waiter) = self.waiters.remove(&id) {
                 if let Some(at) = waiter.deadline {
                     self.deadlines.remove(&(at, id));
                 }
-                return Some(waiter.request);
+                return Some((waiter.request, waiter.bytes));
             }
         }
     }
@@ -439,9 +470,9 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
     /// Requests carried by busy connections to `peer` the pool knows of (pipelined ones
     /// included).
     pub fn carried(&self, peer: SocketAddr) -> usize {
-        self.peers.get(&peer).map_or(0, |state| {
-            state.busy.iter().map(|&(_, load)| load as usize).sum()
-        })
+        self.peers
+            .get(&peer)
+            .map_or(0, |state| state.busy.iter().map(|b| b.load as usize).sum())
     }
 
     fn forget_if_unused(&mut self, peer: SocketAddr) {
@@ -459,24 +490,40 @@ impl<C: Copy + Eq, R> ConnectionPool<C, R> {
     }
 }
 
+/// A busy connection.
+#[derive(Debug)]
+struct Busy<C> {
+    conn: C,
+    /// Requests handed to it and not answered yet.
+    load: u32,
+    /// Every request it carried since it was last idle was small enough to pipeline behind:
+    /// a small request never waits behind a large one's bytes.
+    small: bool,
+}
+
 impl<C: Copy + Eq> Peer<C> {
     /// Of the first `first` busy connections (the longest busy), the one carrying fewest, if it
-    /// carries fewer than `depth`: it carries one more.
+    /// carries only small requests and fewer than `depth`: it carries one more.
     fn pipeline_onto(&mut self, depth: u16, first: usize) -> Option<C> {
         let slot = self
             .busy
             .iter_mut()
             .take(first)
-            .filter(|(_, load)| *load < u32::from(depth))
-            .min_by_key(|(_, load)| *load)?;
-        slot.1 += 1;
-        Some(slot.0)
+            .filter(|b| b.small && b.load < u32::from(depth))
+            .min_by_key(|b| b.load)?;
+        slot.load += 1;
+        Some(slot.conn)
     }
 
-    fn set_busy(&mut self, conn: C, load: u32) {
-        match self.busy.iter_mut().find(|(c, _)| *c == conn) {
-            Some(slot) => slot.1 = load,
-            None => self.busy.push((conn, load)),
+    /// `conn` carries `load` requests, the last of `bytes`.
+    fn set_busy(&mut self, conn: C, load: u32, bytes: u64) {
+        let small = bytes <= MAX_PIPELINED_BYTES;
+        match self.busy.iter_mut().find(|b| b.conn == conn) {
+            Some(slot) => {
+                slot.load = load;
+                slot.small &= small;
+            }
+            None => self.busy.push(Busy { conn, load, small }),
         }
     }
 }

@@ -51,7 +51,7 @@ impl Core {
 
     /// Opens a connection for `outgoing` (already counted as open by the pool).
     pub(super) fn connect(&mut self, outgoing: Outgoing) {
-        let peer = outgoing.peer;
+        let (peer, bytes) = (outgoing.peer, outgoing.request.pool_bytes());
         if outgoing.completion.is_cancelled() || self.stopping {
             let error = if self.stopping {
                 self.stop_error()
@@ -102,7 +102,7 @@ impl Core {
         let key = self
             .conns
             .insert(Conn::new(Arc::clone(&fd), Role::Client(client), zero_copy));
-        self.pool.opened(peer, key);
+        self.pool.opened(peer, key, bytes);
         match self.submit(Owner::Conn(key), Op::Connect(Connect::new(fd, peer))) {
             Some(op) => {
                 if let Some(client) = self.conns.client_mut(key) {
@@ -124,15 +124,19 @@ impl Core {
     /// its peer lets it pipeline).
     pub(super) fn begin(&mut self, key: ConnKey, outgoing: Outgoing) {
         let now = self.now;
+        let Some(client) = self.conns.client_mut(key) else {
+            // It closed after the pool handed it this request (a waiter pipelined onto it as
+            // another was answered, just before it failed): the request never left; it goes
+            // another way.
+            return self.start_outgoing(outgoing);
+        };
+        client.pooled = false;
         if outgoing.completion.is_cancelled() {
             outgoing.completion.complete(Err(Error::Cancelled));
             return self.answered(key);
         }
         let id = self.next_request;
         self.next_request += 1;
-        let Some(client) = self.conns.client_mut(key) else {
-            return outgoing.completion.complete(Err(Error::Shutdown));
-        };
         let Outgoing {
             request,
             completion,
@@ -158,7 +162,6 @@ impl Core {
                 });
             }
         };
-        client.pooled = false;
         let core = self.handle.clone();
         completion.on_cancel(Box::new(move || {
             core.post(Event::Cancel {
@@ -222,15 +225,13 @@ impl Core {
         }
     }
 
-    /// A request carried by `key` has its outcome (or was never started): with others still
-    /// on their way, the first request waiting for its peer may be pipelined behind them.
+    /// A request handed to `key` has its outcome (or was never started): with others still
+    /// on their way, the first request waiting for its peer may be pipelined behind them; with
+    /// none, the connection goes back to the pool.
     fn answered(&mut self, key: ConnKey) {
         let Some(client) = self.conns.client_mut(key) else {
             return;
         };
-        if client.carrying.is_empty() {
-            return self.release(key);
-        }
         let peer = client.peer;
         if let Some(next) = self.pool.answered(peer, key) {
             self.backlog.push_back(Backlog {
@@ -238,6 +239,7 @@ impl Core {
                 outgoing: next,
             });
         }
+        self.release(key);
     }
 
     /// A connection that finished its request and is in step goes back to the pool, or to the
@@ -249,13 +251,15 @@ impl Core {
         if !client.carrying.is_empty() || client.pooled || !client.session.is_reusable() {
             return;
         }
-        client.pooled = true;
         let peer = client.peer;
-        if let Checkin::Serve(key, next) = self.pool.checkin(peer, key, self.now) {
-            self.backlog.push_back(Backlog {
+        match self.pool.checkin(peer, key, self.now) {
+            Checkin::Serve(key, next) => self.backlog.push_back(Backlog {
                 conn: Some(key),
                 outgoing: next,
-            });
+            }),
+            Checkin::Idle => client.pooled = true,
+            // A request handed to it waits in the backlog.
+            Checkin::Carrying => {}
         }
     }
 

@@ -49,6 +49,9 @@ pub(super) enum Stage {
 pub(super) struct InFlight {
     requests: VecDeque<Pending>,
     next_token: u64,
+    /// Bytes of frames answered while still being written (the peer read them before the
+    /// driver heard the write finish): the next written bytes are theirs.
+    answered_unwritten: u64,
 }
 
 impl InFlight {
@@ -89,9 +92,20 @@ impl InFlight {
         self.requests.front()
     }
 
-    /// Takes the answered request out.
+    /// Takes the answered request out (a frame still being written keeps its bytes counted).
     pub(super) fn pop_front(&mut self) -> Option<Pending> {
-        self.requests.pop_front()
+        let request = self.requests.pop_front()?;
+        if let Stage::Writing { remaining, .. } = request.stage {
+            self.answered_unwritten += remaining;
+        }
+        Some(request)
+    }
+
+    /// The front request's frame is being written.
+    pub(super) fn front_is_writing(&self) -> bool {
+        self.requests
+            .front()
+            .is_some_and(|r| matches!(r.stage, Stage::Writing { .. }))
     }
 
     /// Requests remain, and every one of them is abandoned: nobody waits for this connection.
@@ -142,6 +156,9 @@ impl InFlight {
     pub(super) fn written(&mut self, n: usize) -> (u64, u64) {
         let mut left = len_u64(n);
         let (mut frames, mut bytes) = (0u64, 0u64);
+        let skip = left.min(self.answered_unwritten);
+        self.answered_unwritten -= skip;
+        left -= skip;
         for request in &mut self.requests {
             if left == 0 {
                 break;
@@ -192,6 +209,7 @@ impl InFlight {
     /// Takes every request out; returns the tokens of those whose callers still wait, front
     /// first.
     pub(super) fn drain_waiting(&mut self) -> Vec<RequestToken> {
+        self.answered_unwritten = 0;
         self.requests
             .drain(..)
             .filter(|r| !r.abandoned)

@@ -1,11 +1,16 @@
 //! A client session with several requests on their way on one connection: frames written
 //! together, replies matched in order, a request given up on without taking the others down.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::pair::{NodeMode, Pair, message};
-use crate::session::CloseReason;
-use crate::transport::{Answer, Error, Reply, RequestKind};
+use super::pair::{NodeMode, Pair, message, peer};
+use crate::Limits;
+use crate::ptr1::{self, Frame};
+use crate::session::{ClientEvent, ClientRequest, ClientSession, CloseReason, SessionConfig};
+use crate::transport::{
+    ActorPath, Answer, Deadline, Error, HeapMemory, ReceiveMemory, Reply, RequestKind,
+};
 
 /// The length of the only buffer of a reply.
 fn reply_len(outcome: &Result<Answer, Error>) -> usize {
@@ -150,4 +155,92 @@ fn a_session_whose_write_failed_takes_no_more_requests() {
         .handle_write_error(std::io::ErrorKind::BrokenPipe.into(), sut.now);
     assert!(!sut.client.can_take());
     assert!(sut.client_closed.is_none(), "the read decides");
+}
+
+/// Feeds `bytes` to `client` as the peer's, through the reads it asks for.
+fn feed(client: &mut ClientSession, mut bytes: &[u8], now: std::time::Instant) {
+    while !bytes.is_empty() {
+        let mut buf = client.poll_read().expect("a read is armed");
+        let mut n = 0;
+        for region in buf.regions() {
+            let take = region.len().min(bytes.len() - n);
+            region[..take].copy_from_slice(&bytes[n..n + take]);
+            n += take;
+            if n == bytes.len() {
+                break;
+            }
+        }
+        client.handle_read(buf, Ok(n), now);
+        bytes = &bytes[n..];
+    }
+}
+
+#[test]
+fn a_reply_heard_before_its_coalesced_write_is_reported_matches_and_keeps_the_connection() {
+    // io_uring reports a transmit written only once all of it is: the peer may answer the
+    // first frame of it before the driver hears that.
+    let now = std::time::Instant::now();
+    let memory: Arc<dyn ReceiveMemory> = Arc::new(HeapMemory::new(1 << 20));
+    let mut client = ClientSession::connected(Arc::new(SessionConfig::default()), memory, peer());
+    let request = |n: usize| {
+        ClientRequest::encode(
+            RequestKind::Ask,
+            &ActorPath::parse("echo").unwrap(),
+            message(&[n]),
+            &Limits::default(),
+            Deadline::after(now, Duration::from_secs(30)),
+        )
+        .unwrap()
+    };
+    let first = client.start(request(3), now).unwrap();
+    let second = client.start(request(4), now).unwrap();
+    let transmit = client.poll_transmit(now).expect("both frames");
+    let reply = |n: usize| {
+        ptr1::encode(&Frame::TensorResponse(message(&[n])), &Limits::default())
+            .unwrap()
+            .to_vec()
+    };
+    feed(&mut client, &reply(30), now);
+    assert!(matches!(
+        client.poll_event(),
+        Some(ClientEvent::Done { token, outcome: Ok(_) }) if token == first
+    ));
+    assert!(!client.is_reusable(), "its frame is still being written");
+    let written = usize::try_from(transmit.remaining()).unwrap();
+    client.handle_written(written, now);
+    feed(&mut client, &reply(40), now);
+    let Some(ClientEvent::Done { token, outcome }) = client.poll_event() else {
+        panic!("the second reply")
+    };
+    assert_eq!(token, second);
+    assert_eq!(reply_len(&outcome), 40);
+    assert!(client.poll_event().is_none(), "nothing closed");
+    assert!(client.is_reusable());
+}
+
+#[test]
+fn a_pipelined_write_stalled_behind_an_unanswered_request_is_not_too_slow() {
+    let config = SessionConfig {
+        min_rate: 1 << 20,
+        rate_window: Duration::from_secs(1),
+        ..SessionConfig::default()
+    };
+    let mut sut = Pair::with(config);
+    sut.node = NodeMode::Hold;
+    sut.pipe_capacity = 16 << 10;
+    let slow = sut.start(RequestKind::Ask, message(&[4]), Duration::from_secs(60));
+    let behind = sut.start(
+        RequestKind::Ask,
+        message(&[1 << 20]),
+        Duration::from_secs(60),
+    );
+    sut.drive();
+    // The handler takes 10 s; the server reads no further meanwhile.
+    sut.run_for(Duration::from_secs(10), Duration::from_millis(500));
+    assert!(sut.done.is_empty(), "{:?}", sut.done);
+    assert!(sut.client_closed.is_none());
+    sut.answer(0, Ok(Reply::Tensor(message(&[2]))));
+    sut.answer(1, Ok(Reply::Tensor(message(&[3]))));
+    assert_eq!(sut.done_tokens, vec![slow, behind]);
+    assert!(sut.done.iter().all(Result::is_ok), "{:?}", sut.done);
 }

@@ -80,6 +80,7 @@ fn large_requests_spread_over_fewer_connections_than_small_ones() {
         Checkout::Queued(_)
     ));
     assert_eq!(sut.checkin(peer(1), 1, now), Checkin::Serve(1, "c"));
+    assert_eq!(sut.answered(peer(1), 1), None, "\"c\" is answered");
     assert_eq!(sut.checkin(peer(1), 1, now), Checkin::Idle);
     // One 64 MiB ask at a time, though a connection is idle; one larger than the whole budget
     // still goes when nothing else is on its way.
@@ -280,7 +281,7 @@ fn small_requests_to_a_pipelining_peer_spread_over_a_few_connections_then_pipeli
             sut.checkout_pipelined(p, n, 4096, None, 3),
             Checkout::Connect(n)
         );
-        sut.opened(p, 100 + n);
+        sut.opened(p, 100 + n, 4096);
     }
     // Four connections open: the next go onto the one carrying fewest, round the four.
     let mut onto = Vec::new();
@@ -309,7 +310,7 @@ fn large_requests_and_peers_that_do_not_pipeline_get_connections_of_their_own() 
     let p = peer(1);
     for n in 0..6 {
         assert_eq!(sut.checkout(p, n, 4096, None), Checkout::Connect(n));
-        sut.opened(p, 100 + n);
+        sut.opened(p, 100 + n, 4096);
     }
     let large = crate::session::MAX_PIPELINED_BYTES + 1;
     assert_eq!(
@@ -327,7 +328,7 @@ fn at_the_cap_a_waiting_request_is_pipelined_onto_a_connection_with_room() {
         sut.checkout_pipelined(p, 0, 10, None, 2),
         Checkout::Connect(0)
     );
-    sut.opened(p, 7);
+    sut.opened(p, 7, 10);
     assert_eq!(
         sut.checkout_pipelined(p, 1, 10, None, 2),
         Checkout::Pipeline(7, 1)
@@ -340,6 +341,11 @@ fn at_the_cap_a_waiting_request_is_pipelined_onto_a_connection_with_room() {
     assert_eq!(sut.answered(p, 7), Some(2));
     assert_eq!(sut.carried(p), 2);
     assert_eq!(sut.answered(p, 7), None);
+    assert_eq!(
+        sut.checkin(p, 7, now),
+        Checkin::Carrying,
+        "one is still on its way"
+    );
     assert_eq!(sut.answered(p, 7), None);
     assert_eq!(sut.checkin(p, 7, now), Checkin::Idle);
     assert_eq!(sut.carried(p), 0);
@@ -354,11 +360,13 @@ fn once_a_peer_pipelines_requests_gather_on_its_longest_busy_connections() {
     // Eight connections opened one request each, before the peer's depth was known.
     for n in 0..8 {
         assert_eq!(sut.checkout(p, n, 4096, None), Checkout::Connect(n));
-        sut.opened(p, 100 + n);
+        sut.opened(p, 100 + n, 4096);
     }
     // Two of them finish: idle.
-    assert_eq!(sut.checkin(p, 106, now), Checkin::Idle);
-    assert_eq!(sut.checkin(p, 107, now), Checkin::Idle);
+    for conn in [106, 107] {
+        assert_eq!(sut.answered(p, conn), None);
+        assert_eq!(sut.checkin(p, conn, now), Checkin::Idle);
+    }
     // Now known to pipeline: requests go onto the four longest busy, not the idle ones.
     for n in 8..16 {
         match sut.checkout_pipelined(p, n, 4096, None, 3) {
@@ -371,4 +379,30 @@ fn once_a_peer_pipelines_requests_gather_on_its_longest_busy_connections() {
         sut.checkout_pipelined(p, 16, 4096, None, 3),
         Checkout::Reuse(107, 16)
     ));
+}
+
+#[test]
+fn a_small_request_is_not_pipelined_behind_a_large_one() {
+    let mut sut = pipelining_pool(32);
+    let p = peer(1);
+    let large = crate::session::MAX_PIPELINED_BYTES * 2;
+    for n in 0..4 {
+        assert_eq!(
+            sut.checkout_pipelined(p, n, large, None, 8),
+            Checkout::Connect(n)
+        );
+        sut.opened(p, 100 + n, large);
+    }
+    assert_eq!(
+        sut.checkout_pipelined(p, 4, 100, None, 8),
+        Checkout::Connect(4),
+        "every busy connection carries a large request"
+    );
+    sut.opened(p, 104, 100);
+    for n in 5..8 {
+        assert_eq!(
+            sut.checkout_pipelined(p, n, 100, None, 8),
+            Checkout::Pipeline(104, n)
+        );
+    }
 }
