@@ -115,25 +115,33 @@ async fn connection(
     };
     conn.begin(&mut session, first, &mut carrying, &mut next_request);
     let mut shutdown = shared.shutdown.subscribe();
-    let stream = tokio::select! {
-        connected = socket_options::connect(peer, &shared.session) => match connected {
-            Ok(stream) => {
-                socket_options::tune(&stream, &shared.session);
-                session.handle_connected();
-                Some(stream)
+    let connecting = socket_options::connect(peer, &shared.session);
+    tokio::pin!(connecting);
+    let stream = loop {
+        tokio::select! {
+            connected = &mut connecting => break match connected {
+                Ok(stream) => {
+                    socket_options::tune(&stream, &shared.session);
+                    session.handle_connected();
+                    Some(stream)
+                }
+                Err(e) => {
+                    session.handle_connect_error(e);
+                    None
+                }
+            },
+            () = io::sleep_until(session.poll_timeout()) => {
+                // A request's deadline (or the connect's) passed: its caller hears now; the
+                // others pipelined onto this connection wait on for it.
+                session.handle_timeout(Instant::now());
+                if settle_while_connecting(&mut session, &mut carrying, &shared, peer, id) {
+                    break None;
+                }
             }
-            Err(e) => {
-                session.handle_connect_error(e);
-                None
+            () = stopped(&mut shutdown) => {
+                session.shut_down();
+                break None;
             }
-        },
-        () = io::sleep_until(session.poll_timeout()) => {
-            session.handle_timeout(Instant::now());
-            None
-        }
-        () = stopped(&mut shutdown) => {
-            session.shut_down();
-            None
         }
     };
     let mut read = None;
@@ -156,16 +164,21 @@ async fn connection(
                 _ => {}
             }
         }
-        if close {
-            // Ending: offered no more, so nothing is pipelined onto it from here on.
+        if close || stream.is_none() {
+            // Ending (or never connected): offered no more, so nothing is pipelined onto it
+            // from here on.
             lock(&shared.pool).retire(peer, id);
         }
+        // A request started below may have its outcome at once (its deadline had passed):
+        // the events are looked at again before waiting.
+        let mut started = false;
         for _ in 0..finished.len() {
             // The pool hears of every outcome; with others still on their way, a request
             // waiting for the peer may be pipelined behind them.
             let next = lock(&shared.pool).answered(peer, id);
             if let Some(next) = next {
                 conn.begin(&mut session, next, &mut carrying, &mut next_request);
+                started = true;
             }
         }
         if !close && carrying.is_empty() && !pooled && session.is_reusable() && stream.is_some() {
@@ -180,6 +193,7 @@ async fn connection(
                     }
                     Checkin::Serve(_, next) => {
                         conn.begin(&mut session, next, &mut carrying, &mut next_request);
+                        started = true;
                         break;
                     }
                     Checkin::Idle => {
@@ -197,6 +211,9 @@ async fn connection(
         }
         if close {
             break 'connection;
+        }
+        if started {
+            continue 'connection;
         }
         let Some(stream) = &stream else {
             break;
@@ -252,6 +269,41 @@ async fn connection(
         }
     }
     shared.connections.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// The outcomes a session gave while connecting, delivered (a request waiting for the peer
+/// that the pool hands this connection instead goes through the pool again); whether it
+/// closed.
+fn settle_while_connecting(
+    session: &mut ClientSession,
+    carrying: &mut VecDeque<Current>,
+    shared: &Arc<Shared>,
+    peer: std::net::SocketAddr,
+    id: u64,
+) -> bool {
+    let mut closed = false;
+    while let Some(event) = session.poll_event() {
+        match event {
+            ClientEvent::Done { token, outcome } => {
+                let Some(index) = carrying.iter().position(|c| c.token == token) else {
+                    continue;
+                };
+                let next = lock(&shared.pool).answered(peer, id);
+                if let Some(next) = next {
+                    start(shared, next);
+                }
+                if let Some(done) = carrying.remove(index) {
+                    done.completion.complete(outcome);
+                }
+            }
+            ClientEvent::Close(reason) => {
+                tracing::debug!(%reason, %peer, "closing a client connection");
+                closed = true;
+            }
+            _ => {}
+        }
+    }
+    closed
 }
 
 /// The connection task's own handles, for starting requests on its session.

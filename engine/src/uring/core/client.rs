@@ -233,6 +233,11 @@ impl Core {
             return;
         };
         let peer = client.peer;
+        if client.session.is_closed() {
+            // Its Close follows: nothing is handed to it any more (the requests waiting keep
+            // their places in the queue).
+            return self.pool.retire(peer, key);
+        }
         if let Some(next) = self.pool.answered(peer, key) {
             self.backlog.push_back(Backlog {
                 conn: Some(key),
