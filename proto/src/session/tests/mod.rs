@@ -6,6 +6,7 @@ mod finish;
 mod pair;
 mod pipelined;
 mod pool;
+mod pool_model;
 mod server;
 mod stripes;
 mod window;
