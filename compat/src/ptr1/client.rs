@@ -147,8 +147,10 @@ async fn connection(
     let mut read = None;
     let mut transmit = None;
     let mut pooled = false;
+    // The outcomes taken from the session in one turn (kept for the task's life: no list per
+    // reply).
+    let mut finished = Vec::new();
     'connection: loop {
-        let mut finished = Vec::new();
         let mut close = false;
         while let Some(event) = session.poll_event() {
             match event {
@@ -206,7 +208,7 @@ async fn connection(
             }
             shared.pool_changed.notify_one();
         }
-        for (done, outcome) in finished {
+        for (done, outcome) in finished.drain(..) {
             done.completion.complete(outcome);
         }
         if close {

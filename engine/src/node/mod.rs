@@ -4,6 +4,8 @@
 
 mod builder;
 mod close;
+#[cfg(test)]
+mod keeper;
 mod local;
 mod pipelines;
 mod routing;

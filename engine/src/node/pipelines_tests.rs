@@ -2,18 +2,18 @@
 //! per peer, whole requests marked with what the peer said, everything else one at a time.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tensorwire_proto::TensorMessage;
 use tensorwire_proto::stripe::{self, CAPABILITIES_TYPE, Framing};
 use tensorwire_proto::transport::{
-    ActorPath, Answer, Completion, Deadline, Driver, Error, Outbound, OutboundRequest, Reply,
-    RequestKind,
+    ActorPath, Answer, Completion, Deadline, Driver, Error, OutboundRequest, Reply, RequestKind,
 };
 
 use super::PipelineDepths;
+use crate::node::keeper::Keeper;
 use crate::sync::lock;
 
 /// Requests on their way, enough for a new peer to be asked.
@@ -150,25 +150,6 @@ impl Harness {
         assert!(sent.iter().all(|r| r.framing == Framing::Capabilities));
         sent
     }
-}
-
-#[derive(Default)]
-struct Keeper {
-    sent: Mutex<Vec<OutboundRequest>>,
-}
-
-impl Outbound for Keeper {
-    fn send(&self, request: OutboundRequest) {
-        lock(&self.sent).push(request);
-    }
-}
-
-impl Driver for Keeper {
-    fn name(&self) -> &'static str {
-        "keeper"
-    }
-
-    fn shutdown(&self) {}
 }
 
 struct Ignore;

@@ -65,15 +65,20 @@ impl Transmit {
     pub(crate) fn frames(first: Encoded, rest: impl IntoIterator<Item = Encoded>) -> Self {
         let mut transmit = Self::new(first);
         for encoded in rest {
-            let len = encoded.wire_len();
-            let (head, parts) = encoded.into_parts();
-            transmit.slices.push(head);
-            transmit.slices.extend(parts);
-            transmit.wire_len += len;
-            transmit.remaining += len;
-            transmit.largest = transmit.largest.max(len);
+            transmit.push(encoded);
         }
         transmit
+    }
+
+    /// Appends a frame, written after the others (before any byte of this transmit is).
+    pub(crate) fn push(&mut self, encoded: Encoded) {
+        let len = encoded.wire_len();
+        let (head, parts) = encoded.into_parts();
+        self.slices.push(head);
+        self.slices.extend(parts);
+        self.wire_len += len;
+        self.remaining += len;
+        self.largest = self.largest.max(len);
     }
 
     /// What is still to be written, in order.

@@ -11,11 +11,11 @@ use bytes::Bytes;
 use tensorwire_proto::TensorMessage;
 use tensorwire_proto::stripe::{CAPABILITIES_TYPE, Capabilities, Framing};
 use tensorwire_proto::transport::{
-    ActorPath, Answer, Completion, Deadline, Driver, Error, Outbound, OutboundRequest, Reply,
-    RequestKind,
+    ActorPath, Answer, Completion, Deadline, Driver, Error, OutboundRequest, Reply, RequestKind,
 };
 
 use super::{LOOPBACK_THRESHOLD, StripeConfig, StripeSender};
+use crate::node::keeper::Keeper;
 use crate::sync::lock;
 
 const LOOPBACK: &str = "127.0.0.1:7000";
@@ -316,26 +316,6 @@ impl Harness {
     fn taken(&self) -> Vec<OutboundRequest> {
         std::mem::take(&mut *lock(&self.driver.sent))
     }
-}
-
-/// A driver that keeps every request it is handed.
-#[derive(Default)]
-struct Keeper {
-    sent: Mutex<Vec<OutboundRequest>>,
-}
-
-impl Outbound for Keeper {
-    fn send(&self, request: OutboundRequest) {
-        lock(&self.sent).push(request);
-    }
-}
-
-impl Driver for Keeper {
-    fn name(&self) -> &'static str {
-        "keeper"
-    }
-
-    fn shutdown(&self) {}
 }
 
 /// A caller's completion: where its outcome lands.

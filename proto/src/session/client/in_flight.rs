@@ -125,31 +125,31 @@ impl InFlight {
     /// The frames not handed out yet, oldest first, as one transmit of about
     /// [`COALESCED_BYTES`] at most; they are *writing* from now on.
     pub(super) fn take_transmit(&mut self) -> Option<Transmit> {
-        let mut frames = Vec::new();
-        let mut bytes = 0u64;
+        let mut transmit: Option<Transmit> = None;
         for request in &mut self.requests {
             let Stage::Queued(encoded) = &request.stage else {
                 continue;
             };
             let len = encoded.wire_len();
-            if !frames.is_empty() && bytes + len > COALESCED_BYTES {
+            if transmit
+                .as_ref()
+                .is_some_and(|t| t.wire_len() + len > COALESCED_BYTES)
+            {
                 break;
             }
-            bytes += len;
-            let Stage::Queued(encoded) = std::mem::replace(
-                &mut request.stage,
-                Stage::Writing {
-                    remaining: len,
-                    len,
-                },
-            ) else {
+            let writing = Stage::Writing {
+                remaining: len,
+                len,
+            };
+            let Stage::Queued(encoded) = std::mem::replace(&mut request.stage, writing) else {
                 continue;
             };
-            frames.push(encoded);
+            match &mut transmit {
+                Some(transmit) => transmit.push(encoded),
+                None => transmit = Some(Transmit::new(encoded)),
+            }
         }
-        let mut frames = frames.into_iter();
-        let first = frames.next()?;
-        Some(Transmit::frames(first, frames))
+        transmit
     }
 
     /// `n` more bytes were written; returns how many frames (and their bytes) that finished.
