@@ -130,7 +130,6 @@ impl Conn {
         &mut self,
         now: Instant,
         zero_copy_min: Option<u64>,
-        quantum: usize,
     ) -> Option<SendMsg> {
         if self.send_op.is_some() {
             return None;
@@ -138,12 +137,7 @@ impl Conn {
         let transmit = self.session().poll_transmit(now)?;
         let zero_copy =
             self.zero_copy && zero_copy_min.is_some_and(|min| transmit.largest_frame() >= min);
-        Some(SendMsg::new(
-            Arc::clone(&self.fd),
-            transmit,
-            quantum,
-            zero_copy,
-        ))
+        Some(SendMsg::new(Arc::clone(&self.fd), transmit, zero_copy))
     }
 
     /// Whether the kernel holds an operation of this connection (a receive, a send, a

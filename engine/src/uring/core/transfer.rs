@@ -76,11 +76,10 @@ impl Core {
     fn arm_send(&mut self, key: ConnKey) {
         let now = self.now;
         let zero_copy_min = self.ring.send_zc.then_some(self.ctx.zero_copy_min);
-        let quantum = self.ctx.session.progress_quantum();
         let Some(send) = self
             .conns
             .get_mut(key)
-            .and_then(|conn| conn.next_send(now, zero_copy_min, quantum))
+            .and_then(|conn| conn.next_send(now, zero_copy_min))
         else {
             return;
         };

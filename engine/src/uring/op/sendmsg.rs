@@ -1,12 +1,21 @@
-//! `SENDMSG` of a frame: head, path, metadata and every buffer as iovecs (`MSG_WAITALL |
-//! MSG_NOSIGNAL`), at most one progress quantum per submission so a slow peer is seen to keep
-//! the minimum rate; the same operation is submitted again for the rest.
+//! `SENDMSG` of a frame: head, path, metadata and every buffer as iovecs (`MSG_NOSIGNAL`, up to
+//! `UIO_MAXIOV` of them). Without `MSG_WAITALL`: each submission completes with what the socket
+//! took, at once if it took anything, otherwise once it could take some, and the same operation
+//! is submitted again for the rest. Every completion is progress the session's minimum-rate
+//! meter sees, so a slow peer is told from a stalled one without cutting the frame into
+//! quantum-sized submissions.
+//!
+//! Cutting it was slower on loopback: one `MSG_WAITALL` submission per progress quantum
+//! (480 KiB by default) took a 1 MiB reply in three, and the io_uring fixture answered 1 MiB
+//! echoes at 3,100–3,500 a second against 4,000–4,400 without the cut (docs/benchmarks.md,
+//! "RTT 1 MiB: the server's send, cut into quanta").
 //!
 //! Unlike the blocking and tokio drivers, a large frame's first write is not cut to
 //! `FIRST_WRITE` here: on this driver the cut itself made loopback segments arrive out of
 //! order (42–57 `TcpExtTCPOFOQueue` per 2 s of 1 MiB asks one at a time, against 0–5 whole) and
 //! cost 1 MiB asks 24–31 % (one and 64 in flight; docs/benchmarks.md, "The first write of a
-//! large frame"). Measured under BBR, before same-host connections asked for reno.
+//! large frame"). Measured under BBR, before same-host connections asked for reno; under reno
+//! the cut changed nothing measurable at RTT 1 MiB.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
@@ -25,8 +34,6 @@ pub(crate) struct SendMsg {
     transmit: Transmit,
     iov: Vec<libc::iovec>,
     msg: Box<libc::msghdr>,
-    /// Bytes one submission covers at most.
-    chunk: usize,
     /// Send with `SENDMSG_ZC`: the memory must outlive the notifications, not only the send.
     pub(crate) zero_copy: bool,
     /// Notifications still to come for submissions made so far.
@@ -36,38 +43,31 @@ pub(crate) struct SendMsg {
 }
 
 impl SendMsg {
-    pub(crate) fn new(fd: Arc<OwnedFd>, transmit: Transmit, chunk: usize, zero_copy: bool) -> Self {
+    pub(crate) fn new(fd: Arc<OwnedFd>, transmit: Transmit, zero_copy: bool) -> Self {
         Self {
             fd,
             transmit,
             iov: Vec::new(),
             // SAFETY: msghdr is plain old data; all-zero is a valid empty header.
             msg: Box::new(unsafe { std::mem::zeroed::<libc::msghdr>() }),
-            chunk: chunk.max(1),
             zero_copy,
             notifications: 0,
             finished: false,
         }
     }
 
-    /// The SQE for the next chunk of what is left.
+    /// The SQE for what is left (its first `MAX_IOVECS` slices).
     pub(crate) fn entry(&mut self) -> squeue::Entry {
         self.iov.clear();
-        let mut budget = self.chunk;
         for slice in self.transmit.slices().take(MAX_IOVECS) {
-            let len = slice.len().min(budget);
             self.iov.push(libc::iovec {
                 iov_base: slice.as_ptr().cast_mut().cast(),
-                iov_len: len,
+                iov_len: slice.len(),
             });
-            budget -= len;
-            if budget == 0 {
-                break;
-            }
         }
         self.msg.msg_iov = self.iov.as_mut_ptr();
         self.msg.msg_iovlen = self.iov.len();
-        let flags = u32::try_from(libc::MSG_WAITALL | libc::MSG_NOSIGNAL).unwrap_or(0);
+        let flags = u32::try_from(libc::MSG_NOSIGNAL).unwrap_or(0);
         let fd = types::Fd(self.fd.as_raw_fd());
         if self.zero_copy {
             crate::stats::record_zero_copy_request();
