@@ -220,18 +220,50 @@ pub fn raw_stream(addr: SocketAddr) -> TcpStream {
 
 /// Reads one PTR1 frame from a plain socket; `None` if the peer closed first.
 pub fn read_frame(stream: &mut TcpStream) -> std::io::Result<Option<Frame>> {
-    read_frames(stream, 1, 4096).map(|frames| frames.into_iter().next())
+    read_frames(stream, 1, 4096, Duration::ZERO).map(|frames| frames.into_iter().next())
+}
+
+/// [`read_frame`] by a slow reader: `chunk` bytes a read at most, `pause` after each.
+pub fn read_frame_slowly(
+    stream: &mut TcpStream,
+    chunk: usize,
+    pause: Duration,
+) -> std::io::Result<Option<Frame>> {
+    read_frames(stream, 1, chunk, pause).map(|frames| frames.into_iter().next())
+}
+
+/// A plain socket connected to `addr` whose receive buffer was limited to `bytes` before it
+/// connected (so the peer's sends wait for what this side reads).
+pub fn raw_stream_small_window(addr: SocketAddr, bytes: usize) -> TcpStream {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )
+    .expect("a socket");
+    socket.set_recv_buffer_size(bytes).expect("SO_RCVBUF");
+    socket.connect(&addr.into()).expect("connects");
+    let stream = TcpStream::from(socket);
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream
 }
 
 /// Reads PTR1 frames from a plain socket until the peer closes: every whole frame, in order
 /// (several may come in one read).
 pub fn read_frames_to_end(stream: &mut TcpStream) -> std::io::Result<Vec<Frame>> {
-    read_frames(stream, usize::MAX, 64 << 10)
+    read_frames(stream, usize::MAX, 64 << 10, Duration::ZERO)
 }
 
-/// Frames read, `chunk` bytes a read at most, until `want` of them are whole or the peer
-/// closes (bytes read past the last one wanted are dropped).
-fn read_frames(stream: &mut TcpStream, want: usize, chunk: usize) -> std::io::Result<Vec<Frame>> {
+/// Frames read, `chunk` bytes a read at most with `pause` after each, until `want` of them are
+/// whole or the peer closes (bytes read past the last one wanted are dropped).
+fn read_frames(
+    stream: &mut TcpStream,
+    want: usize,
+    chunk: usize,
+    pause: Duration,
+) -> std::io::Result<Vec<Frame>> {
     let mut decoder = ptr1::Decoder::new(Limits::default());
     let mut buf = vec![0u8; chunk];
     let mut frames = Vec::new();
@@ -244,6 +276,7 @@ fn read_frames(stream: &mut TcpStream, want: usize, chunk: usize) -> std::io::Re
         if n == 0 {
             break;
         }
+        std::thread::sleep(pause);
         let mut rest = &buf[..n];
         while !rest.is_empty() && frames.len() < want {
             let (used, frame) = decoder

@@ -27,6 +27,7 @@ conformance!(
         the_capabilities_ask_says_how_many_requests_the_server_reads_ahead,
         a_client_that_half_closes_after_its_ask_still_gets_the_reply,
         a_large_request_trickling_in_is_received_whole,
+        a_large_reply_read_slowly_but_above_the_minimum_rate_is_sent_whole,
         a_non_ptr1_connection_is_handed_off_with_its_first_bytes,
         a_tls_only_node_refuses_plaintext_ptr1_with_an_error_frame,
     ],
@@ -275,6 +276,34 @@ fn a_large_request_trickling_in_is_received_whole(drivers: Drivers) {
         other => panic!("expected the echo, got {other:?}"),
     }
     writer.join().unwrap().unwrap();
+}
+
+fn a_large_reply_read_slowly_but_above_the_minimum_rate_is_sent_whole(drivers: Drivers) {
+    // A send must report progress as the peer takes bytes: a driver that reported a large
+    // reply only once all of it was written would see no progress for longer than the rate
+    // window while this reader (about 6 MiB/s, limited receive window) takes 12 MiB, and cut
+    // an honest peer off.
+    let window = Duration::from_millis(300);
+    let server = drivers.echo_server_with(|b| b.min_transfer_rate(1 << 20, window));
+    let message = patterned(4, 1, 12 << 20);
+    let mut stream = raw_stream_small_window(server.local_addr(), 128 << 10);
+    let writer = {
+        let mut stream = stream.try_clone().unwrap();
+        let wire = encoded_ask("/actors/echo-core", message.clone());
+        std::thread::spawn(move || stream.write_all(&wire))
+    };
+    let started = Instant::now();
+    let reply = read_frame_slowly(&mut stream, 64 << 10, Duration::from_millis(10));
+    let took = started.elapsed();
+    writer.join().unwrap().unwrap();
+    match reply.unwrap() {
+        Some(Frame::TensorResponse(reply)) => assert_eq!(checksum(&reply), checksum(&message)),
+        other => panic!("expected the whole echo, got {other:?}"),
+    }
+    assert!(
+        took > window * 2,
+        "the reader was slower than the rate window, or this checks nothing ({took:?})"
+    );
 }
 
 fn a_non_ptr1_connection_is_handed_off_with_its_first_bytes(drivers: Drivers) {
