@@ -120,11 +120,18 @@ impl SessionConfig {
         self.max_window.min(64 << 10)
     }
 
-    /// The most bytes a driver may let arrive (or write) before it reports progress: a quarter
-    /// of what the minimum rate requires per window, so a peer that keeps the rate is always
-    /// seen to keep it (a window may see up to one quantum less than what moved in it). A
-    /// receive that waits for more than this (`MSG_WAITALL` over a larger region, a larger
-    /// `SO_RCVLOWAT`) could make a slow but honest peer look stalled.
+    /// The most bytes a driver may let arrive before it reports progress: a quarter of what
+    /// the minimum rate requires per window, so a peer that keeps the rate is seen to keep it
+    /// (a window may see up to one quantum less than what moved in it). A receive that waits
+    /// for more than this (`MSG_WAITALL` over a larger region, a larger `SO_RCVLOWAT`) could
+    /// make a slow but honest peer look stalled.
+    ///
+    /// Writes are not cut to it: a send reports what the socket took each time the kernel
+    /// lets it write, which is in lumps of about a third of the socket's send buffer (the
+    /// kernel wakes a writer only once that much is free; up to about 1.3 MiB with a 4 MiB
+    /// buffer). A peer reading barely above `min_rate` with a `rate_window` whose required
+    /// bytes are below one such lump can so be cut off while writing; the defaults (64 KiB/s
+    /// over 30 s, 1.9 MiB per window) leave room.
     pub fn progress_quantum(&self) -> usize {
         let window = self.rate_window.max(Duration::from_millis(1));
         let per_window = u128::from(self.min_rate) * window.as_millis() / 1000;

@@ -5,6 +5,12 @@
 //! meter sees, so a slow peer is told from a stalled one without cutting the frame into
 //! quantum-sized submissions.
 //!
+//! The sockets are blocking (io_uring first tries every send without waiting and then polls):
+//! on a kernel that hands a send failing again after its poll to a worker thread instead,
+//! that thread's `sendmsg` blocks until the whole rest of the frame is queued, reporting no
+//! progress meanwhile (before, at most one quantum). Kernels since the poll-retry rework
+//! (this one runs 6.18) retry from the poll instead; a close still cancels it either way.
+//!
 //! Cutting it was slower on loopback: one `MSG_WAITALL` submission per progress quantum
 //! (480 KiB by default) took a 1 MiB reply in three, and the io_uring fixture answered 1 MiB
 //! echoes at 3,100–3,500 a second against 4,000–4,400 without the cut (docs/benchmarks.md,
