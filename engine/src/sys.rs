@@ -309,6 +309,23 @@ pub(crate) fn received_out_of_order(fd: RawFd) -> io::Result<u32> {
     Ok(info.tcpi_rcv_ooopack)
 }
 
+/// Resets a TCP connection while the descriptor stays open (`connect` to `AF_UNSPEC`: the
+/// kernel sends an RST and drops the data still queued, which also completes the
+/// notifications of zero-copy sends waiting for it).
+pub(crate) fn reset(fd: RawFd) -> io::Result<()> {
+    let unspecified = libc::sockaddr {
+        sa_family: libc::sa_family_t::try_from(libc::AF_UNSPEC).unwrap_or(0),
+        sa_data: [0; 14],
+    };
+    // SAFETY: `unspecified` is a live `sockaddr` and the length passed is its size.
+    syscall!(connect(
+        fd,
+        &raw const unspecified,
+        socklen(size_of::<libc::sockaddr>())
+    ))?;
+    Ok(())
+}
+
 /// `shutdown(fd, how)`; wakes any operation still waiting on the socket.
 pub(crate) fn shutdown(fd: RawFd, how: i32) -> io::Result<()> {
     // SAFETY: shutdown() takes no pointers.

@@ -2,6 +2,7 @@
 //! delivery, futures, cancellation, statistics, and a core that survives a panic.
 
 use std::future::Future;
+use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
@@ -283,6 +284,36 @@ fn forced_zero_copy_sends_arrive_intact_and_every_notification_is_counted() {
         notified, requests,
         "one notification per zero-copy submission"
     );
+}
+
+#[test]
+fn a_zero_copy_reply_a_peer_never_reads_does_not_keep_the_socket_once_closed() {
+    // A peer that closes its receive window and never reads leaves a zero-copy send's pages
+    // unacknowledged, and the operation holding them holds the socket too. Once the minimum
+    // rate closes the connection, the socket must go within the grace period (one rate
+    // window) however long the peer keeps the TCP connection alive.
+    let _serial = serial();
+    let window = Duration::from_millis(200);
+    let server = URING.echo_server_with(|b| {
+        b.zero_copy(ZeroCopy::Always)
+            .min_transfer_rate(1 << 20, window)
+    });
+    let before = tensorwire_engine::stats::snapshot().zero_copy_requests;
+    let baseline = open_fd_count();
+    let mut peer = raw_stream_small_window(server.local_addr(), 64 << 10);
+    let wire = encoded_ask("/actors/echo-core", patterned(5, 1, 8 << 20));
+    peer.write_all(&wire).unwrap();
+    // The peer's own socket stays open (it never reads): only the server's may go.
+    let left = settle_fds(baseline + 1);
+    assert!(
+        tensorwire_engine::stats::snapshot().zero_copy_requests > before,
+        "the reply went out zero-copy"
+    );
+    assert!(
+        left <= baseline + 1,
+        "the server let its socket go ({left} fds open, {baseline} before the peer came)"
+    );
+    drop(peer);
 }
 
 #[test]

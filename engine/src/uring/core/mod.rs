@@ -22,6 +22,7 @@ use crate::uring::ring::Ring;
 use crate::uring::timers::Timers;
 
 mod client;
+mod linger;
 mod ops;
 mod poll_policy;
 mod server;
@@ -46,6 +47,9 @@ pub(super) struct Core {
     wake: Option<OpKey>,
     accept_multishot: bool,
     accept_retry_at: Option<Instant>,
+    /// Closed sockets an operation may still hold (zero-copy sends' pages): reset after a
+    /// grace period.
+    lingering: linger::Lingering,
     /// Closing gracefully: nothing new is accepted, served connections close when done.
     draining: bool,
     stopping: bool,
@@ -112,6 +116,7 @@ impl Core {
             wake: None,
             accept_multishot: true,
             accept_retry_at: None,
+            lingering: linger::Lingering::default(),
             draining: false,
             stopping: false,
             next_request,
@@ -380,6 +385,7 @@ impl Core {
             self.timers.next(),
             self.pool.poll_timeout(),
             self.accept_retry_at,
+            self.lingering.next(),
         ]
         .into_iter()
         .flatten()
@@ -391,6 +397,9 @@ impl Core {
         if self.accept_retry_at.is_some_and(|at| at <= now) {
             self.accept_retry_at = None;
             self.arm_accept();
+        }
+        if self.lingering.reset_expired(now) > 0 {
+            tracing::debug!("reset closed connections whose zero-copy sends the peer never took");
         }
         // Each expired connection once per turn: a deadline that did not move cannot spin.
         let mut expired = Vec::new();

@@ -193,6 +193,11 @@ impl Core {
             let _ = sys::shutdown(conn.fd.as_raw_fd(), libc::SHUT_RDWR);
             self.submit(Owner::Core, Op::Cancel(Cancel::Fd(Arc::clone(&conn.fd))));
         }
+        if conn.zero_copy {
+            // A zero-copy send still waiting for the peer to take its pages holds the socket.
+            let grace = self.ctx.session.rate_window;
+            self.lingering.closed(&conn.fd, self.now, grace);
+        }
         match conn.role {
             Role::Server(server) => {
                 if let Some((_, withdraw)) = server.waiting {
