@@ -326,6 +326,15 @@ pub(crate) fn reset(fd: RawFd) -> io::Result<()> {
     Ok(())
 }
 
+/// Bytes a TCP socket was given that its peer has not acknowledged yet, sent or not
+/// (`SIOCOUTQ`, the same request as `TIOCOUTQ`).
+pub(crate) fn unacknowledged(fd: RawFd) -> io::Result<u64> {
+    let mut bytes: libc::c_int = 0;
+    // SAFETY: `bytes` is a live `c_int`, which is what this request writes.
+    syscall!(ioctl(fd, libc::TIOCOUTQ, &raw mut bytes))?;
+    Ok(u64::try_from(bytes).unwrap_or(0))
+}
+
 /// `shutdown(fd, how)`; wakes any operation still waiting on the socket.
 pub(crate) fn shutdown(fd: RawFd, how: i32) -> io::Result<()> {
     // SAFETY: shutdown() takes no pointers.

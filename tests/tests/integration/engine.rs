@@ -2,7 +2,7 @@
 //! delivery, futures, cancellation, statistics, and a core that survives a panic.
 
 use std::future::Future;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
@@ -290,10 +290,10 @@ fn forced_zero_copy_sends_arrive_intact_and_every_notification_is_counted() {
 fn a_zero_copy_reply_a_peer_never_reads_does_not_keep_the_socket_once_closed() {
     // A peer that closes its receive window and never reads leaves a zero-copy send's pages
     // unacknowledged, and the operation holding them holds the socket too. Once the minimum
-    // rate closes the connection, the socket must go within the grace period (one rate
-    // window) however long the peer keeps the TCP connection alive.
+    // rate closes the connection, the socket must go when the peer still takes nothing a rate
+    // window later (it is reset), however long the peer keeps the TCP connection alive.
     let _serial = serial();
-    let window = Duration::from_millis(200);
+    let window = Duration::from_millis(500);
     let server = URING.echo_server_with(|b| {
         b.zero_copy(ZeroCopy::Always)
             .min_transfer_rate(1 << 20, window)
@@ -313,7 +313,20 @@ fn a_zero_copy_reply_a_peer_never_reads_does_not_keep_the_socket_once_closed() {
         left <= baseline + 1,
         "the server let its socket go ({left} fds open, {baseline} before the peer came)"
     );
-    drop(peer);
+    // What reached the peer before comes first, then the reset.
+    let mut buf = vec![0u8; 1 << 20];
+    let ended = loop {
+        match peer.read(&mut buf) {
+            Ok(0) => break None,
+            Ok(_) => continue,
+            Err(e) => break Some(e.kind()),
+        }
+    };
+    assert_eq!(
+        ended,
+        Some(std::io::ErrorKind::ConnectionReset),
+        "the server reset the connection"
+    );
 }
 
 #[test]

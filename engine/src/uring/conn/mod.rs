@@ -51,6 +51,9 @@ pub(crate) struct Conn {
     low_water: usize,
     /// Frames may go out with `SENDMSG_ZC`.
     pub(crate) zero_copy: bool,
+    /// A zero-copy send was submitted on it: its pages (and the socket) may be held until the
+    /// peer takes them, also after `zero_copy` turned off.
+    pub(crate) used_zero_copy: bool,
     /// Segments that arrived out of order so far, as last read (a loss upstream).
     out_of_order: u32,
     /// Receive steps left that take what comes instead of waiting for a low-water mark,
@@ -108,6 +111,7 @@ impl Conn {
             timer: None,
             low_water: 1,
             zero_copy,
+            used_zero_copy: false,
             out_of_order: 0,
             marks_off: 0,
         }
@@ -137,6 +141,7 @@ impl Conn {
         let transmit = self.session().poll_transmit(now)?;
         let zero_copy =
             self.zero_copy && zero_copy_min.is_some_and(|min| transmit.largest_frame() >= min);
+        self.used_zero_copy |= zero_copy;
         Some(SendMsg::new(Arc::clone(&self.fd), transmit, zero_copy))
     }
 

@@ -1,16 +1,18 @@
-//! Sockets closed while the kernel still holds pages of their zero-copy sends: reset once a
-//! grace period passes, so a peer that never takes the data cannot keep the socket and the
-//! memory.
+//! Sockets closed while the kernel still holds pages of their zero-copy sends: reset once the
+//! peer stops taking the data at the minimum rate, so a peer that never reads cannot keep the
+//! socket and the memory.
 //!
 //! A `SENDMSG_ZC`'s pages (and with them the frame and the socket, which the operation owns
 //! until its last notification) are let go only once the peer acknowledged the data. A peer
 //! that closes its receive window and never reads, while its kernel answers the window
-//! probes, keeps them forever: closing the connection (a deadline, the minimum rate) shuts
-//! the socket down, but the unsent data stays queued behind the FIN. So a closed connection
-//! whose socket is still held by an operation after the grace period is reset
+//! probes, keeps them forever: closing the connection (a deadline, the minimum rate, the end
+//! of a graceful drain) shuts the socket down, but the unsent data stays queued behind the
+//! FIN. So the transfer's own rule goes on after the close: every rate window, the bytes the
+//! socket still has unacknowledged (`SIOCOUTQ`) must have gone down by what the minimum rate
+//! requires per window; a socket still held by an operation whose peer took less is reset
 //! (`connect(AF_UNSPEC)`: an RST, and the kernel drops what was queued, which completes the
-//! notifications). The grace lets a peer that is only slow take what was written before the
-//! close, as it would from a socket closed without zero-copy.
+//! notifications). A slow but honest peer so still gets everything written before the close.
+//! A node that stops resets them all at its stop deadline instead of leaking them.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -19,90 +21,230 @@ use std::time::{Duration, Instant};
 
 use crate::sys;
 
-/// Closed sockets that an operation may still hold, oldest first.
+/// The minimum rate a lingering socket's peer must keep.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Rate {
+    pub(super) window: Duration,
+    pub(super) min_rate: u64,
+}
+
+impl Rate {
+    /// The window, at least a millisecond (as the rate meter's): a look is never due again at
+    /// once.
+    fn window(self) -> Duration {
+        self.window.max(Duration::from_millis(1))
+    }
+
+    /// Bytes the peer must take per window (at least one).
+    fn required(self) -> u64 {
+        let per_window = u128::from(self.min_rate) * self.window().as_millis() / 1000;
+        u64::try_from(per_window).unwrap_or(u64::MAX).max(1)
+    }
+}
+
+/// Closed sockets that an operation may still hold, oldest check first.
 #[derive(Debug, Default)]
 pub(super) struct Lingering {
-    closed: VecDeque<(Instant, Weak<OwnedFd>)>,
+    closed: VecDeque<Entry>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    /// When to look again.
+    at: Instant,
+    fd: Weak<OwnedFd>,
+    rate: Rate,
+    /// Bytes unacknowledged at the last look (`None`: unknown).
+    unacked: Option<u64>,
 }
 
 impl Lingering {
-    /// `fd` was closed at `now`; if something still holds it after `grace`, it is reset.
-    /// Nothing is kept for a socket nothing else holds.
-    pub(super) fn closed(&mut self, fd: &Arc<OwnedFd>, now: Instant, grace: Duration) {
-        if Arc::strong_count(fd) > 1 {
-            let at = now.checked_add(grace).unwrap_or(now);
-            self.closed.push_back((at, Arc::downgrade(fd)));
-        }
-    }
-
-    /// When the oldest grace period ends.
-    pub(super) fn next(&self) -> Option<Instant> {
-        self.closed.front().map(|(at, _)| *at)
-    }
-
-    /// Resets the sockets whose grace ended by `now` and that an operation still holds;
-    /// returns how many.
-    pub(super) fn reset_expired(&mut self, now: Instant) -> usize {
-        let mut reset = 0;
-        while let Some((at, fd)) = self.closed.front() {
-            if *at > now {
-                break;
-            }
-            if let Some(fd) = fd.upgrade() {
-                match sys::reset(fd.as_raw_fd()) {
-                    Ok(()) => reset += 1,
-                    Err(e) => tracing::debug!(error = %e, "a lingering socket was not reset"),
-                }
-            }
+    /// `fd` was closed at `now`; while something still holds it, its peer must keep `rate`.
+    /// Nothing is kept for a socket nothing else holds; entries of sockets let go meanwhile
+    /// are dropped from the front.
+    pub(super) fn closed(&mut self, fd: &Arc<OwnedFd>, now: Instant, rate: Rate) {
+        while self
+            .closed
+            .front()
+            .is_some_and(|entry| entry.fd.strong_count() == 0)
+        {
             self.closed.pop_front();
         }
+        if Arc::strong_count(fd) > 1 {
+            self.closed.push_back(Entry {
+                at: now.checked_add(rate.window()).unwrap_or(now),
+                fd: Arc::downgrade(fd),
+                rate,
+                unacked: sys::unacknowledged(fd.as_raw_fd()).ok(),
+            });
+        }
+    }
+
+    /// When the next look is due. Entries are in the order of their looks: each is due one
+    /// window (the node's, the same for all) after it was added or last looked at.
+    pub(super) fn next(&self) -> Option<Instant> {
+        self.closed.front().map(|entry| entry.at)
+    }
+
+    /// Looks at the sockets due by `now`: one let go is forgotten, one whose peer took at
+    /// least the required bytes since the last look is looked at again a window later, the
+    /// others are reset. Returns how many were reset. Costs nothing while none is due.
+    pub(super) fn check(&mut self, now: Instant) -> usize {
+        let mut reset = 0;
+        while self.closed.front().is_some_and(|entry| entry.at <= now) {
+            let Some(mut entry) = self.closed.pop_front() else {
+                break;
+            };
+            let Some(fd) = entry.fd.upgrade() else {
+                continue;
+            };
+            let unacked = sys::unacknowledged(fd.as_raw_fd()).ok();
+            let taken = match (entry.unacked, unacked) {
+                (Some(before), Some(now)) => before.saturating_sub(now),
+                _ => 0,
+            };
+            if unacked.is_some_and(|left| left > 0) && taken >= entry.rate.required() {
+                entry.at = now.checked_add(entry.rate.window()).unwrap_or(now);
+                entry.unacked = unacked;
+                self.closed.push_back(entry);
+                continue;
+            }
+            reset += usize::from(reset_socket(&fd));
+        }
         reset
+    }
+
+    /// Resets every socket still held (the node stops); returns how many.
+    pub(super) fn reset_all(&mut self) -> usize {
+        self.closed
+            .drain(..)
+            .filter_map(|entry| entry.fd.upgrade())
+            .map(|fd| usize::from(reset_socket(&fd)))
+            .sum()
+    }
+}
+
+fn reset_socket(fd: &OwnedFd) -> bool {
+    match sys::reset(fd.as_raw_fd()) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::debug!(error = %e, "a lingering socket was not reset");
+            false
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+
     use super::*;
+
+    const RATE: Rate = Rate {
+        window: Duration::from_secs(1),
+        min_rate: 64 << 10,
+    };
+
+    /// A connected pair: the accepted side as an `OwnedFd`, and its peer.
+    fn pair(listener: &TcpListener) -> (Arc<OwnedFd>, TcpStream) {
+        let peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        (Arc::new(OwnedFd::from(accepted)), peer)
+    }
+
+    fn was_reset(peer: &mut TcpStream) -> bool {
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            match peer.read(&mut buf) {
+                Ok(0) => return false,
+                Ok(_) => continue, // what was queued before the reset comes first
+                Err(e) => return e.kind() == std::io::ErrorKind::ConnectionReset,
+            }
+        }
+    }
 
     #[test]
     fn a_socket_nothing_else_holds_is_not_kept() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (fd, _peer) = pair(&listener);
         let mut sut = Lingering::default();
-        let fd = Arc::new(OwnedFd::from(std::fs::File::open("/dev/null").unwrap()));
-        sut.closed(&fd, Instant::now(), Duration::ZERO);
+        sut.closed(&fd, Instant::now(), RATE);
         assert_eq!(sut.next(), None);
     }
 
     #[test]
-    fn a_socket_let_go_within_the_grace_is_left_alone_and_one_still_held_is_reset() {
-        use std::io::Read;
-        use std::net::{TcpListener, TcpStream};
+    fn a_socket_let_go_is_forgotten_and_one_still_held_is_reset() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let connect = || TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (mut held_peer, mut let_go_peer) = (connect(), connect());
-        let held = Arc::new(OwnedFd::from(listener.accept().unwrap().0));
-        let let_go = Arc::new(OwnedFd::from(listener.accept().unwrap().0));
+        let (held, mut held_peer) = pair(&listener);
+        let (let_go, mut let_go_peer) = pair(&listener);
         let (op_holds_it, op_lets_it_go) = (Arc::clone(&held), Arc::clone(&let_go));
         let mut sut = Lingering::default();
         let now = Instant::now();
-        let grace = Duration::from_secs(1);
-        sut.closed(&held, now, grace);
-        sut.closed(&let_go, now, grace);
+        sut.closed(&held, now, RATE);
+        sut.closed(&let_go, now, RATE);
         drop((held, let_go, op_lets_it_go));
-        assert_eq!(sut.next(), now.checked_add(grace));
-        assert_eq!(sut.reset_expired(now), 0, "not before the grace ends");
-        assert_eq!(sut.reset_expired(now + grace), 1, "only the one still held");
+        assert_eq!(sut.next(), now.checked_add(RATE.window));
+        assert_eq!(sut.check(now), 0, "not before a window passed");
+        assert_eq!(sut.check(now + RATE.window), 1, "only the one still held");
         assert_eq!(sut.next(), None);
-        let mut buf = [0u8; 1];
-        let read = held_peer.read(&mut buf);
         assert!(
-            read.as_ref()
-                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
-            "the peer of the socket still held was reset: {read:?}"
+            was_reset(&mut held_peer),
+            "the peer of the socket held was reset"
         );
         assert!(
-            matches!(let_go_peer.read(&mut buf), Ok(0)),
+            !was_reset(&mut let_go_peer),
             "the socket let go was closed, not reset"
         );
+        drop(op_holds_it);
+    }
+
+    #[test]
+    fn a_peer_that_keeps_the_minimum_rate_is_looked_at_again_not_reset() {
+        let rate = Rate {
+            window: Duration::from_secs(1),
+            min_rate: 4 << 10,
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (held, mut peer) = pair(&listener);
+        // Fill the peer's receive buffer and this side's send buffer: what is still queued
+        // here is unacknowledged.
+        let mut writer = TcpStream::from(held.try_clone().unwrap());
+        writer.set_nonblocking(true).unwrap();
+        let chunk = vec![7u8; 64 << 10];
+        while writer.write(&chunk).is_ok() {}
+        let op_holds_it = Arc::clone(&held);
+        let mut sut = Lingering::default();
+        let now = Instant::now();
+        sut.closed(&held, now, rate);
+        drop(held);
+        // The peer reads 64 KiB: as much more leaves the send buffer and is acknowledged.
+        let mut buf = vec![0u8; 64 << 10];
+        let mut read = 0;
+        while read < buf.len() {
+            read += peer.read(&mut buf[read..]).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(sut.check(now + rate.window), 0, "the peer kept the rate");
+        assert_eq!(sut.next(), now.checked_add(rate.window * 2));
+        // Then it stops reading: the next look resets the socket.
+        assert_eq!(sut.check(now + rate.window * 2), 1, "the peer stopped");
+        assert!(was_reset(&mut peer));
+        drop((op_holds_it, writer));
+    }
+
+    #[test]
+    fn stopping_resets_every_socket_still_held() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (held, mut peer) = pair(&listener);
+        let op_holds_it = Arc::clone(&held);
+        let mut sut = Lingering::default();
+        sut.closed(&held, Instant::now(), RATE);
+        drop(held);
+        assert_eq!(sut.reset_all(), 1);
+        assert_eq!(sut.next(), None);
+        assert!(was_reset(&mut peer));
         drop(op_holds_it);
     }
 }

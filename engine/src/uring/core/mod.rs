@@ -30,6 +30,9 @@ mod transfer;
 
 /// How often, at most, a core republishes that the same connection moved bytes again.
 const PUBLISH_EVERY_NS: u64 = 1_000_000;
+/// How long a stopping core still waits for its operations after resetting the sockets that
+/// zero-copy sends held (`linger.rs`).
+const STOP_AFTER_RESET: Duration = Duration::from_millis(200);
 /// New requests taken from the queue per loop turn, so completions are not starved.
 const REQUESTS_PER_TURN: usize = 256;
 
@@ -181,6 +184,12 @@ impl Core {
                     *stop_deadline.get_or_insert_with(|| self.now + self.ctx.shutdown_timeout);
                 if self.conns.len() == 0 && self.ops.len() == 0 {
                     break;
+                }
+                if self.now >= deadline && self.lingering.reset_all() > 0 {
+                    // Closed sockets whose zero-copy sends a peer never took: reset, their
+                    // notifications come at once.
+                    stop_deadline = Some(self.now + STOP_AFTER_RESET);
+                    continue;
                 }
                 if self.now >= deadline {
                     tracing::warn!(
@@ -398,8 +407,8 @@ impl Core {
             self.accept_retry_at = None;
             self.arm_accept();
         }
-        if self.lingering.reset_expired(now) > 0 {
-            tracing::debug!("reset closed connections whose zero-copy sends the peer never took");
+        if self.lingering.check(now) > 0 {
+            tracing::debug!("reset closed connections whose peers stopped taking zero-copy sends");
         }
         // Each expired connection once per turn: a deadline that did not move cannot spin.
         let mut expired = Vec::new();

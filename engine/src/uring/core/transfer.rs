@@ -9,7 +9,7 @@ use io_uring::cqueue;
 use tensorwire_proto::session::ReadBuf;
 use tensorwire_proto::transport::Error;
 
-use super::Core;
+use super::{Core, linger};
 use crate::uring::ZeroCopy;
 use crate::uring::conn::{ConnKey, Role};
 use crate::uring::op::{Cancel, Notification, Op, OpKey, Owner};
@@ -193,10 +193,14 @@ impl Core {
             let _ = sys::shutdown(conn.fd.as_raw_fd(), libc::SHUT_RDWR);
             self.submit(Owner::Core, Op::Cancel(Cancel::Fd(Arc::clone(&conn.fd))));
         }
-        if conn.zero_copy {
+        if conn.used_zero_copy {
             // A zero-copy send still waiting for the peer to take its pages holds the socket.
-            let grace = self.ctx.session.rate_window;
-            self.lingering.closed(&conn.fd, self.now, grace);
+            let session = &self.ctx.session;
+            let rate = linger::Rate {
+                window: session.rate_window,
+                min_rate: session.min_rate,
+            };
+            self.lingering.closed(&conn.fd, self.now, rate);
         }
         match conn.role {
             Role::Server(server) => {
