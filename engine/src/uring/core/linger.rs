@@ -6,13 +6,17 @@
 //! until its last notification) are let go only once the peer acknowledged the data. A peer
 //! that closes its receive window and never reads, while its kernel answers the window
 //! probes, keeps them forever: closing the connection (a deadline, the minimum rate, the end
-//! of a graceful drain) shuts the socket down, but the unsent data stays queued behind the
-//! FIN. So the transfer's own rule goes on after the close: every rate window, the bytes the
-//! socket still has unacknowledged (`SIOCOUTQ`) must have gone down by what the minimum rate
-//! requires per window; a socket still held by an operation whose peer took less is reset
-//! (`connect(AF_UNSPEC)`: an RST, and the kernel drops what was queued, which completes the
-//! notifications). A slow but honest peer so still gets everything written before the close.
-//! A node that stops resets them all at its stop deadline instead of leaking them.
+//! of a graceful drain) lets the descriptor go only once the operation does, and the unsent
+//! data stays queued. So the transfer's own rule goes on after the close: every rate window,
+//! the bytes the socket still has unacknowledged (`SIOCOUTQ`) must have gone down by what the
+//! minimum rate requires per window; a socket still held by an operation whose peer took less
+//! is reset (`connect(AF_UNSPEC)`: an RST, and the kernel drops what was queued, which
+//! completes the notifications). A peer that keeps the rate still gets everything written
+//! before the close; with no minimum rate (`min_rate` 0) nothing is reset for it, as the
+//! transfer itself would never have been cut off. One with nothing left unacknowledged whose
+//! socket is still held (a notification on its way) is reset too: it has all its data, and
+//! reads it before the reset. A node that stops resets them all at its stop deadline instead
+//! of leaking them.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -35,10 +39,13 @@ impl Rate {
         self.window.max(Duration::from_millis(1))
     }
 
-    /// Bytes the peer must take per window (at least one).
-    fn required(self) -> u64 {
+    /// Bytes the peer must take per window (at least one); `None`: no minimum rate.
+    fn required(self) -> Option<u64> {
+        if self.min_rate == 0 {
+            return None;
+        }
         let per_window = u128::from(self.min_rate) * self.window().as_millis() / 1000;
-        u64::try_from(per_window).unwrap_or(u64::MAX).max(1)
+        Some(u64::try_from(per_window).unwrap_or(u64::MAX).max(1))
     }
 }
 
@@ -103,7 +110,11 @@ impl Lingering {
                 (Some(before), Some(now)) => before.saturating_sub(now),
                 _ => 0,
             };
-            if unacked.is_some_and(|left| left > 0) && taken >= entry.rate.required() {
+            let kept_rate = entry
+                .rate
+                .required()
+                .is_none_or(|required| taken >= required);
+            if unacked.is_some_and(|left| left > 0) && kept_rate {
                 entry.at = now.checked_add(entry.rate.window()).unwrap_or(now);
                 entry.unacked = unacked;
                 self.closed.push_back(entry);
@@ -213,24 +224,60 @@ mod tests {
         let mut writer = TcpStream::from(held.try_clone().unwrap());
         writer.set_nonblocking(true).unwrap();
         let chunk = vec![7u8; 64 << 10];
-        while writer.write(&chunk).is_ok() {}
+        let mut written = 0;
+        while let Ok(n) = writer.write(&chunk) {
+            written += n;
+        }
         let op_holds_it = Arc::clone(&held);
         let mut sut = Lingering::default();
         let now = Instant::now();
         sut.closed(&held, now, rate);
         drop(held);
-        // The peer reads 64 KiB: as much more leaves the send buffer and is acknowledged.
-        let mut buf = vec![0u8; 64 << 10];
+        // The peer reads half of it (at most 1 MiB): more leaves the send buffer and is
+        // acknowledged.
+        let before = sys::unacknowledged(writer.as_raw_fd()).unwrap();
+        let mut buf = vec![0u8; (written / 2).min(1 << 20)];
         let mut read = 0;
         while read < buf.len() {
             read += peer.read(&mut buf[read..]).unwrap();
         }
-        std::thread::sleep(Duration::from_millis(50));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while sys::unacknowledged(writer.as_raw_fd()).unwrap() + (4 << 10) > before
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         assert_eq!(sut.check(now + rate.window), 0, "the peer kept the rate");
         assert_eq!(sut.next(), now.checked_add(rate.window * 2));
         // Then it stops reading: the next look resets the socket.
         assert_eq!(sut.check(now + rate.window * 2), 1, "the peer stopped");
         assert!(was_reset(&mut peer));
+        drop((op_holds_it, writer));
+    }
+
+    #[test]
+    fn without_a_minimum_rate_a_socket_is_never_reset_before_stopping() {
+        let rate = Rate {
+            window: Duration::from_millis(10),
+            min_rate: 0,
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (held, _peer) = pair(&listener);
+        let mut writer = TcpStream::from(held.try_clone().unwrap());
+        writer.set_nonblocking(true).unwrap();
+        while writer.write(&[7u8; 64 << 10]).is_ok() {}
+        let op_holds_it = Arc::clone(&held);
+        let mut sut = Lingering::default();
+        let now = Instant::now();
+        sut.closed(&held, now, rate);
+        drop(held);
+        assert_eq!(sut.check(now + rate.window), 0);
+        assert_eq!(
+            sut.next(),
+            now.checked_add(rate.window * 2),
+            "looked at again"
+        );
+        assert_eq!(sut.reset_all(), 1);
         drop((op_holds_it, writer));
     }
 
