@@ -21,35 +21,13 @@
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
+
+use tensorwire_proto::session::RateMeter;
 
 use crate::sys;
 
-/// The minimum rate a lingering socket's peer must keep.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Rate {
-    pub(super) window: Duration,
-    pub(super) min_rate: u64,
-}
-
-impl Rate {
-    /// The window, at least a millisecond (as the rate meter's): a look is never due again at
-    /// once.
-    fn window(self) -> Duration {
-        self.window.max(Duration::from_millis(1))
-    }
-
-    /// Bytes the peer must take per window (at least one); `None`: no minimum rate.
-    fn required(self) -> Option<u64> {
-        if self.min_rate == 0 {
-            return None;
-        }
-        let per_window = u128::from(self.min_rate) * self.window().as_millis() / 1000;
-        Some(u64::try_from(per_window).unwrap_or(u64::MAX).max(1))
-    }
-}
-
-/// Closed sockets that an operation may still hold, oldest check first.
+/// Closed sockets that an operation may still hold, oldest look first.
 #[derive(Debug, Default)]
 pub(super) struct Lingering {
     closed: VecDeque<Entry>,
@@ -57,19 +35,25 @@ pub(super) struct Lingering {
 
 #[derive(Debug)]
 struct Entry {
-    /// When to look again.
-    at: Instant,
     fd: Weak<OwnedFd>,
-    rate: Rate,
+    /// The peer's rate since the close, window by window (its deadline is the next look).
+    meter: RateMeter,
     /// Bytes unacknowledged at the last look (`None`: unknown).
     unacked: Option<u64>,
 }
 
+impl Entry {
+    fn due(&self) -> Option<Instant> {
+        self.meter.deadline()
+    }
+}
+
 impl Lingering {
-    /// `fd` was closed at `now`; while something still holds it, its peer must keep `rate`.
-    /// Nothing is kept for a socket nothing else holds; entries of sockets let go meanwhile
-    /// are dropped from the front.
-    pub(super) fn closed(&mut self, fd: &Arc<OwnedFd>, now: Instant, rate: Rate) {
+    /// `fd` was closed at `now`; while something still holds it, its peer must keep the rate
+    /// `meter` requires (a new meter of the connection's minimum rate). Nothing is kept for a
+    /// socket nothing else holds; entries of sockets let go meanwhile are dropped from the
+    /// front.
+    pub(super) fn closed(&mut self, fd: &Arc<OwnedFd>, now: Instant, mut meter: RateMeter) {
         while self
             .closed
             .front()
@@ -78,10 +62,10 @@ impl Lingering {
             self.closed.pop_front();
         }
         if Arc::strong_count(fd) > 1 {
+            meter.start(now);
             self.closed.push_back(Entry {
-                at: now.checked_add(rate.window()).unwrap_or(now),
                 fd: Arc::downgrade(fd),
-                rate,
+                meter,
                 unacked: sys::unacknowledged(fd.as_raw_fd()).ok(),
             });
         }
@@ -90,15 +74,20 @@ impl Lingering {
     /// When the next look is due. Entries are in the order of their looks: each is due one
     /// window (the node's, the same for all) after it was added or last looked at.
     pub(super) fn next(&self) -> Option<Instant> {
-        self.closed.front().map(|entry| entry.at)
+        self.closed.front().and_then(Entry::due)
     }
 
-    /// Looks at the sockets due by `now`: one let go is forgotten, one whose peer took at
-    /// least the required bytes since the last look is looked at again a window later, the
-    /// others are reset. Returns how many were reset. Costs nothing while none is due.
+    /// Looks at the sockets due by `now`: one let go is forgotten, one whose peer kept the
+    /// minimum rate since the last look is looked at again a window later, the others are
+    /// reset. Returns how many were reset. Costs nothing while none is due.
     pub(super) fn check(&mut self, now: Instant) -> usize {
         let mut reset = 0;
-        while self.closed.front().is_some_and(|entry| entry.at <= now) {
+        while self
+            .closed
+            .front()
+            .and_then(Entry::due)
+            .is_some_and(|at| at <= now)
+        {
             let Some(mut entry) = self.closed.pop_front() else {
                 break;
             };
@@ -106,16 +95,12 @@ impl Lingering {
                 continue;
             };
             let unacked = sys::unacknowledged(fd.as_raw_fd()).ok();
-            let taken = match (entry.unacked, unacked) {
-                (Some(before), Some(now)) => before.saturating_sub(now),
-                _ => 0,
-            };
-            let kept_rate = entry
-                .rate
-                .required()
-                .is_none_or(|required| taken >= required);
-            if unacked.is_some_and(|left| left > 0) && kept_rate {
-                entry.at = now.checked_add(entry.rate.window()).unwrap_or(now);
+            if let (Some(before), Some(left)) = (entry.unacked, unacked) {
+                entry
+                    .meter
+                    .progress(usize::try_from(before.saturating_sub(left)).unwrap_or(usize::MAX));
+            }
+            if unacked.is_some_and(|left| left > 0) && entry.meter.check(now) {
                 entry.unacked = unacked;
                 self.closed.push_back(entry);
                 continue;
@@ -149,13 +134,16 @@ fn reset_socket(fd: &OwnedFd) -> bool {
 mod tests {
     use std::io::{Read, Write};
     use std::net::{TcpListener, TcpStream};
+    use std::time::Duration;
 
     use super::*;
 
-    const RATE: Rate = Rate {
-        window: Duration::from_secs(1),
-        min_rate: 64 << 10,
-    };
+    const WINDOW: Duration = Duration::from_secs(1);
+
+    /// A meter of 64 KiB/s over 1 s windows.
+    fn meter() -> RateMeter {
+        RateMeter::new(64 << 10, WINDOW)
+    }
 
     /// A connected pair: the accepted side as an `OwnedFd`, and its peer.
     fn pair(listener: &TcpListener) -> (Arc<OwnedFd>, TcpStream) {
@@ -181,7 +169,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let (fd, _peer) = pair(&listener);
         let mut sut = Lingering::default();
-        sut.closed(&fd, Instant::now(), RATE);
+        sut.closed(&fd, Instant::now(), meter());
         assert_eq!(sut.next(), None);
     }
 
@@ -193,12 +181,12 @@ mod tests {
         let (op_holds_it, op_lets_it_go) = (Arc::clone(&held), Arc::clone(&let_go));
         let mut sut = Lingering::default();
         let now = Instant::now();
-        sut.closed(&held, now, RATE);
-        sut.closed(&let_go, now, RATE);
+        sut.closed(&held, now, meter());
+        sut.closed(&let_go, now, meter());
         drop((held, let_go, op_lets_it_go));
-        assert_eq!(sut.next(), now.checked_add(RATE.window));
+        assert_eq!(sut.next(), now.checked_add(WINDOW));
         assert_eq!(sut.check(now), 0, "not before a window passed");
-        assert_eq!(sut.check(now + RATE.window), 1, "only the one still held");
+        assert_eq!(sut.check(now + WINDOW), 1, "only the one still held");
         assert_eq!(sut.next(), None);
         assert!(
             was_reset(&mut held_peer),
@@ -213,10 +201,8 @@ mod tests {
 
     #[test]
     fn a_peer_that_keeps_the_minimum_rate_is_looked_at_again_not_reset() {
-        let rate = Rate {
-            window: Duration::from_secs(1),
-            min_rate: 4 << 10,
-        };
+        let window = Duration::from_secs(1);
+        let rate = RateMeter::new(4 << 10, window);
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let (held, mut peer) = pair(&listener);
         // Fill the peer's receive buffer and this side's send buffer: what is still queued
@@ -247,20 +233,18 @@ mod tests {
         {
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert_eq!(sut.check(now + rate.window), 0, "the peer kept the rate");
-        assert_eq!(sut.next(), now.checked_add(rate.window * 2));
+        assert_eq!(sut.check(now + window), 0, "the peer kept the rate");
+        assert_eq!(sut.next(), now.checked_add(window * 2));
         // Then it stops reading: the next look resets the socket.
-        assert_eq!(sut.check(now + rate.window * 2), 1, "the peer stopped");
+        assert_eq!(sut.check(now + window * 2), 1, "the peer stopped");
         assert!(was_reset(&mut peer));
         drop((op_holds_it, writer));
     }
 
     #[test]
     fn without_a_minimum_rate_a_socket_is_never_reset_before_stopping() {
-        let rate = Rate {
-            window: Duration::from_millis(10),
-            min_rate: 0,
-        };
+        let window = Duration::from_millis(10);
+        let rate = RateMeter::new(0, window);
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let (held, _peer) = pair(&listener);
         let mut writer = TcpStream::from(held.try_clone().unwrap());
@@ -271,12 +255,8 @@ mod tests {
         let now = Instant::now();
         sut.closed(&held, now, rate);
         drop(held);
-        assert_eq!(sut.check(now + rate.window), 0);
-        assert_eq!(
-            sut.next(),
-            now.checked_add(rate.window * 2),
-            "looked at again"
-        );
+        assert_eq!(sut.check(now + window), 0);
+        assert_eq!(sut.next(), now.checked_add(window * 2), "looked at again");
         assert_eq!(sut.reset_all(), 1);
         drop((op_holds_it, writer));
     }
@@ -287,7 +267,7 @@ mod tests {
         let (held, mut peer) = pair(&listener);
         let op_holds_it = Arc::clone(&held);
         let mut sut = Lingering::default();
-        sut.closed(&held, Instant::now(), RATE);
+        sut.closed(&held, Instant::now(), meter());
         drop(held);
         assert_eq!(sut.reset_all(), 1);
         assert_eq!(sut.next(), None);

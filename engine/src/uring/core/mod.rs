@@ -50,8 +50,8 @@ pub(super) struct Core {
     wake: Option<OpKey>,
     accept_multishot: bool,
     accept_retry_at: Option<Instant>,
-    /// Closed sockets an operation may still hold (zero-copy sends' pages): reset after a
-    /// grace period.
+    /// Closed sockets an operation may still hold (zero-copy sends' pages): reset once their
+    /// peer stops keeping the minimum rate, or when the core stops.
     lingering: linger::Lingering,
     /// Closing gracefully: nothing new is accepted, served connections close when done.
     draining: bool,

@@ -6,10 +6,10 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use io_uring::cqueue;
-use tensorwire_proto::session::ReadBuf;
+use tensorwire_proto::session::{RateMeter, ReadBuf};
 use tensorwire_proto::transport::Error;
 
-use super::{Core, linger};
+use super::Core;
 use crate::uring::ZeroCopy;
 use crate::uring::conn::{ConnKey, Role};
 use crate::uring::op::{Cancel, Notification, Op, OpKey, Owner};
@@ -196,11 +196,8 @@ impl Core {
         if conn.used_zero_copy {
             // A zero-copy send still waiting for the peer to take its pages holds the socket.
             let session = &self.ctx.session;
-            let rate = linger::Rate {
-                window: session.rate_window,
-                min_rate: session.min_rate,
-            };
-            self.lingering.closed(&conn.fd, self.now, rate);
+            let meter = RateMeter::new(session.min_rate, session.rate_window);
+            self.lingering.closed(&conn.fd, self.now, meter);
         }
         match conn.role {
             Role::Server(server) => {
