@@ -3,6 +3,7 @@ per call), or with refs of arrays put into the store once per cell ("Ray (in sto
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,12 @@ class RaySession:
         if cls.ray is None:
             import ray
 
-            for attempt in (1, 2):
+            # Ray waits 30 s for its GCS to write its port; on a loaded 2-core machine it took
+            # longer twice in a row (CI, 2026-12-07: "Timed out waiting for file
+            # .../gcs_server_port"), so it gets 120 s (Ray's own default with a rocksdb GCS) and
+            # three tries. A variable the caller set wins.
+            os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
+            for attempt in (1, 2, 3):
                 try:
                     # 2 GiB holds the largest in-flight case (2 × 256 MiB each way); Ray spills
                     # beyond it.
@@ -41,9 +47,9 @@ class RaySession:
                     break
                 except Exception as e:  # on a loaded machine its start can time out: once more
                     ray.shutdown()
-                    if attempt == 2:
+                    if attempt == 3:
                         raise
-                    print(f"Ray did not start ({e}); trying once more", file=sys.stderr)
+                    print(f"Ray did not start ({e}); trying again", file=sys.stderr)
             cls.ray = ray
         return cls.ray
 
