@@ -73,13 +73,19 @@ class Iceoryx2:
             "without a request)"
         )
         self.iox2 = iox2
+        self.restarted = False
+        self.start()
+
+    def start(self) -> None:
+        """A new server process and this process's clients of its two services."""
+        iox2 = self.iox2
         name = f"tensorwire-bench/{time.monotonic_ns()}"
         self.child = subprocess.Popen(
             [
                 sys.executable,
                 str(Path(__file__).resolve()),
                 name,
-                "inplace" if in_place else "copy",
+                "inplace" if self.in_place else "copy",
             ],
             stdout=subprocess.PIPE,
             text=True,
@@ -112,6 +118,25 @@ class Iceoryx2:
         return [self.child.pid]
 
     def measure(self, case: Case, data: list[np.ndarray], seconds: float) -> float:
+        """The cell; a request left unanswered (the in-place server hung so three times in 4 KiB
+        one-way cells, once in CI on 2026-12-07; cause not found) restarts the server and
+        measures the cell again, once per run, saying so; a second hang fails the peer."""
+        try:
+            return self.measure_once(case, data, seconds)
+        except TimeoutError as hang:
+            if self.restarted:
+                raise
+            self.restarted = True
+            print(
+                f"{self.name}: {case.label}: {hang}; its server restarted, the cell measured "
+                "again (once per run)",
+                file=sys.stderr,
+            )
+            self.close()
+            self.start()
+            return self.measure_once(case, data, seconds)
+
+    def measure_once(self, case: Case, data: list[np.ndarray], seconds: float) -> float:
         kind = "sink" if case.mode == "oneway" else "echo"
         client = self.clients[kind]
         starts = offsets(case)
