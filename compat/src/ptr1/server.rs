@@ -68,7 +68,7 @@ async fn serve_connection(shared: Arc<Shared>, mut stream: TcpStream, peer: std:
         shared.require_tls,
         Instant::now(),
     )
-    .with_stripes(shared.stripes.clone());
+    .with_stripes(shared.stripes.clone(), Some(peer));
     let (answers_tx, mut answers) = mpsc::unbounded_channel();
     let mut shutdown = shared.shutdown.subscribe();
     let mut draining = shared.draining.subscribe();

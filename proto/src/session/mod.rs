@@ -31,7 +31,9 @@ use std::io;
 use std::time::Duration;
 
 pub use crate::config::{ConnectionPoolConfig, Keepalive, SessionConfig};
-pub use crate::transport::{ASSEMBLY_TTL, DEFAULT_MAX_STRIPES, MAX_ASSEMBLIES, StripeStore};
+pub use crate::transport::{
+    ASSEMBLY_TTL, DEFAULT_MAX_STRIPES, MAX_ASSEMBLIES, MAX_ASSEMBLIES_PER_PEER, StripeStore,
+};
 pub use client::{ClientEvent, ClientRequest, ClientSession, RequestToken};
 pub use driven::DrivenSession;
 pub use pool::{Checkin, Checkout, ConnectionPool, Expired, MAX_PIPELINED_BYTES, WaiterId};

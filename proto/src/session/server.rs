@@ -79,6 +79,8 @@ pub struct ServerSession {
     /// Where stripes go; `None`: this node does not take them (it answers their frames, and
     /// the capabilities path, as a node that never heard of them).
     stripes: Option<Arc<StripeStore>>,
+    /// The peer's host, whose bound a stripe begun here counts against.
+    stripes_peer: std::net::IpAddr,
     /// What the frame being received is.
     incoming: Incoming,
 }
@@ -135,6 +137,7 @@ impl ServerSession {
             send_rate: RateMeter::new(config.min_rate, config.rate_window),
             closed: false,
             stripes: None,
+            stripes_peer: std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
             incoming: Incoming::Plain,
             config,
         }

@@ -36,4 +36,6 @@ pub use seam::{
     Outbound, OutboundRequest, Responder, Withdraw,
 };
 pub use split::{JoinStorage, SplitBuffer, check_ranges, heap_split};
-pub use stripes::{ASSEMBLY_TTL, DEFAULT_MAX_STRIPES, MAX_ASSEMBLIES, StripeStore};
+pub use stripes::{
+    ASSEMBLY_TTL, DEFAULT_MAX_STRIPES, MAX_ASSEMBLIES, MAX_ASSEMBLIES_PER_PEER, StripeStore,
+};

@@ -10,11 +10,18 @@
 //! comes, is answered with an Error and never delivered. The request takes the assembly
 //! ([`StripeStore::take`]) and gets each cut buffer as one [`Bytes`], joined without a copy.
 //!
-//! Bounds: at most [`MAX_ASSEMBLIES`] requests' stripes at once; the bytes of completed parts
-//! are charged to the node's receive budget until their request takes them; an assembly with
-//! no stripe arriving and no request for [`ASSEMBLY_TTL`] is dropped with its memory.
+//! Bounds: at most [`MAX_ASSEMBLIES`] requests' stripes at once, at most
+//! [`MAX_ASSEMBLIES_PER_PEER`] of them and a wire limit's worth of bytes
+//! ([`Limits::max_wire_bytes`]) begun by one peer host; the stripes of one request begin within
+//! [`ASSEMBLY_TTL`] of its first (a later one fails the request: a peer cannot keep an
+//! assembly alive by sending new stripes now and then); a request has at most
+//! [`MAX_CUT_BUFFERS`] cut buffers, each at an index a message can have; the bytes of completed
+//! parts are charged to the node's receive budget until their request takes them, and given
+//! back whichever way the assembly goes; an assembly with no stripe arriving and no request for
+//! [`ASSEMBLY_TTL`] is dropped with its memory.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
@@ -25,11 +32,17 @@ use super::memory::{ReceiveMemory, RecvBuffer, RecvStorage};
 use super::split::JoinStorage;
 use crate::len::len_u64;
 use crate::limits::Limits;
-use crate::stripe::{BufferPlace, Capabilities, StripeDescriptor, StripedHeader, Token, part};
+use crate::stripe::{
+    BufferPlace, Capabilities, MAX_CUT_BUFFERS, StripeDescriptor, StripedHeader, Token, part,
+};
 
 /// Most striped requests whose stripes a node holds at once.
 pub const MAX_ASSEMBLIES: usize = 1024;
-/// How long stripes wait for their request once none is arriving any more.
+/// Most striped requests whose stripes a node holds at once for one peer host (the one whose
+/// stripe began them), so that one peer cannot take every place.
+pub const MAX_ASSEMBLIES_PER_PEER: usize = 64;
+/// How long stripes wait for their request once none is arriving any more; also how long after
+/// a request's first stripe the others may begin.
 pub const ASSEMBLY_TTL: Duration = Duration::from_secs(30);
 
 /// Most stripes a node takes per request, by default.
@@ -59,6 +72,10 @@ struct Assemblies {
 }
 
 struct Assembly {
+    /// The host whose stripe began it (its bytes count against that host's bound).
+    peer: IpAddr,
+    /// When its first stripe came.
+    created: Instant,
     count: u16,
     /// Cut buffers by their index in the request.
     buffers: HashMap<u32, CutBuffer>,
@@ -70,6 +87,21 @@ struct Assembly {
     idle_since: Option<Instant>,
     /// Budget charged for parts that are done.
     charged: u64,
+}
+
+impl Assembly {
+    fn new(peer: IpAddr, created: Instant, count: u16) -> Self {
+        Self {
+            peer,
+            created,
+            count,
+            buffers: HashMap::new(),
+            total: 0,
+            active: 0,
+            idle_since: None,
+            charged: 0,
+        }
+    }
 }
 
 struct CutBuffer {
@@ -120,11 +152,13 @@ impl StripeStore {
     ///
     /// # Errors
     ///
-    /// A text for the peer: too many stripes or requests, a part claimed twice, lengths that
-    /// do not agree with earlier stripes, or no memory.
+    /// A text for the peer: too many stripes or requests (for the node, or begun by `peer`),
+    /// a stripe that begins too long after its request's first, a part claimed twice, lengths
+    /// or buffers that do not agree with earlier stripes or the limits, or no memory.
     pub fn claim(
         &self,
         descriptor: &StripeDescriptor,
+        peer: IpAddr,
         now: Instant,
     ) -> Result<Vec<RecvBuffer>, String> {
         if descriptor.count > self.max_stripes {
@@ -134,37 +168,28 @@ impl StripeStore {
             ));
         }
         let mut inner = lock(&self.inner);
-        inner.sweep(now);
-        if !inner.by_token.contains_key(&descriptor.token) && inner.by_token.len() >= MAX_ASSEMBLIES
-        {
-            return Err(format!(
-                "this node holds the stripes of {MAX_ASSEMBLIES} requests already"
-            ));
-        }
-        let assembly = inner
-            .by_token
-            .entry(descriptor.token)
-            .or_insert_with(|| Assembly {
-                count: descriptor.count,
-                buffers: HashMap::new(),
-                total: 0,
-                active: 0,
-                idle_since: None,
-                charged: 0,
-            });
-        let claimed = claim_parts(assembly, descriptor, &*self.memory, &self.limits);
+        let expired = inner.sweep(now);
+        let begun = inner.begun(descriptor.token, peer, now, &self.limits);
+        let claimed = begun.and_then(|room| {
+            let assembly = inner
+                .by_token
+                .entry(descriptor.token)
+                .or_insert_with(|| Assembly::new(peer, now, descriptor.count));
+            claim_parts(assembly, descriptor, room, &*self.memory, &self.limits)
+        });
         let parts = match claimed {
             Ok(parts) => parts,
             Err(text) => {
                 // A stripe that cannot be received fails its request.
-                let failed = inner.by_token.remove(&descriptor.token);
+                let failed = inner.remove(descriptor.token);
                 drop(inner);
-                drop(failed);
+                drop((failed, expired));
                 return Err(text);
             }
         };
         assembly_active(&mut inner, descriptor.token, parts.len());
         drop(inner);
+        drop(expired);
         let home = Arc::downgrade(&self.inner);
         Ok(parts
             .into_iter()
@@ -190,10 +215,10 @@ impl StripeStore {
     /// A text for the peer if stripes are missing, failed, expired or do not match the header.
     pub fn take(&self, header: &StripedHeader, now: Instant) -> Result<Vec<Bytes>, String> {
         let mut inner = lock(&self.inner);
-        inner.sweep(now);
-        let assembly = inner.by_token.remove(&header.token);
-        let memory = inner.memory.clone();
+        let expired = inner.sweep(now);
+        let assembly = inner.remove(header.token);
         drop(inner);
+        drop(expired);
         let Some(mut assembly) = assembly else {
             return Err(
                 "the stripes of this striped request are missing (one failed, or they \
@@ -201,9 +226,6 @@ impl StripeStore {
                     .to_owned(),
             );
         };
-        if let Some(memory) = &memory {
-            memory.release(std::mem::take(&mut assembly.charged));
-        }
         let cut = header
             .buffers
             .iter()
@@ -253,10 +275,12 @@ impl StripeStore {
     }
 }
 
-/// Finds or creates each cut buffer of the descriptor and takes this stripe's part of it.
+/// Finds or creates each cut buffer of the descriptor and takes this stripe's part of it; new
+/// cut buffers hold at most `room` bytes together (what the peer's bound leaves).
 fn claim_parts(
     assembly: &mut Assembly,
     descriptor: &StripeDescriptor,
+    mut room: u64,
     memory: &dyn ReceiveMemory,
     limits: &Limits,
 ) -> Result<Vec<(u32, RecvBuffer)>, String> {
@@ -269,6 +293,16 @@ fn claim_parts(
     for piece in &descriptor.pieces {
         let len = usize::try_from(piece.buffer_len).map_err(|_| "buffer too long".to_owned())?;
         if !assembly.buffers.contains_key(&piece.buffer) {
+            if u64::from(piece.buffer) >= limits.max_buffers()
+                || assembly.buffers.len() >= MAX_CUT_BUFFERS
+            {
+                return Err(format!(
+                    "buffer {} cannot be a cut buffer of a request (at most {} buffers, {} cut)",
+                    piece.buffer,
+                    limits.max_buffers(),
+                    MAX_CUT_BUFFERS
+                ));
+            }
             let total = assembly.total.saturating_add(piece.buffer_len);
             if total > limits.max_wire_bytes() {
                 return Err(format!(
@@ -276,6 +310,12 @@ fn claim_parts(
                     limits.max_wire_bytes()
                 ));
             }
+            room = room.checked_sub(piece.buffer_len).ok_or_else(|| {
+                format!(
+                    "the stripes this peer began hold more than the wire limit of {} bytes",
+                    limits.max_wire_bytes()
+                )
+            })?;
             let ranges: Vec<Range<usize>> = (0..count)
                 .map(|k| part(len, count, k))
                 .filter(|range| !range.is_empty())
@@ -349,18 +389,62 @@ impl Assemblies {
             })
             .collect();
         for token in tokens {
-            if let Some(mut assembly) = self.by_token.remove(&token) {
-                self.release(&mut assembly);
-                expired.push(assembly);
-            }
+            expired.extend(self.remove(token));
         }
         expired
     }
 
-    fn release(&self, assembly: &mut Assembly) {
+    /// Takes a request's assembly out, giving its budget back: the one way an assembly goes.
+    fn remove(&mut self, token: Token) -> Option<Assembly> {
+        let mut assembly = self.by_token.remove(&token)?;
         if let Some(memory) = &self.memory {
             memory.release(std::mem::take(&mut assembly.charged));
         }
+        Some(assembly)
+    }
+
+    /// Whether a stripe of `token` from `peer` may claim parts now: `Ok` with the bytes new
+    /// cut buffers may add for the peer that began its assembly, or why not.
+    fn begun(
+        &self,
+        token: Token,
+        peer: IpAddr,
+        now: Instant,
+        limits: &Limits,
+    ) -> Result<u64, String> {
+        let owner = match self.by_token.get(&token) {
+            Some(assembly) => {
+                if now.saturating_duration_since(assembly.created) >= ASSEMBLY_TTL {
+                    return Err(format!(
+                        "this stripe began more than {} s after its request's first",
+                        ASSEMBLY_TTL.as_secs()
+                    ));
+                }
+                assembly.peer
+            }
+            None => {
+                if self.by_token.len() >= MAX_ASSEMBLIES {
+                    return Err(format!(
+                        "this node holds the stripes of {MAX_ASSEMBLIES} requests already"
+                    ));
+                }
+                let held = self.by_token.values().filter(|a| a.peer == peer).count();
+                if held >= MAX_ASSEMBLIES_PER_PEER {
+                    return Err(format!(
+                        "this node holds the stripes of {MAX_ASSEMBLIES_PER_PEER} requests from \
+                         {peer} already"
+                    ));
+                }
+                peer
+            }
+        };
+        let bytes: u64 = self
+            .by_token
+            .values()
+            .filter(|a| a.peer == owner)
+            .map(|a| a.total)
+            .sum();
+        Ok(limits.max_wire_bytes().saturating_sub(bytes))
     }
 
     /// Part `index` of `buffer` of `token` is filled.
@@ -390,9 +474,7 @@ impl Assemblies {
 
     /// The request's stripes failed: its assembly goes.
     fn fail(&mut self, token: Token) {
-        if let Some(mut assembly) = self.by_token.remove(&token) {
-            self.release(&mut assembly);
-        }
+        drop(self.remove(token));
     }
 }
 
@@ -445,14 +527,7 @@ impl Drop for Piece {
         if self.inner.take().is_some() {
             // Dropped unfilled: the stripe failed, and so does its request.
             if let Some(home) = self.home.upgrade() {
-                let failed = {
-                    let mut inner = lock(&home);
-                    let failed = inner.by_token.remove(&self.token);
-                    failed.map(|mut assembly| {
-                        inner.release(&mut assembly);
-                        assembly
-                    })
-                };
+                let failed = lock(&home).remove(self.token);
                 drop(failed);
             }
         }
@@ -462,3 +537,7 @@ impl Drop for Piece {
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
+
+#[cfg(test)]
+#[path = "stripes_tests.rs"]
+mod tests;

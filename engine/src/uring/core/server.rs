@@ -62,7 +62,7 @@ impl Core {
             self.ctx.require_tls,
             self.now,
         )
-        .with_stripes(self.ctx.stripes.clone());
+        .with_stripes(self.ctx.stripes.clone(), peer);
         let server = Server {
             session,
             peer,

@@ -3,6 +3,7 @@
 //! a stripe received straight into its parts of the stripe store, a striped request put back
 //! together before it is delivered.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -17,10 +18,19 @@ use crate::transport::{RequestKind, StripeStore};
 
 impl ServerSession {
     /// Takes striped requests into `stripes` (shared by every connection of the node) and
-    /// answers the capabilities path saying so ([`crate::stripe`]).
+    /// answers the capabilities path saying so ([`crate::stripe`]). `peer` is the connection's
+    /// peer: the stripes it begins count against its host's bounds (one bucket for an unknown
+    /// peer).
     #[must_use]
-    pub fn with_stripes(mut self, stripes: Option<Arc<StripeStore>>) -> Self {
+    pub fn with_stripes(
+        mut self,
+        stripes: Option<Arc<StripeStore>>,
+        peer: Option<SocketAddr>,
+    ) -> Self {
         self.stripes = stripes;
+        if let Some(peer) = peer {
+            self.stripes_peer = peer.ip();
+        }
         self
     }
 
@@ -73,7 +83,7 @@ impl ServerSession {
         let claimed = match self.receiver.layout() {
             Some(layout) if layout.metadata_len() == 0 => {
                 StripeDescriptor::parse(path, layout.buffer_lens())
-                    .and_then(|descriptor| stripes.claim(&descriptor, now))
+                    .and_then(|descriptor| stripes.claim(&descriptor, self.stripes_peer, now))
             }
             _ => Err("a stripe carries no metadata".to_owned()),
         };

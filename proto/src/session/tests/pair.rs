@@ -256,7 +256,8 @@ impl Pair {
     pub(super) fn with_stripes(mut self, store: Arc<crate::session::StripeStore>) -> Self {
         let config = Arc::new(SessionConfig::default());
         let shared: Arc<dyn ReceiveMemory> = self.memory.clone();
-        self.server = ServerSession::new(config, shared, false, self.now).with_stripes(Some(store));
+        self.server =
+            ServerSession::new(config, shared, false, self.now).with_stripes(Some(store), None);
         self
     }
 
