@@ -30,8 +30,8 @@ pub(crate) struct CheckedFile {
     pub(crate) size: u64,
 }
 
-/// Checks a memfd a peer sent before it is mapped: sealed against shrinking and growing (a
-/// truncation would fault a reader), at least `len` bytes, and allocated through `len` (a
+/// Checks a memfd a peer sent before it is mapped: on tmpfs, sealed against shrinking and
+/// growing (a truncation would fault a reader), at least `len` bytes, and allocated whole (a
 /// sparse file would make the reader commit memory the sender never paid for).
 ///
 /// # Errors
@@ -47,15 +47,32 @@ pub(crate) fn check_segment(fd: RawFd, len: u64) -> Result<CheckedFile, String> 
     if size < len || len == 0 {
         return Err(format!("it has {size} bytes but {len} were announced"));
     }
+    if fs_type(fd).map_err(|e| format!("fstatfs: {e}"))? != TMPFS_MAGIC {
+        return Err("it is not a memfd on tmpfs".into());
+    }
+    // The whole file allocated, not only as many bytes as announced somewhere in it: a file
+    // twice as long with its second half allocated is as sparse where it is mapped. (SEEK_HOLE
+    // cannot tell: tmpfs reports pages reserved by fallocate but never written as holes.)
     let allocated = u64::try_from(stat.st_blocks)
         .unwrap_or(0)
         .saturating_mul(512);
-    if allocated < len {
+    if allocated < size {
         return Err(format!(
-            "only {allocated} of its {len} announced bytes are allocated (a sparse segment)"
+            "only {allocated} of its {size} bytes are allocated (a sparse segment)"
         ));
     }
     Ok(CheckedFile { size })
+}
+
+/// `TMPFS_MAGIC`: the file system of a memfd (not `MFD_HUGETLB`).
+const TMPFS_MAGIC: libc::__fsword_t = 0x0102_1994;
+
+fn fs_type(fd: RawFd) -> io::Result<libc::__fsword_t> {
+    // SAFETY: statfs is plain old data; all-zero is valid.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs writes into `stat`, a live local of the right type.
+    check(unsafe { libc::fstatfs(fd, &raw mut stat) })?;
+    Ok(stat.f_type)
 }
 
 fn fstat(fd: RawFd) -> io::Result<libc::stat> {
@@ -374,4 +391,29 @@ pub(crate) fn random<const N: usize>() -> io::Result<[u8; N]> {
         filled += usize::try_from(res).unwrap_or(0);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEN: u64 = 1 << 20;
+
+    #[test]
+    fn a_segment_allocated_beyond_its_announced_length_but_not_within_it_is_refused() {
+        // Twice as long, its second half allocated: as many blocks as announced, all of them
+        // past the mapped range.
+        let fd = memfd_unreserved("sparse-head", 2 * LEN).unwrap();
+        reserve(fd.as_raw_fd(), LEN, LEN).unwrap();
+        add_seals(fd.as_raw_fd(), SEAL_FUTURE_WRITE).unwrap();
+        let refused = check_segment(fd.as_raw_fd(), LEN).unwrap_err();
+        assert!(refused.contains("a sparse segment"), "{refused}");
+
+        let whole = memfd("whole", LEN).unwrap();
+        add_seals(whole.as_raw_fd(), SEAL_FUTURE_WRITE).unwrap();
+        assert_eq!(
+            check_segment(whole.as_raw_fd(), LEN),
+            Ok(CheckedFile { size: LEN })
+        );
+    }
 }

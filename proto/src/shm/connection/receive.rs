@@ -52,9 +52,21 @@ impl ShmConnection {
             }
             Err(e) => return self.close(CloseReason::Protocol(e.to_string())),
         };
-        if descriptor != FdArrival::Arrived {
-            // At the descriptor limit (or sent without one): the segment never arrived. The
-            // peer announces it again when it next uses it; what names it now fails cleanly.
+        if descriptor == FdArrival::None {
+            return self.close(CloseReason::Protocol(format!(
+                "segment {segment} was announced without its descriptor"
+            )));
+        }
+        if descriptor == FdArrival::Lost {
+            // At the descriptor limit: the segment never arrived. The peer announces it again
+            // when it next uses it; what names it now fails cleanly. As many as it may have
+            // mapped, at most.
+            if !self.lost.contains(&segment) && self.lost.len() >= self.config.max_peer_segments {
+                return self.close(CloseReason::Protocol(format!(
+                    "the descriptors of more than {} segments were lost",
+                    self.config.max_peer_segments
+                )));
+            }
             self.lost.insert(segment);
             if let Ok(record) = crate::shm::wire::Record::new(Control::Unmapped { segment }) {
                 self.outbox.push(Transmit::Record(record), 0);

@@ -29,9 +29,11 @@ impl Conn {
                     return;
                 }
                 Ok(Some(received)) => {
-                    let arrival = if received.truncated || received.fds.is_empty() {
+                    let arrival = if received.truncated {
                         stats::global().record_shm_fd_failure();
                         FdArrival::Lost
+                    } else if received.fds.is_empty() {
+                        FdArrival::None
                     } else {
                         FdArrival::Arrived
                     };

@@ -361,6 +361,48 @@ fn a_segment_announced_twice_or_through_the_queue_closes_the_connection() {
 }
 
 #[test]
+fn a_segment_announced_without_its_descriptor_closes_the_connection() {
+    let map = encode(&Control::Map {
+        segment: 1,
+        len: 4096,
+    })
+    .unwrap();
+    let mut sut = ShmConnection::new(config(Role::Server));
+    sut.handle_datagram(&map, FdArrival::None);
+    assert!(
+        matches!(sut.closed(), Some(CloseReason::Protocol(t)) if t.contains("without its descriptor")),
+        "{:?}",
+        sut.closed()
+    );
+}
+
+#[test]
+fn lost_descriptors_are_remembered_for_at_most_as_many_segments_as_a_peer_may_map() {
+    let mut server = config(Role::Server);
+    server.max_peer_segments = 8;
+    let mut sut = ShmConnection::new(server);
+    for segment in 1..=8 {
+        let map = encode(&Control::Map { segment, len: 4096 }).unwrap();
+        sut.handle_datagram(&map, FdArrival::Lost);
+        assert!(
+            sut.closed().is_none(),
+            "a lost descriptor is this process's limit"
+        );
+    }
+    let ninth = encode(&Control::Map {
+        segment: 9,
+        len: 4096,
+    })
+    .unwrap();
+    sut.handle_datagram(&ninth, FdArrival::Lost);
+    assert!(
+        matches!(sut.closed(), Some(CloseReason::Protocol(t)) if t.contains("were lost")),
+        "{:?}",
+        sut.closed()
+    );
+}
+
+#[test]
 fn a_segment_the_driver_refuses_to_map_closes_the_connection_with_its_reason() {
     let mut pair = Pair::new();
     let reason = CloseReason::Local("the segment is sparse".into());
