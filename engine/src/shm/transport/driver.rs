@@ -365,16 +365,10 @@ impl Driver {
         }
         let pid = conn.peer.pid;
         // The connection's lock is taken before the book's, never inside it (the order the
-        // mapping code uses).
-        let unmapped = conn.unmap_all();
-        {
-            let mut book = lock(&t.book);
-            for len in unmapped {
-                book.unmapped(pid, len);
-            }
-            if conn.role() == Role::Server {
-                book.connection_closed(pid);
-            }
+        // mapping code uses); each mapping gives its bound back with its last view.
+        conn.unmap_all();
+        if conn.role() == Role::Server {
+            lock(&t.book).connection_closed(pid);
         }
         let pidfd = conn.take_pidfd();
         let alive = pidfd.as_ref().is_some_and(|fd| {

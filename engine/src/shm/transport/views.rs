@@ -8,16 +8,17 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use bytes::Bytes;
 use tensorwire_proto::shm::{
-    Body, CloseReason, Failure, LeaseBook, Part, Returned, Shared, WireReply,
+    Body, CloseReason, Failure, LeaseBook, Part, PeerBook, Returned, Shared, WireReply,
 };
 use tensorwire_proto::transport::{Answer, Deadline, Error, Reply, RequestKind};
 use tensorwire_proto::{LimitField, Limits, TensorMessage};
 
 use super::lending::{Lending, LentSlot};
+
 use super::releases::Releases;
 use crate::shm::os::FileMap;
 use crate::shm::segments::Slot;
@@ -25,6 +26,27 @@ use crate::shm::segments::Slot;
 /// A peer's segment, mapped read-only here.
 pub(super) struct Mapped {
     pub(super) map: FileMap,
+    /// The bound it counts against, given back when the mapping goes — with the last view of
+    /// it, not when the peer retires the segment or the connection closes: a receiver that
+    /// keeps the messages keeps the mappings.
+    pub(super) _counted: Counted,
+}
+
+/// A peer process's mapping as its book counts it.
+pub(super) struct Counted {
+    pub(super) book: Weak<Mutex<PeerBook>>,
+    pub(super) pid: u32,
+    pub(super) len: u64,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        // Taken after any connection's lock, never inside the book's (the mapping code's
+        // order): a mapping is dropped under a connection's state or by a view's last holder.
+        if let Some(book) = self.book.upgrade() {
+            crate::sync::lock(&book).unmapped(self.pid, self.len);
+        }
+    }
 }
 
 /// What a body is read against: the peer's segments mapped here, what this node lent the

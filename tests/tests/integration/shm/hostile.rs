@@ -424,3 +424,64 @@ fn one_process_that_keeps_every_reply_cannot_take_the_memory_others_are_answered
         assert_eq!(tensor(reply).buffers[0].len(), 8 << 20);
     }
 }
+
+#[test]
+fn segments_retired_while_the_node_keeps_views_of_them_still_count_against_their_process() {
+    let _serial = serial();
+    let server = node();
+    let kept = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keeping = std::sync::Arc::clone(&kept);
+    server
+        .serve("keep", 1, move |request| {
+            keeping.lock().unwrap().push(request.message);
+            Ok(Reply::Tensor(TensorMessage::new(
+                1,
+                Bytes::new(),
+                Vec::new(),
+            )))
+        })
+        .unwrap();
+    let before = mappings();
+    let bound = PeerBounds::default().segments_per_process as u64;
+    let mut raw = RawConn::open(server.local_addr()).unwrap();
+    for segment in 1..=bound + 256 {
+        let fd = sealed_memfd(4096, true, true).unwrap();
+        if raw.announce(segment, 4096, fd.as_raw_fd()).is_err() {
+            break;
+        }
+        let tell = Control::Request {
+            id: segment,
+            kind: RequestKind::Tell,
+            path: "/actors/keep".into(),
+            body: Body::Parts {
+                version: 1,
+                metadata: Part::Inline(Bytes::new()),
+                buffers: vec![Part::Shared(Shared {
+                    segment,
+                    offset: 0,
+                    len: 4096,
+                    lease: segment,
+                })],
+            },
+        };
+        if !raw.push(&tell) || !raw.push(&Control::Retire { segment }) {
+            break;
+        }
+        raw.publish();
+        // Its answer read, so the node never stops for a peer that does not read.
+        if raw.pop_within(Duration::from_secs(2)).is_none() {
+            break;
+        }
+    }
+    let held = kept.lock().unwrap().len() as u64;
+    let grown = mappings().saturating_sub(before) as u64;
+    assert!(
+        grown <= bound + 64,
+        "{grown} new mappings for one process ({held} messages kept, bound {bound})"
+    );
+    assert!(
+        held <= bound,
+        "{held} messages kept of segments of one process, more than its bound of {bound}"
+    );
+    drop(kept);
+}

@@ -13,7 +13,6 @@ use super::{After, Conn, Delivered, State};
 use crate::shm::queue;
 use crate::shm::transport::Transport;
 use crate::shm::transport::views::{self, Source, Unpacked};
-use crate::sync::lock;
 
 impl Conn {
     /// Turns the session's events into work and moves its transmits, until both are done.
@@ -46,9 +45,9 @@ impl Conn {
                 st.session.handle_mapped(segment, Err(reason));
             }
             ConnEvent::Unmap { segment } => {
-                if let Some(mapped) = st.mapped.remove(&segment) {
+                // Its bound is given back with the last view of it (`Counted`).
+                if st.mapped.remove(&segment).is_some() {
                     self.mapped_changed(st);
-                    lock(&t.book).unmapped(self.peer.pid, mapped.map.len() as u64);
                 }
             }
             ConnEvent::DrainSocket => {

@@ -14,7 +14,7 @@ use crate::shm::os::FileMap;
 use crate::shm::queue::Full;
 use crate::shm::socket;
 use crate::shm::transport::Transport;
-use crate::shm::transport::views::Mapped;
+use crate::shm::transport::views::{Counted, Mapped};
 use crate::sync::lock;
 
 impl Conn {
@@ -89,7 +89,18 @@ impl Conn {
         });
         match map {
             Ok(map) => {
-                st.mapped.insert(segment, Arc::new(Mapped { map }));
+                let counted = Counted {
+                    book: Arc::downgrade(&t.book),
+                    pid: self.peer.pid,
+                    len,
+                };
+                st.mapped.insert(
+                    segment,
+                    Arc::new(Mapped {
+                        map,
+                        _counted: counted,
+                    }),
+                );
                 self.mapped_changed(st);
                 Ok(())
             }

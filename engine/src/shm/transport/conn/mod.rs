@@ -473,11 +473,10 @@ impl Conn {
     }
 
     /// Every mapping of the peer's segments, removed (on close: views keep their own).
-    pub(super) fn unmap_all(&self) -> Vec<u64> {
+    pub(super) fn unmap_all(&self) {
         let mut st = lock(&self.state);
-        let lens = st.mapped.drain().map(|(_, m)| m.map.len() as u64).collect();
+        st.mapped.clear();
         self.any_mapped.store(false, Ordering::Release);
-        lens
     }
 
     /// The peer's segments mapped here changed: whether any is, for [`Conn::locate`].
