@@ -386,11 +386,24 @@ pub(crate) fn eventfd_signal(fd: RawFd) {
     let _ = syscall!(write(fd, (&raw const one).cast(), size_of::<u64>()));
 }
 
-/// Resets an eventfd counter its poll reported readable.
+/// Resets an eventfd counter its poll reported readable, without ever waiting: the read is
+/// non-blocking by itself (`RWF_NOWAIT`), not through the file's flags — a doorbell's file is
+/// shared with the peer that rings it, which could clear `O_NONBLOCK` and empty the counter
+/// between the poll and this read. A kernel without `RWF_NOWAIT` for eventfds (before 5.x:
+/// `EOPNOTSUPP`) gets a plain read, non-blocking through the flags set when it was made.
 pub(crate) fn eventfd_drain(fd: RawFd) {
     let mut value = 0u64;
-    // SAFETY: reads 8 bytes into `value`, a live local of 8 bytes.
-    let _ = syscall!(read(fd, (&raw mut value).cast(), size_of::<u64>()));
+    let mut iov = libc::iovec {
+        iov_base: (&raw mut value).cast(),
+        iov_len: size_of::<u64>(),
+    };
+    // SAFETY: one iovec of 8 bytes over `value`, a live local; offset -1: the file's own (an
+    // eventfd has none).
+    let nowait = syscall!(preadv2(fd, &raw mut iov, 1, -1, libc::RWF_NOWAIT));
+    if nowait.is_err_and(|e| e.raw_os_error() == Some(libc::EOPNOTSUPP)) {
+        // SAFETY: reads 8 bytes into `value`, a live local of 8 bytes.
+        let _ = syscall!(read(fd, (&raw mut value).cast(), size_of::<u64>()));
+    }
 }
 
 /// An address family constant in the width `sockaddr` stores it (they are small numbers).

@@ -510,6 +510,28 @@ mod tests {
     }
 
     #[test]
+    fn draining_a_doorbell_the_peer_made_blocking_and_emptied_does_not_wait() {
+        let bell = doorbell().unwrap();
+        // What a hostile peer sharing the file can do between our poll and our read: clear
+        // O_NONBLOCK on it and take the count.
+        // SAFETY: fcntl(F_SETFL) takes an integer argument.
+        let cleared = unsafe { libc::fcntl(bell.as_raw_fd(), libc::F_SETFL, 0) };
+        assert_eq!(cleared, 0);
+        let raw = bell.as_raw_fd();
+        let (done, drained) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            crate::sys::eventfd_drain(raw);
+            let _ = done.send(());
+        });
+        assert!(
+            drained
+                .recv_timeout(std::time::Duration::from_secs(2))
+                .is_ok(),
+            "the drain waited for a ring that never comes"
+        );
+    }
+
+    #[test]
     fn only_an_eventfd_is_accepted_as_a_doorbell() {
         let bell = doorbell().unwrap();
         assert_eq!(check_doorbell(&bell), Ok(()));
