@@ -389,8 +389,10 @@ pub(crate) fn eventfd_signal(fd: RawFd) {
 /// Resets an eventfd counter its poll reported readable, without ever waiting: the read is
 /// non-blocking by itself (`RWF_NOWAIT`), not through the file's flags — a doorbell's file is
 /// shared with the peer that rings it, which could clear `O_NONBLOCK` and empty the counter
-/// between the poll and this read. A kernel without `RWF_NOWAIT` for eventfds (before 5.x:
-/// `EOPNOTSUPP`) gets a plain read, non-blocking through the flags set when it was made.
+/// between the poll and this read. Where `preadv2` fails otherwise than with nothing to read
+/// (a kernel without `RWF_NOWAIT` for eventfds: `EOPNOTSUPP`; a seccomp filter: `EPERM`) a
+/// plain read drains it, non-blocking through the flags set when it was made: a counter left
+/// full would keep the level-triggered epoll waking.
 pub(crate) fn eventfd_drain(fd: RawFd) {
     let mut value = 0u64;
     let mut iov = libc::iovec {
@@ -400,7 +402,7 @@ pub(crate) fn eventfd_drain(fd: RawFd) {
     // SAFETY: one iovec of 8 bytes over `value`, a live local; offset -1: the file's own (an
     // eventfd has none).
     let nowait = syscall!(preadv2(fd, &raw mut iov, 1, -1, libc::RWF_NOWAIT));
-    if nowait.is_err_and(|e| e.raw_os_error() == Some(libc::EOPNOTSUPP)) {
+    if nowait.is_err_and(|e| e.kind() != io::ErrorKind::WouldBlock) {
         // SAFETY: reads 8 bytes into `value`, a live local of 8 bytes.
         let _ = syscall!(read(fd, (&raw mut value).cast(), size_of::<u64>()));
     }

@@ -123,13 +123,13 @@ class Iceoryx2:
         measures the cell again, once per run, saying so; a second hang fails the peer."""
         try:
             return self.measure_once(case, data, seconds)
-        except TimeoutError as hang:
+        except NoResponse as hang:  # not the cell's own timeout (a TimeoutError): that ends it
             if self.restarted:
                 raise
             self.restarted = True
             print(
                 f"{self.name}: {case.label}: {hang}; its server restarted, the cell measured "
-                "again (once per run)",
+                "again (once per run; its CPU figure includes the wait)",
                 file=sys.stderr,
             )
             self.close()
@@ -164,6 +164,12 @@ class Iceoryx2:
         self.clients.clear()
         self.child.kill()
         self.child.wait(timeout=30)
+        if self.child.stdout is not None:
+            self.child.stdout.close()
+
+
+class NoResponse(Exception):
+    """A request the iceoryx2 server left unanswered for RESPONSE_TIMEOUT."""
 
 
 #: How long a request may go unanswered before the cell fails (the suite's cell timeout is
@@ -189,7 +195,7 @@ def response_to(pending: Any) -> Any:
                 return response
             raise RuntimeError("the iceoryx2 server disconnected before it answered")
         if time.monotonic() > until:
-            raise TimeoutError(
+            raise NoResponse(
                 f"no iceoryx2 response within {RESPONSE_TIMEOUT:.0f} s "
                 f"({pending.number_of_server_connections} server connection(s))"
             )

@@ -32,7 +32,8 @@ use std::time::Duration;
 
 pub use crate::config::{ConnectionPoolConfig, Keepalive, SessionConfig};
 pub use crate::transport::{
-    ASSEMBLY_TTL, DEFAULT_MAX_STRIPES, MAX_ASSEMBLIES, MAX_ASSEMBLIES_PER_PEER, StripeStore,
+    ASSEMBLY_TTL, DEFAULT_MAX_STRIPES, MAX_ASSEMBLIES, MAX_ASSEMBLIES_PER_PEER, MIN_ASSEMBLY_RATE,
+    StripeStore,
 };
 pub use client::{ClientEvent, ClientRequest, ClientSession, RequestToken};
 pub use driven::DrivenSession;

@@ -37,5 +37,6 @@ pub use seam::{
 };
 pub use split::{JoinStorage, SplitBuffer, check_ranges, heap_split};
 pub use stripes::{
-    ASSEMBLY_TTL, DEFAULT_MAX_STRIPES, MAX_ASSEMBLIES, MAX_ASSEMBLIES_PER_PEER, StripeStore,
+    ASSEMBLY_TTL, DEFAULT_MAX_STRIPES, MAX_ASSEMBLIES, MAX_ASSEMBLIES_PER_PEER, MIN_ASSEMBLY_RATE,
+    StripeStore,
 };

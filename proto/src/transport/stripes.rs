@@ -12,9 +12,12 @@
 //!
 //! Bounds: at most [`MAX_ASSEMBLIES`] requests' stripes at once, at most
 //! [`MAX_ASSEMBLIES_PER_PEER`] of them and a wire limit's worth of bytes
-//! ([`Limits::max_wire_bytes`]) begun by one peer host; the stripes of one request begin within
-//! [`ASSEMBLY_TTL`] of its first (a later one fails the request: a peer cannot keep an
-//! assembly alive by sending new stripes now and then); a request has at most
+//! ([`Limits::max_wire_bytes`]) begun by one peer host; once [`ASSEMBLY_TTL`] has passed since
+//! a request's first stripe, a new stripe of it is taken only if its stripes brought at least
+//! [`MIN_ASSEMBLY_RATE`] bytes for every second past that (else it fails the request: a peer
+//! cannot keep an assembly alive by sending a small new stripe now and then, while stripes
+//! that wait for a connection behind their request's others, which move bytes meanwhile, are
+//! taken); a request has at most
 //! [`MAX_CUT_BUFFERS`] cut buffers, each at an index a message can have; the bytes of completed
 //! parts are charged to the node's receive budget until their request takes them, and given
 //! back whichever way the assembly goes; an assembly with no stripe arriving and no request for
@@ -42,8 +45,12 @@ pub const MAX_ASSEMBLIES: usize = 1024;
 /// stripe began them), so that one peer cannot take every place.
 pub const MAX_ASSEMBLIES_PER_PEER: usize = 64;
 /// How long stripes wait for their request once none is arriving any more; also how long after
-/// a request's first stripe the others may begin.
+/// a request's first stripe the others may begin without having moved bytes.
 pub const ASSEMBLY_TTL: Duration = Duration::from_secs(30);
+/// Bytes per second a request's stripes must have brought on average, counted from
+/// [`ASSEMBLY_TTL`] after its first, for a new stripe of it to be taken (the default minimum
+/// rate of a connection, `SessionConfig::min_rate`).
+pub const MIN_ASSEMBLY_RATE: u64 = 64 << 10;
 
 /// Most stripes a node takes per request, by default.
 pub const DEFAULT_MAX_STRIPES: u16 = 16;
@@ -87,6 +94,8 @@ struct Assembly {
     idle_since: Option<Instant>,
     /// Budget charged for parts that are done.
     charged: u64,
+    /// Bytes of the parts that are done.
+    received: u64,
 }
 
 impl Assembly {
@@ -100,6 +109,7 @@ impl Assembly {
             active: 0,
             idle_since: None,
             charged: 0,
+            received: 0,
         }
     }
 }
@@ -414,9 +424,21 @@ impl Assemblies {
     ) -> Result<u64, String> {
         let owner = match self.by_token.get(&token) {
             Some(assembly) => {
-                if now.saturating_duration_since(assembly.created) >= ASSEMBLY_TTL {
+                let late = now
+                    .saturating_duration_since(assembly.created)
+                    .saturating_sub(ASSEMBLY_TTL);
+                let owed = u64::try_from(
+                    late.as_millis()
+                        .saturating_mul(u128::from(MIN_ASSEMBLY_RATE))
+                        / 1000,
+                )
+                .unwrap_or(u64::MAX);
+                if !late.is_zero() && assembly.received < owed {
                     return Err(format!(
-                        "this stripe began more than {} s after its request's first",
+                        "this stripe began {} s after its request's first, whose stripes brought \
+                         {} bytes since (at least {MIN_ASSEMBLY_RATE} bytes/s after {} s)",
+                        now.saturating_duration_since(assembly.created).as_secs(),
+                        assembly.received,
                         ASSEMBLY_TTL.as_secs()
                     ));
                 }
@@ -453,6 +475,7 @@ impl Assemblies {
             return;
         };
         assembly.active = assembly.active.saturating_sub(1);
+        assembly.received = assembly.received.saturating_add(len_u64(len));
         let charged = self
             .memory
             .as_ref()

@@ -54,7 +54,7 @@ fn a_stripe_refused_after_others_were_received_gives_their_budget_back() {
 }
 
 #[test]
-fn stripes_sent_now_and_then_do_not_keep_a_request_past_its_first_stripes_ttl() {
+fn small_stripes_sent_now_and_then_do_not_keep_a_request_past_its_first_stripes_ttl() {
     let memory = Arc::new(HeapMemory::new(1 << 30));
     let sut = store(&memory);
     let start = Instant::now();
@@ -62,11 +62,38 @@ fn stripes_sent_now_and_then_do_not_keep_a_request_past_its_first_stripes_ttl() 
     let soon = start + ASSEMBLY_TTL - Duration::from_secs(1);
     deliver(&sut, &stripe(1, 0, 1), soon);
     assert_eq!(sut.len(), 1, "a stripe within the ttl is taken");
-    let late = start + ASSEMBLY_TTL + Duration::from_secs(1);
+    // Two parts of 64 KiB in 40 s: below 64 KiB/s for the 10 s past the ttl.
+    let late = start + ASSEMBLY_TTL + Duration::from_secs(10);
     let refused = sut.claim(&stripe(1, 0, 2), PEER, late).unwrap_err();
     assert!(refused.contains("after its request's first"), "{refused}");
     assert!(sut.is_empty(), "the request failed with it");
     assert_eq!(memory.charged(), 0);
+}
+
+#[test]
+fn a_stripe_that_waited_behind_its_requests_others_moving_bytes_is_taken() {
+    let memory = Arc::new(HeapMemory::new(1 << 30));
+    let sut = store(&memory);
+    let start = Instant::now();
+    let big = |index| StripeDescriptor {
+        token: Token([5; 16]),
+        index,
+        count: 2,
+        pieces: vec![StripePiece {
+            buffer: 0,
+            buffer_len: 64 << 20,
+        }],
+    };
+    deliver(&sut, &big(0), start);
+    // The second stripe got a connection only once the first was through, 40 s in.
+    let parts = sut
+        .claim(
+            &big(1),
+            PEER,
+            start + ASSEMBLY_TTL + Duration::from_secs(10),
+        )
+        .expect("32 MiB came meanwhile, far above the minimum rate");
+    assert_eq!(parts.len(), 1);
 }
 
 #[test]
