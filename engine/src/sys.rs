@@ -368,6 +368,12 @@ pub(crate) fn open_files_limit() -> Option<u64> {
     Some(limit.rlim_cur)
 }
 
+/// Whether `fd`'s file description is non-blocking (`false` if it cannot be asked).
+pub(crate) fn is_nonblocking(fd: RawFd) -> bool {
+    // SAFETY: fcntl(F_GETFL) takes no pointer.
+    syscall!(fcntl(fd, libc::F_GETFL)).is_ok_and(|flags| flags & libc::O_NONBLOCK != 0)
+}
+
 /// Makes `fd`'s file description non-blocking.
 pub(crate) fn set_nonblocking(fd: RawFd) -> io::Result<()> {
     // SAFETY: fcntl(F_GETFL) takes no pointer.

@@ -209,6 +209,36 @@ impl RawConn {
         }
     }
 
+    /// What a hostile peer can do to the doorbell it shares with the node: clear the file's
+    /// `O_NONBLOCK`, fill its counter (one more would overflow it), and say it sleeps, so the
+    /// node's next message to it rings that doorbell.
+    ///
+    /// # Errors
+    ///
+    /// What the kernel refused.
+    pub fn jam_doorbell(&mut self) -> io::Result<()> {
+        let bell = self._bell.as_raw_fd();
+        // SAFETY: fcntl(F_SETFL) takes an integer argument.
+        if unsafe { libc::fcntl(bell, libc::F_SETFL, 0) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let full = u64::MAX - 1;
+        // SAFETY: writes 8 bytes of a live local.
+        if unsafe { libc::write(bell, (&raw const full).cast(), 8) } != 8 {
+            return Err(io::Error::last_os_error());
+        }
+        self.queue.u32_at(SLEEPING_AT).store(1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Empties the doorbell [`RawConn::jam_doorbell`] filled: a node thread that waits to ring
+    /// it goes on.
+    pub fn unjam_doorbell(&mut self) {
+        let mut count = 0u64;
+        // SAFETY: reads 8 bytes into a live local (the counter is not zero: it does not wait).
+        unsafe { libc::read(self._bell.as_raw_fd(), (&raw mut count).cast(), 8) };
+    }
+
     /// Reads the next message the node queued, if any (and tells the node it was consumed).
     pub fn pop(&mut self) -> Option<Control> {
         loop {

@@ -368,9 +368,17 @@ pub(crate) fn doorbell() -> std::io::Result<OwnedFd> {
     crate::sys::eventfd_nonblocking()
 }
 
-/// Rings a doorbell (a full one — the peer never drains it — is rung already).
-pub(crate) fn ring(bell: RawFd) {
+/// Rings the peer's doorbell (a full one — the peer never drains it — is rung already); `false`
+/// without ringing if its file is no longer non-blocking. The peer shares that file and could
+/// have cleared `O_NONBLOCK` to make this write wait on a counter it filled: an eventfd has
+/// no write that is non-blocking by itself. A peer that clears it and sets it back at the
+/// right moment can still win that race.
+pub(crate) fn ring(bell: RawFd) -> bool {
+    if !crate::sys::is_nonblocking(bell) {
+        return false;
+    }
     crate::sys::eventfd_signal(bell);
+    true
 }
 
 /// Checks that a descriptor the peer sent as its doorbell is an eventfd (writing to anything

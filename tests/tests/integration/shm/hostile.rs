@@ -485,3 +485,36 @@ fn segments_retired_while_the_node_keeps_views_of_them_still_count_against_their
     );
     drop(kept);
 }
+
+#[test]
+fn a_peer_that_jams_its_doorbell_is_disconnected_instead_of_stalling_the_node() {
+    let _serial = serial();
+    let server = node();
+    let mut raw = RawConn::open(server.local_addr()).unwrap();
+    raw.jam_doorbell().unwrap();
+    let ask = Control::Request {
+        id: 1,
+        kind: RequestKind::Ask,
+        path: "/actors/echo".into(),
+        body: inline_body(&kib(1)),
+    };
+    assert!(raw.push(&ask));
+    raw.publish();
+    let disconnected = raw.closed_by_node(Duration::from_secs(5));
+    // The node's shared-memory thread still serves others.
+    let asker = node();
+    let served = asker.ask_blocking(
+        server.local_addr(),
+        "/actors/echo",
+        kib(1),
+        Duration::from_secs(5),
+    );
+    // A node thread stuck ringing the jammed doorbell goes on, so the test ends either way.
+    raw.unjam_doorbell();
+    assert!(
+        disconnected,
+        "the node rang a doorbell made blocking, or kept the peer"
+    );
+    let reply = served.expect("another process is served while the jammed peer is gone");
+    assert_eq!(tensor(reply).buffers[0].len(), 1 << 10);
+}
