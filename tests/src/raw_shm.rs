@@ -32,7 +32,7 @@ pub struct RawConn {
     peer_ring: u32,
     head: u64,
     tail: u64,
-    _bell: OwnedFd,
+    bell: OwnedFd,
     peer_bell: OwnedFd,
 }
 
@@ -163,7 +163,7 @@ impl RawConn {
             peer_ring,
             head: 0,
             tail: 0,
-            _bell: bell,
+            bell,
             peer_bell,
         })
     }
@@ -217,7 +217,7 @@ impl RawConn {
     ///
     /// What the kernel refused.
     pub fn jam_doorbell(&mut self) -> io::Result<()> {
-        let bell = self._bell.as_raw_fd();
+        let bell = self.bell.as_raw_fd();
         // SAFETY: fcntl(F_SETFL) takes an integer argument.
         if unsafe { libc::fcntl(bell, libc::F_SETFL, 0) } != 0 {
             return Err(io::Error::last_os_error());
@@ -236,7 +236,7 @@ impl RawConn {
     pub fn unjam_doorbell(&mut self) {
         let mut count = 0u64;
         // SAFETY: reads 8 bytes into a live local (the counter is not zero: it does not wait).
-        unsafe { libc::read(self._bell.as_raw_fd(), (&raw mut count).cast(), 8) };
+        unsafe { libc::read(self.bell.as_raw_fd(), (&raw mut count).cast(), 8) };
     }
 
     /// Reads the next message the node queued, if any (and tells the node it was consumed).

@@ -22,13 +22,18 @@ fn store(memory: &Arc<HeapMemory>) -> StripeStore {
 
 /// Stripe `index` of 2 of request `token`, carrying its part of buffer `buffer` (`LEN` long).
 fn stripe(token: u8, index: u16, buffer: u32) -> StripeDescriptor {
+    stripe_of(token, index, buffer, LEN)
+}
+
+/// Stripe `index` of 2 of request `token`, carrying its part of buffer `buffer` (`len` long).
+fn stripe_of(token: u8, index: u16, buffer: u32, len: u64) -> StripeDescriptor {
     StripeDescriptor {
         token: Token([token; 16]),
         index,
         count: 2,
         pieces: vec![StripePiece {
             buffer,
-            buffer_len: LEN,
+            buffer_len: len,
         }],
     }
 }
@@ -75,15 +80,7 @@ fn a_stripe_that_waited_behind_its_requests_others_moving_bytes_is_taken() {
     let memory = Arc::new(HeapMemory::new(1 << 30));
     let sut = store(&memory);
     let start = Instant::now();
-    let big = |index| StripeDescriptor {
-        token: Token([5; 16]),
-        index,
-        count: 2,
-        pieces: vec![StripePiece {
-            buffer: 0,
-            buffer_len: 64 << 20,
-        }],
-    };
+    let big = |index| stripe_of(5, index, 0, 64 << 20);
     deliver(&sut, &big(0), start);
     // The second stripe got a connection only once the first was through, 40 s in.
     let parts = sut

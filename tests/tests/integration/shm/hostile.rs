@@ -45,6 +45,16 @@ fn inline_body(message: &TensorMessage) -> Body {
     Body::Inline(Bytes::from(bytes))
 }
 
+/// A connection's first ask (id 1) to `path`, its body carried inside the record.
+fn first_ask(path: &str, message: &TensorMessage) -> Control {
+    Control::Request {
+        id: 1,
+        kind: RequestKind::Ask,
+        path: path.into(),
+        body: inline_body(message),
+    }
+}
+
 fn mappings() -> usize {
     std::fs::read_to_string("/proc/self/maps")
         .unwrap()
@@ -305,12 +315,7 @@ fn a_receiver_cannot_reopen_lent_memory_writable() {
         .serve("make", 1, |_| Ok(Reply::Tensor(patterned(1, 1, 1 << 20))))
         .unwrap();
     let mut raw = RawConn::open(server.local_addr()).unwrap();
-    let ask = Control::Request {
-        id: 1,
-        kind: RequestKind::Ask,
-        path: "/actors/make".into(),
-        body: inline_body(&kib(0)),
-    };
+    let ask = first_ask("/actors/make", &kib(0));
     assert!(raw.push(&ask));
     raw.publish();
     let (map, fds) = raw
@@ -492,12 +497,7 @@ fn a_peer_that_jams_its_doorbell_is_disconnected_instead_of_stalling_the_node() 
     let server = node();
     let mut raw = RawConn::open(server.local_addr()).unwrap();
     raw.jam_doorbell().unwrap();
-    let ask = Control::Request {
-        id: 1,
-        kind: RequestKind::Ask,
-        path: "/actors/echo".into(),
-        body: inline_body(&kib(1)),
-    };
+    let ask = first_ask("/actors/echo", &kib(1));
     assert!(raw.push(&ask));
     raw.publish();
     let disconnected = raw.closed_by_node(Duration::from_secs(5));

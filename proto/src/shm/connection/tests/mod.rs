@@ -344,13 +344,14 @@ fn a_lost_descriptor_fails_what_names_it_cleanly_and_the_segment_is_announced_ag
     assert_eq!(body.leases(), vec![4], "announced again after Unmapped");
 }
 
+/// The `Map` datagram announcing a 4 KiB `segment`.
+fn map_datagram(segment: u64) -> Vec<u8> {
+    encode(&Control::Map { segment, len: 4096 }).unwrap()
+}
+
 #[test]
 fn a_segment_announced_twice_or_through_the_queue_closes_the_connection() {
-    let map = encode(&Control::Map {
-        segment: 1,
-        len: 4096,
-    })
-    .unwrap();
+    let map = map_datagram(1);
     let mut twice = ShmConnection::new(config(Role::Server));
     twice.handle_datagram(&map, FdArrival::Arrived);
     twice.handle_datagram(&map, FdArrival::Arrived);
@@ -362,13 +363,8 @@ fn a_segment_announced_twice_or_through_the_queue_closes_the_connection() {
 
 #[test]
 fn a_segment_announced_without_its_descriptor_closes_the_connection() {
-    let map = encode(&Control::Map {
-        segment: 1,
-        len: 4096,
-    })
-    .unwrap();
     let mut sut = ShmConnection::new(config(Role::Server));
-    sut.handle_datagram(&map, FdArrival::None);
+    sut.handle_datagram(&map_datagram(1), FdArrival::None);
     assert!(
         matches!(sut.closed(), Some(CloseReason::Protocol(t)) if t.contains("without its descriptor")),
         "{:?}",
@@ -382,19 +378,13 @@ fn lost_descriptors_are_remembered_for_at_most_as_many_segments_as_a_peer_may_ma
     server.max_peer_segments = 8;
     let mut sut = ShmConnection::new(server);
     for segment in 1..=8 {
-        let map = encode(&Control::Map { segment, len: 4096 }).unwrap();
-        sut.handle_datagram(&map, FdArrival::Lost);
+        sut.handle_datagram(&map_datagram(segment), FdArrival::Lost);
         assert!(
             sut.closed().is_none(),
             "a lost descriptor is this process's limit"
         );
     }
-    let ninth = encode(&Control::Map {
-        segment: 9,
-        len: 4096,
-    })
-    .unwrap();
-    sut.handle_datagram(&ninth, FdArrival::Lost);
+    sut.handle_datagram(&map_datagram(9), FdArrival::Lost);
     assert!(
         matches!(sut.closed(), Some(CloseReason::Protocol(t)) if t.contains("were lost")),
         "{:?}",
