@@ -6,7 +6,8 @@
 use std::sync::{
     Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard,
 };
-use std::time::Duration;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// Locks `mutex`, poisoned or not.
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -38,4 +39,49 @@ pub(crate) fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 /// Takes `lock` for writing, poisoned or not.
 pub(crate) fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Joins `threads` until `until`: how many were still running then, left to end by
+/// themselves (the caller says which in its log).
+pub(crate) fn join_until(
+    threads: impl IntoIterator<Item = JoinHandle<()>>,
+    until: Instant,
+) -> usize {
+    /// How long it sleeps between looks, at most.
+    const POLL_AT_MOST: Duration = Duration::from_millis(5);
+    let mut left: Vec<_> = threads.into_iter().collect();
+    let mut pause = Duration::from_micros(50);
+    loop {
+        let (done, running): (Vec<_>, Vec<_>) = left.into_iter().partition(JoinHandle::is_finished);
+        done.into_iter().for_each(|t| drop(t.join()));
+        left = running;
+        let now = Instant::now();
+        if left.is_empty() || now >= until {
+            return left.len();
+        }
+        std::thread::sleep(pause.min(until - now));
+        pause = (pause * 2).min(POLL_AT_MOST);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_still_running_at_the_deadline_is_left_and_the_finished_ones_joined() {
+        let (release, stuck_on) = std::sync::mpsc::channel::<()>();
+        let stuck = std::thread::spawn(move || {
+            let _ = stuck_on.recv();
+        });
+        let quick = std::thread::spawn(|| {});
+        let start = Instant::now();
+        let left = join_until([stuck, quick], start + Duration::from_millis(100));
+        assert_eq!(left, 1, "the stuck thread is left, the quick one joined");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the join gave up at its deadline"
+        );
+        drop(release);
+    }
 }

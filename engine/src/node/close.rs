@@ -1,7 +1,6 @@
 //! Closing a node gracefully: nothing new is taken, what is in flight is finished (replies and
 //! acknowledgements written, sends completed), then the node shuts down.
 
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::Node;
@@ -53,27 +52,5 @@ impl Node {
             pause = (pause * 2).min(POLL_AT_MOST);
         }
         inner.shutdown_joining_until(start.checked_add(timeout));
-    }
-}
-
-/// Joins `threads` until `until`; those still running then are left to end by themselves
-/// (a handler that is still busy answers into a closed node).
-pub(super) fn join_until(threads: impl Iterator<Item = JoinHandle<()>>, until: Instant) {
-    let mut left: Vec<_> = threads.collect();
-    let mut pause = Duration::from_micros(50);
-    while !left.is_empty() && Instant::now() < until {
-        let (done, running): (Vec<_>, Vec<_>) = left.into_iter().partition(JoinHandle::is_finished);
-        done.into_iter().for_each(|t| drop(t.join()));
-        left = running;
-        if !left.is_empty() {
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(POLL_AT_MOST);
-        }
-    }
-    if !left.is_empty() {
-        tracing::warn!(
-            threads = left.len(),
-            "closing a node: handler threads still busy at the close timeout are left to finish"
-        );
     }
 }

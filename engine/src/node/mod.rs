@@ -523,7 +523,15 @@ impl NodeInner {
         let handlers = handlers.into_iter().filter(|t| t.thread().id() != current);
         match join_until {
             None => handlers.for_each(|t| drop(t.join())),
-            Some(until) => close::join_until(handlers, until),
+            Some(until) => {
+                let left = crate::sync::join_until(handlers, until);
+                if left > 0 {
+                    tracing::warn!(
+                        threads = left,
+                        "closing a node: handler threads still busy at the close timeout are left to finish"
+                    );
+                }
+            }
         }
     }
 }

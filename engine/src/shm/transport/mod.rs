@@ -61,6 +61,10 @@ use peers::Peers;
 pub(crate) use peers::Reach;
 use wake::Wake;
 
+/// How long a stop waits for the driver and copy threads (they end at their next look; a
+/// copy in progress ends first).
+const STOP_WITHIN: Duration = Duration::from_secs(5);
+
 /// What a node does when its shared memory is all held by receivers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -288,10 +292,15 @@ impl ShmTransport {
         t.wake.signal();
         t.copier.close();
         let current = std::thread::current().id();
-        for thread in std::mem::take(&mut *lock(&self.threads)) {
-            if thread.thread().id() != current {
-                let _ = thread.join();
-            }
+        let threads = std::mem::take(&mut *lock(&self.threads));
+        let others = threads.into_iter().filter(|t| t.thread().id() != current);
+        let left = crate::sync::join_until(others, Instant::now() + STOP_WITHIN);
+        if left > 0 {
+            // They hold the transport alive and end once what they wait on returns.
+            tracing::warn!(
+                threads = left,
+                "shared memory: threads still running {STOP_WITHIN:?} after the stop are left to end"
+            );
         }
         for (request, _) in t.peers.shut_down() {
             request.completion.complete(Err(Error::Shutdown));
