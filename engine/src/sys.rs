@@ -168,6 +168,10 @@ pub(crate) fn poll_one(fd: RawFd, events: i16, timeout: std::time::Duration) -> 
     }
 }
 
+/// `EPOLLIN | EPOLLET` as epoll's `u32` (`EPOLLET` is bit 31, negative as libc's `i32`).
+pub(crate) const EPOLLIN_EDGE: u32 =
+    u32::from_ne_bytes((libc::EPOLLIN | libc::EPOLLET).to_ne_bytes());
+
 /// A new epoll instance (close-on-exec).
 pub(crate) fn epoll() -> io::Result<OwnedFd> {
     // SAFETY: epoll_create1 takes no pointers.
@@ -351,7 +355,8 @@ pub(crate) fn eventfd_blocking() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// A close-on-exec, non-blocking eventfd (a shared-memory doorbell, waited on through epoll).
+/// A close-on-exec, non-blocking eventfd (the shared-memory driver's wake-up, waited on
+/// through epoll).
 pub(crate) fn eventfd_nonblocking() -> io::Result<OwnedFd> {
     // SAFETY: eventfd() takes no pointers.
     let fd = syscall!(eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK))?;
@@ -368,21 +373,6 @@ pub(crate) fn open_files_limit() -> Option<u64> {
     Some(limit.rlim_cur)
 }
 
-/// Whether `fd`'s file description is non-blocking (`false` if it cannot be asked).
-pub(crate) fn is_nonblocking(fd: RawFd) -> bool {
-    // SAFETY: fcntl(F_GETFL) takes no pointer.
-    syscall!(fcntl(fd, libc::F_GETFL)).is_ok_and(|flags| flags & libc::O_NONBLOCK != 0)
-}
-
-/// Makes `fd`'s file description non-blocking.
-pub(crate) fn set_nonblocking(fd: RawFd) -> io::Result<()> {
-    // SAFETY: fcntl(F_GETFL) takes no pointer.
-    let flags = syscall!(fcntl(fd, libc::F_GETFL))?;
-    // SAFETY: fcntl(F_SETFL) takes an integer argument.
-    syscall!(fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK))?;
-    Ok(())
-}
-
 /// Adds one to an eventfd counter (wakes its reader).
 pub(crate) fn eventfd_signal(fd: RawFd) {
     let one: u64 = 1;
@@ -392,26 +382,12 @@ pub(crate) fn eventfd_signal(fd: RawFd) {
     let _ = syscall!(write(fd, (&raw const one).cast(), size_of::<u64>()));
 }
 
-/// Resets an eventfd counter its poll reported readable, without ever waiting: the read is
-/// non-blocking by itself (`RWF_NOWAIT`), not through the file's flags — a doorbell's file is
-/// shared with the peer that rings it, which could clear `O_NONBLOCK` and empty the counter
-/// between the poll and this read. Where `preadv2` fails otherwise than with nothing to read
-/// (a kernel without `RWF_NOWAIT` for eventfds: `EOPNOTSUPP`; a seccomp filter: `EPERM`) a
-/// plain read drains it, non-blocking through the flags set when it was made: a counter left
-/// full would keep the level-triggered epoll waking.
+/// Resets an eventfd counter its poll reported readable (the file is this process's own,
+/// made non-blocking: nothing else can make this read wait).
 pub(crate) fn eventfd_drain(fd: RawFd) {
     let mut value = 0u64;
-    let mut iov = libc::iovec {
-        iov_base: (&raw mut value).cast(),
-        iov_len: size_of::<u64>(),
-    };
-    // SAFETY: one iovec of 8 bytes over `value`, a live local; offset -1: the file's own (an
-    // eventfd has none).
-    let nowait = syscall!(preadv2(fd, &raw mut iov, 1, -1, libc::RWF_NOWAIT));
-    if nowait.is_err_and(|e| e.kind() != io::ErrorKind::WouldBlock) {
-        // SAFETY: reads 8 bytes into `value`, a live local of 8 bytes.
-        let _ = syscall!(read(fd, (&raw mut value).cast(), size_of::<u64>()));
-    }
+    // SAFETY: reads 8 bytes into `value`, a live local of 8 bytes.
+    let _ = syscall!(read(fd, (&raw mut value).cast(), size_of::<u64>()));
 }
 
 /// An address family constant in the width `sockaddr` stores it (they are small numbers).

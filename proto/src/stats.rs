@@ -202,7 +202,7 @@ impl TransportStats {
         self.shm_spin_micros.fetch_add(micros, Relaxed);
     }
 
-    /// A same-host peer's doorbell was rung (a system call: it was about to sleep).
+    /// A same-host peer was rung (a system call: it was about to sleep).
     pub fn record_shm_doorbell(&self) {
         self.shm_doorbells.fetch_add(1, Relaxed);
     }

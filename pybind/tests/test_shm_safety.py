@@ -157,7 +157,7 @@ SQUATTER = textwrap.dedent(
         if tcp in ready:
             c, _ = tcp.accept()
             if c.recv(4) == b"TWSK":
-                reply = b"TWSK\\x02\\x00" + struct.pack("<II", os.getpid(), victim_uid)
+                reply = b"TWSK\\x03\\x00" + struct.pack("<II", os.getpid(), victim_uid)
                 reply += bytes([len(boot)]) + boot + bytes([len(name)]) + name.encode()
                 reply += struct.pack("<Q", 7) + b"s" * 16
                 c.sendall(reply)

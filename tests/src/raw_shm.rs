@@ -1,6 +1,6 @@
-//! An independent same-host (TWS3) peer written from `docs/protocol.md`, with no code of the
-//! engine: the knock, the hello with a queue and a doorbell beside it, records in the queue,
-//! `Map` datagrams with descriptors. It does what a buggy or hostile local process of the same
+//! An independent same-host (TWS4) peer written from `docs/protocol.md`, with no code of the
+//! engine: the knock, the hello with a queue and a bell beside it, records in the queue, `Map`
+//! datagrams with descriptors. It does what a buggy or hostile local process of the same
 //! user can do — including what a correct peer never would — so tests can check what the node
 //! gives it.
 
@@ -32,8 +32,12 @@ pub struct RawConn {
     peer_ring: u32,
     head: u64,
     tail: u64,
-    bell: OwnedFd,
-    peer_bell: OwnedFd,
+    /// The eventfd this peer rings the node with.
+    ringer: OwnedFd,
+    /// The epoll instance watching it, which the node watches (this peer keeps a copy).
+    watch: OwnedFd,
+    /// The node's bell: an epoll instance, all this peer gets of how the node rings it.
+    pub peer_bell: OwnedFd,
 }
 
 /// A mapping this peer owns.
@@ -116,7 +120,8 @@ impl RawConn {
         }
         seal(queue_fd.as_raw_fd(), F_SEAL_FUTURE_WRITE)?;
         let shared = reopen_read_only(queue_fd.as_raw_fd())?;
-        let bell = eventfd()?;
+        let ringer = eventfd()?;
+        let watch = epoll_watching(ringer.as_raw_fd())?;
         let hello = Hello {
             boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?
                 .trim()
@@ -138,7 +143,7 @@ impl RawConn {
         send(
             socket.as_raw_fd(),
             &datagram,
-            &[shared.as_raw_fd(), bell.as_raw_fd()],
+            &[shared.as_raw_fd(), watch.as_raw_fd()],
         )?;
         let (control, mut fds) = receive_until(socket.as_raw_fd(), Duration::from_secs(3))?
             .ok_or_else(|| io::Error::other("the node closed the socket instead of a hello"))?;
@@ -163,7 +168,8 @@ impl RawConn {
             peer_ring,
             head: 0,
             tail: 0,
-            bell,
+            ringer,
+            watch,
             peer_bell,
         })
     }
@@ -205,38 +211,23 @@ impl RawConn {
             .store(self.head, Ordering::Release);
         fence(Ordering::SeqCst);
         if self.peer.u32_at(SLEEPING_AT).load(Ordering::Relaxed) != 0 {
-            ring_bell(self.peer_bell.as_raw_fd());
+            ring_bell(self.ringer.as_raw_fd());
         }
     }
 
-    /// What a hostile peer can do to the doorbell it shares with the node: clear the file's
-    /// `O_NONBLOCK`, fill its counter (one more would overflow it), and say it sleeps, so the
-    /// node's next message to it rings that doorbell.
+    /// Says this side sleeps: the node rings it at every message it queues.
+    pub fn say_asleep(&mut self) {
+        self.queue.u32_at(SLEEPING_AT).store(1, Ordering::Release);
+    }
+
+    /// Puts `fd` in the epoll instance the node watches as this peer's bell (level-triggered:
+    /// an fd that stays readable keeps the instance ready).
     ///
     /// # Errors
     ///
     /// What the kernel refused.
-    pub fn jam_doorbell(&mut self) -> io::Result<()> {
-        let bell = self.bell.as_raw_fd();
-        // SAFETY: fcntl(F_SETFL) takes an integer argument.
-        if unsafe { libc::fcntl(bell, libc::F_SETFL, 0) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let full = u64::MAX - 1;
-        // SAFETY: writes 8 bytes of a live local.
-        if unsafe { libc::write(bell, (&raw const full).cast(), 8) } != 8 {
-            return Err(io::Error::last_os_error());
-        }
-        self.queue.u32_at(SLEEPING_AT).store(1, Ordering::Release);
-        Ok(())
-    }
-
-    /// Empties the doorbell [`RawConn::jam_doorbell`] filled: a node thread that waits to ring
-    /// it goes on.
-    pub fn unjam_doorbell(&mut self) {
-        let mut count = 0u64;
-        // SAFETY: reads 8 bytes into a live local (the counter is not zero: it does not wait).
-        unsafe { libc::read(self.bell.as_raw_fd(), (&raw mut count).cast(), 8) };
+    pub fn add_to_bell(&self, fd: RawFd) -> io::Result<()> {
+        epoll_add(self.watch.as_raw_fd(), fd)
     }
 
     /// Reads the next message the node queued, if any (and tells the node it was consumed).
@@ -272,7 +263,7 @@ impl RawConn {
                         .store(self.tail, Ordering::Release);
                     fence(Ordering::SeqCst);
                     if self.peer.u32_at(BLOCKED_AT).load(Ordering::Relaxed) != 0 {
-                        ring_bell(self.peer_bell.as_raw_fd());
+                        ring_bell(self.ringer.as_raw_fd());
                     }
                     return Some(decode(&bytes).expect("the node sends valid messages"));
                 }
@@ -417,7 +408,37 @@ fn reopen_read_only(fd: RawFd) -> io::Result<OwnedFd> {
     Ok(std::fs::File::open(format!("/proc/self/fd/{fd}"))?.into())
 }
 
-fn eventfd() -> io::Result<OwnedFd> {
+/// A new epoll instance watching `fd` (level-triggered).
+fn epoll_watching(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: no pointers.
+    let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if epoll < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: epoll_create1 just returned it.
+    let epoll = unsafe { OwnedFd::from_raw_fd(epoll) };
+    epoll_add(epoll.as_raw_fd(), fd)?;
+    Ok(epoll)
+}
+
+fn epoll_add(epoll: RawFd, fd: RawFd) -> io::Result<()> {
+    let mut event = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: 0,
+    };
+    // SAFETY: a live event for the call.
+    if unsafe { libc::epoll_ctl(epoll, libc::EPOLL_CTL_ADD, fd, &raw mut event) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A non-blocking eventfd.
+///
+/// # Errors
+///
+/// What the kernel refused.
+pub fn eventfd() -> io::Result<OwnedFd> {
     // SAFETY: no pointers.
     let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
     if fd < 0 {
@@ -427,7 +448,8 @@ fn eventfd() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn ring_bell(fd: RawFd) {
+/// Adds one to eventfd `fd`'s counter.
+pub fn ring_bell(fd: RawFd) {
     let one = 1u64;
     // SAFETY: writes 8 bytes of a live local.
     unsafe { libc::write(fd, (&raw const one).cast(), 8) };

@@ -4,9 +4,10 @@
 //! index read from the peer's memory is checked before it is used, and a record is copied out
 //! before anything reads it.
 //!
-//! Signalling costs no system call while both sides are busy: a producer rings the consumer's
-//! doorbell (an eventfd) only when the consumer said it may sleep, and a consumer rings the
-//! producer's only when the producer said it is blocked (it waits for room, or for the peer to
+//! Signalling costs no system call while both sides are busy: a producer rings the consumer
+//! (its own eventfd, which the consumer watches through an epoll instance: [`Bell`]) only when
+//! the consumer said it may sleep, and a consumer rings the producer only when the producer
+//! said it is blocked (it waits for room, or for the peer to
 //! read the replies it queued: [`OwnQueue::await_consumption`]). Both flags follow the same
 //! order — set the flag, full fence, look again — so a wake-up is never lost.
 
@@ -363,41 +364,53 @@ impl PeerQueue {
     }
 }
 
-/// A doorbell: an eventfd this side waits on (through epoll) and the peer rings.
-pub(crate) fn doorbell() -> std::io::Result<OwnedFd> {
-    crate::sys::eventfd_nonblocking()
+/// This side's bell: how it rings the peer. `ring` is an eventfd only this side holds and
+/// writes (non-blocking; its file is shared with nobody, so nothing can make a ring wait);
+/// `watch` is an epoll instance that watches it, sent to the peer beside the hello. The peer
+/// watches that instance edge-triggered in its own epoll: every ring wakes it, and it reads
+/// nothing (the counter is never drained: 2^64 rings would fill it).
+pub(crate) struct Bell {
+    pub(crate) ring: OwnedFd,
+    pub(crate) watch: OwnedFd,
 }
 
-/// Rings the peer's doorbell (a full one — the peer never drains it — is rung already); `false`
-/// without ringing if its file is no longer non-blocking. The peer shares that file and could
-/// have cleared `O_NONBLOCK` to make this write wait on a counter it filled: an eventfd has
-/// no write that is non-blocking by itself. A peer that clears it and sets it back at the
-/// right moment can still win that race.
-pub(crate) fn ring(bell: RawFd) -> bool {
-    if !crate::sys::is_nonblocking(bell) {
-        return false;
-    }
-    crate::sys::eventfd_signal(bell);
-    true
+/// A new bell.
+pub(crate) fn bell() -> std::io::Result<Bell> {
+    let ring = crate::sys::eventfd_nonblocking()?;
+    let watch = crate::sys::epoll()?;
+    crate::sys::epoll_ctl(
+        watch.as_raw_fd(),
+        libc::EPOLL_CTL_ADD,
+        ring.as_raw_fd(),
+        libc::EPOLLIN as u32,
+        0,
+    )?;
+    Ok(Bell { ring, watch })
 }
 
-/// Checks that a descriptor the peer sent as its doorbell is an eventfd (writing to anything
-/// else could block or reach a file), and makes writes to it non-blocking.
+/// Rings the peer through this side's own eventfd.
+pub(crate) fn ring(ring: RawFd) {
+    crate::sys::eventfd_signal(ring);
+}
+
+/// Checks that a descriptor the peer sent as its bell is an epoll instance, the only kind
+/// this side watches for it (edge-triggered: whatever the peer put in it, it wakes this side
+/// only when something in it is woken, never by staying ready).
 ///
 /// # Errors
 ///
 /// Why it is refused.
-pub(crate) fn check_doorbell(fd: &OwnedFd) -> Result<(), String> {
+pub(crate) fn check_peer_bell(fd: &OwnedFd) -> Result<(), String> {
     let raw = fd.as_raw_fd();
     let link = std::fs::read_link(format!("/proc/self/fd/{raw}"))
-        .map_err(|e| format!("cannot inspect the peer's doorbell: {e}"))?;
-    if link.as_os_str() != "anon_inode:[eventfd]" {
+        .map_err(|e| format!("cannot inspect the peer's bell: {e}"))?;
+    if link.as_os_str() != "anon_inode:[eventpoll]" {
         return Err(format!(
-            "the peer's doorbell is not an eventfd ({})",
+            "the peer's bell is not an epoll instance ({})",
             link.display()
         ));
     }
-    crate::sys::set_nonblocking(raw).map_err(|e| format!("the peer's doorbell: {e}"))
+    Ok(())
 }
 
 #[cfg(test)]
@@ -518,36 +531,41 @@ mod tests {
     }
 
     #[test]
-    fn draining_a_doorbell_the_peer_made_blocking_and_emptied_does_not_wait() {
-        let bell = doorbell().unwrap();
-        // What a hostile peer sharing the file can do between our poll and our read: clear
-        // O_NONBLOCK on it and take the count.
-        // SAFETY: fcntl(F_SETFL) takes an integer argument.
-        let cleared = unsafe { libc::fcntl(bell.as_raw_fd(), libc::F_SETFL, 0) };
-        assert_eq!(cleared, 0);
-        let raw = bell.as_raw_fd();
-        let (done, drained) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            crate::sys::eventfd_drain(raw);
-            let _ = done.send(());
-        });
-        assert!(
-            drained
-                .recv_timeout(std::time::Duration::from_secs(2))
-                .is_ok(),
-            "the drain waited for a ring that never comes"
-        );
+    fn every_ring_wakes_a_watcher_of_the_bell_edge_triggered_without_a_read() {
+        let bell = bell().unwrap();
+        assert_eq!(check_peer_bell(&bell.watch), Ok(()));
+        let watcher = crate::sys::epoll().unwrap();
+        let edge = crate::sys::EPOLLIN_EDGE;
+        crate::sys::epoll_ctl(
+            watcher.as_raw_fd(),
+            libc::EPOLL_CTL_ADD,
+            bell.watch.as_raw_fd(),
+            edge,
+            7,
+        )
+        .unwrap();
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        let mut woken = || {
+            crate::sys::epoll_wait(watcher.as_raw_fd(), &mut events, std::time::Duration::ZERO)
+                .unwrap()
+        };
+        assert_eq!(woken(), 0, "not rung yet");
+        for _ in 0..3 {
+            ring(bell.ring.as_raw_fd());
+            assert_eq!(woken(), 1, "each ring wakes the watcher once");
+            assert_eq!(woken(), 0, "and only once, though nothing was read");
+        }
     }
 
     #[test]
-    fn only_an_eventfd_is_accepted_as_a_doorbell() {
-        let bell = doorbell().unwrap();
-        assert_eq!(check_doorbell(&bell), Ok(()));
-        let file = os::memfd("not-a-bell", 0).unwrap();
+    fn only_an_epoll_instance_is_accepted_as_a_peers_bell() {
+        let eventfd = crate::sys::eventfd_nonblocking().unwrap();
         assert!(
-            check_doorbell(&file)
+            check_peer_bell(&eventfd)
                 .unwrap_err()
-                .contains("not an eventfd")
+                .contains("not an epoll")
         );
+        let file = os::memfd("not-a-bell", 0).unwrap();
+        assert!(check_peer_bell(&file).unwrap_err().contains("not an epoll"));
     }
 }

@@ -8,7 +8,7 @@
 //! closes it:
 //!
 //! ```text
-//! reply := "TWSK" version:u8(2) status:u8
+//! reply := "TWSK" version:u8(3) status:u8
 //!          status 0 (offered):  pid:u32 uid:u32 boot_id:str8 socket:str8 ticket:u64 secret:[u8;16]
 //!          status 1 (refused):  reason:str16
 //! str8  := u8 length + UTF-8;  str16 := u16 length (little-endian) + UTF-8
@@ -23,7 +23,7 @@
 pub const KNOCK: &[u8; 4] = b"TWSK";
 /// The largest reply (the acceptor's answer fits in one small write).
 pub const MAX_KNOCK_REPLY: usize = 4 + 2 + 4 + 4 + 256 + 256 + 8 + 16 + 2 + 1024;
-const VERSION: u8 = 2;
+const VERSION: u8 = 3;
 
 /// A node's answer to a knock.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -220,7 +220,11 @@ mod tests {
             KnockReply::decode(b"TWSK\x01\x00").is_err(),
             "version 1 (TWS2) is not this protocol"
         );
-        assert!(KnockReply::decode(b"TWSK\x03\x00").is_err());
+        assert!(
+            KnockReply::decode(b"TWSK\x02\x00").is_err(),
+            "version 2 (TWS3, eventfd doorbells) is not this protocol"
+        );
+        assert!(KnockReply::decode(b"TWSK\x04\x00").is_err());
         let mut trailing = offer().encode();
         trailing.push(0);
         assert!(KnockReply::decode(&trailing).is_err());

@@ -1,17 +1,18 @@
 //! The same-host control protocol: one control message per request, reply, release or segment
 //! change. Messages travel as records in the sender's queue in shared memory (`queue.rs` in the
-//! engine), except the two that carry descriptors — `Hello` (the sender's queue and doorbell)
-//! and `Map` (a segment) — which go over the `SOCK_SEQPACKET` socket. Payload lives in the
+//! engine), except the two that carry descriptors — `Hello` (the sender's queue and bell) and
+//! `Map` (a segment) — which go over the `SOCK_SEQPACKET` socket. Payload lives in the
 //! sender's shared-memory segments, which the receiver maps once per connection; a message only
 //! names where its bytes are — `(segment, offset, length, lease)` — except small parts, which
 //! travel in the message.
 //!
 //! ```text
-//! message := "TWS3" tag:u8 fields…           little-endian; strings and byte strings are
+//! message := "TWS4" tag:u8 fields…           little-endian; strings and byte strings are
 //!                                            u32 length + bytes; lists are u32 count + items
 //! Hello   (1) boot_id:str user_ns:u64 uid:u32 pid:u32 node:str ticket:u64 via:str proof:[u8;16]
-//!             queue:u32                      socket only; the sender's queue (a memfd) and
-//!                                            doorbell (an eventfd) beside it
+//!             queue:u32                      socket only; beside it the sender's queue (a
+//!                                            memfd) and bell: an epoll instance watching an
+//!                                            eventfd only the sender holds and writes
 //! Request (2) id:u64 kind:u8(0 ask,1 tell) path:str body:Body
 //! Reply   (3) id:u64 reply:WireReply
 //! Release (4) leases:[u64]                   the holder dropped its last view of each
@@ -59,7 +60,11 @@ pub const MAX_DATAGRAM: usize = 64 << 10;
 pub const MAX_ERROR_TEXT: usize = 4 << 10;
 /// Bytes a [`Shared`] part takes on the wire (tag included).
 pub const SHARED_PART_BYTES: usize = 33;
-const MAGIC: &[u8; 4] = b"TWS3";
+const MAGIC: &[u8; 4] = b"TWS4";
+/// After the hello only `Map` (21 bytes) travels over the socket: a receiver needs no more
+/// room than this (a longer datagram, cut to it, never decodes: decoding refuses bytes left
+/// over, and a `Map` is not this long).
+pub const MAX_SOCKET_DATAGRAM: usize = 64;
 
 /// One control message.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -101,7 +101,7 @@ fn every_message_round_trips() {
 #[test]
 fn a_release_datagram_matches_its_golden_bytes() {
     let golden = [
-        b"TWS3".as_slice(),
+        b"TWS4".as_slice(),
         &[4],          // tag: Release
         &[2, 0, 0, 0], // two leases
         &[5, 0, 0, 0, 0, 0, 0, 0],
@@ -117,7 +117,7 @@ fn a_release_datagram_matches_its_golden_bytes() {
 #[test]
 fn a_map_datagram_matches_its_golden_bytes() {
     let golden = [
-        b"TWS3".as_slice(),
+        b"TWS4".as_slice(),
         &[5],                      // tag: Map
         &[9, 0, 0, 0, 0, 0, 0, 0], // segment 9
         &[0, 0, 0, 4, 0, 0, 0, 0], // 64 MiB
@@ -131,13 +131,31 @@ fn a_map_datagram_matches_its_golden_bytes() {
 }
 
 #[test]
+fn a_map_fits_the_room_a_connected_socket_is_read_with_and_nothing_longer_decodes() {
+    let largest_map = Control::Map {
+        segment: u64::MAX,
+        len: u64::MAX,
+    };
+    assert!(encode(&largest_map).unwrap().len() < MAX_SOCKET_DATAGRAM);
+    // Cut to the receiver's room, a longer datagram never decodes.
+    let mut long = encode(&largest_map).unwrap();
+    long.resize(MAX_SOCKET_DATAGRAM, 0);
+    assert!(decode(&long).is_err());
+    assert_eq!(
+        decode(b"TWS3\x07\x05\0\0\0\0\0\0\0"),
+        Err(DecodeError("bad magic")),
+        "a TWS3 peer's messages are not this protocol's"
+    );
+}
+
+#[test]
 fn malformed_datagrams_are_refused_with_a_reason() {
     assert_eq!(decode(b"XXXX\x04"), Err(DecodeError("bad magic")));
     assert_eq!(decode(b"TWS1\x04\0\0\0\0"), Err(DecodeError("bad magic")));
-    assert_eq!(decode(b"TWS3\x09"), Err(DecodeError("unknown message tag")));
+    assert_eq!(decode(b"TWS4\x09"), Err(DecodeError("unknown message tag")));
     // A count that claims more items than bytes left: refused before allocating.
     assert_eq!(
-        decode(b"TWS3\x04\xff\xff\xff\xff"),
+        decode(b"TWS4\x04\xff\xff\xff\xff"),
         Err(DecodeError("a list runs past the end"))
     );
     let mut extra = encode(&Control::Release { leases: vec![1] }).unwrap();
@@ -267,7 +285,7 @@ fn a_body_lists_each_lease_once() {
 proptest! {
     #[test]
     fn any_bytes_decode_without_panicking(data in prop::collection::vec(any::<u8>(), 0..256)) {
-        let mut datagram = b"TWS3".to_vec();
+        let mut datagram = b"TWS4".to_vec();
         datagram.extend_from_slice(&data);
         let _ = decode(&datagram);
     }
@@ -281,4 +299,25 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn every_committed_fuzz_seed_is_a_message_of_this_protocol() {
+    // Seeds of an older protocol only reach the "bad magic" check (the TWS2 seeds did, two
+    // protocol versions long).
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/shm_control_decode");
+    let mut seeds = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = std::fs::read(&path).unwrap();
+        let knock = crate::shm::KnockReply::decode(&bytes).is_ok_and(|r| r.is_some());
+        assert!(
+            knock || decode(&bytes).is_ok(),
+            "{} no longer decodes",
+            path.display()
+        );
+        seeds += 1;
+    }
+    assert!(seeds >= 14, "{seeds} seeds in {}", dir.display());
 }

@@ -1,12 +1,12 @@
 //! The driver thread: it reads every connection's queue while messages come, and otherwise
 //! sleeps in one epoll over the wake eventfd, the listener, connections waiting for their
-//! hello, each connection's socket and doorbell, and the pidfds of holders that left with
+//! hello, each connection's socket and the peer's bell, and the pidfds of holders that left with
 //! memory of ours. It accepts and greets, moves records, sends releases, tells peers about
 //! retired segments, runs the sessions' deadlines, and does the housekeeping (idle segments,
 //! late hellos). Connections a caller reads itself (waiting for its reply) are left to it.
 //!
 //! It spins for a fixed window after the last message (`spin.rs`), then marks every queue
-//! "may sleep" — from then on a peer's producer rings the doorbell — looks once more, and
+//! "may sleep" — from then on a peer's producer rings its bell — looks once more, and
 //! sleeps. Accept errors (a full descriptor table) pause the listener instead of spinning on
 //! it.
 
@@ -223,8 +223,8 @@ impl Driver {
                     }
                 }
                 BELL => {
+                    // Edge-triggered: nothing to read (the peer's eventfd is the peer's).
                     if let Some(conn) = self.conns.get(&id).cloned() {
-                        crate::sys::eventfd_drain(conn.bell());
                         // A caller reading the connection takes what rang the bell.
                         if !conn.has_callers() {
                             handled += pump(t, &conn).max(1);
@@ -328,11 +328,14 @@ impl Driver {
             token(SOCKET, conn.id),
         )
         .and_then(|()| {
+            // Edge-triggered: the peer's epoll instance wakes this one once per ring, and an
+            // instance the peer keeps ready (something always readable in it) cannot keep
+            // this thread awake.
             crate::sys::epoll_ctl(
                 epoll,
                 libc::EPOLL_CTL_ADD,
                 conn.bell(),
-                libc::EPOLLIN as u32,
+                crate::sys::EPOLLIN_EDGE,
                 token(BELL, conn.id),
             )
         });

@@ -1,6 +1,6 @@
 //! The client side of setting up shared memory with a peer: knock on the peer's TCP port,
 //! connect to the socket it names, check who is there, exchange hellos with the queues and
-//! doorbells beside them. Runs on a probe thread, never on a caller's. The checks themselves
+//! bells beside them. Runs on a probe thread, never on a caller's. The checks themselves
 //! are `tensorwire_proto::shm::Identity`'s.
 
 use std::io::{Read, Write};
@@ -47,9 +47,9 @@ pub(super) fn probe(t: &Arc<Transport>, peer: SocketAddr) -> Result<Arc<Conn>, S
         .map_err(|e| format!("{peer}: {e}"))?;
     let queue = OwnQueue::create(t.config.queue_bytes)
         .map_err(|e| format!("cannot create a shared-memory queue: {e}"))?;
-    let bell = queue::doorbell().map_err(|e| format!("cannot create a doorbell: {e}"))?;
+    let bell = queue::bell().map_err(|e| format!("cannot create a bell: {e}"))?;
     let hello = ours.hello(offer.ticket, via, [0; 16], queue.ring());
-    send_hello(&fd, &hello, &queue, &bell)?;
+    send_hello(&fd, &hello, &queue, &bell.watch)?;
     let (theirs, mut fds) = receive_hello(&fd, peer, deadline)?;
     let shape = QueueShape::DEFAULT;
     ours.check_server_hello(&offer, cred, &theirs, shape)
@@ -63,13 +63,14 @@ pub(super) fn probe(t: &Arc<Transport>, peer: SocketAddr) -> Result<Arc<Conn>, S
         role: Role::Client,
         queue,
         peer_queue,
-        bell,
-        peer_bell,
+        ring: bell.ring,
+        bell: peer_bell,
     };
     Ok(Arc::new(Conn::new(setup, t)))
 }
 
-/// Sends a hello with this side's queue (read-only) and doorbell beside it.
+/// Sends a hello with this side's queue (read-only) and bell (the epoll instance that watches
+/// its ringing eventfd) beside it.
 ///
 /// # Errors
 ///
@@ -78,7 +79,7 @@ pub(super) fn send_hello(
     fd: &OwnedFd,
     hello: &Hello,
     queue: &OwnQueue,
-    bell: &OwnedFd,
+    bell_watch: &OwnedFd,
 ) -> Result<(), String> {
     let datagram = encode(&Control::Hello(hello.clone())).map_err(|e| e.to_string())?;
     let shared = queue
@@ -87,12 +88,12 @@ pub(super) fn send_hello(
     socket::send(
         fd.as_raw_fd(),
         &datagram,
-        &[shared.as_raw_fd(), bell.as_raw_fd()],
+        &[shared.as_raw_fd(), bell_watch.as_raw_fd()],
     )
     .map_err(|e| format!("shm hello: {e}"))
 }
 
-/// Opens the peer's queue and doorbell from the two descriptors beside its hello.
+/// Opens the peer's queue and takes its bell from the two descriptors beside its hello.
 ///
 /// # Errors
 ///
@@ -103,13 +104,13 @@ pub(super) fn peer_channel(
 ) -> Result<(PeerQueue, OwnedFd), String> {
     if fds.len() != 2 {
         return Err(format!(
-            "its hello came with {} descriptors, not its queue and doorbell",
+            "its hello came with {} descriptors, not its queue and bell",
             fds.len()
         ));
     }
-    let bell = fds.pop().ok_or("no doorbell")?;
+    let bell = fds.pop().ok_or("no bell")?;
     let queue_fd = fds.pop().ok_or("no queue")?;
-    queue::check_doorbell(&bell)?;
+    queue::check_peer_bell(&bell)?;
     let queue = PeerQueue::open(&queue_fd, ring)?;
     Ok((queue, bell))
 }

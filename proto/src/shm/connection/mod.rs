@@ -1,4 +1,4 @@
-//! One same-host connection as a state machine: what a TWS3 connection means, written once,
+//! One same-host connection as a state machine: what a TWS4 connection means, written once,
 //! without I/O. The engine's driver owns the socket, the queue memory, the mappings and the
 //! threads; it feeds what arrives in and moves what comes out.
 //!

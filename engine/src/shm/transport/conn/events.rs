@@ -126,13 +126,8 @@ impl Conn {
     /// Does what was found under the lock, but for the deliveries, which it returns.
     pub(super) fn finish(self: &Arc<Self>, t: &Arc<Transport>, after: After) -> Vec<Delivered> {
         if after.ring_peer {
-            if queue::ring(self.peer_bell.as_raw_fd()) {
-                stats::global().record_shm_doorbell();
-            } else {
-                // Hung up: the driver's epoll sees the socket end and closes the connection.
-                tracing::warn!(node = %self.node, pid = self.peer.pid, "a shared-memory peer made its doorbell blocking; disconnected");
-                let _ = crate::sys::shutdown(self.socket(), libc::SHUT_RDWR);
-            }
+            queue::ring(self.ring.as_raw_fd());
+            stats::global().record_shm_doorbell();
         }
         if !after.released.is_empty() {
             t.lending.release(self.peer.pid, &after.released);

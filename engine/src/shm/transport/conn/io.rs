@@ -6,7 +6,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Instant;
 
-use tensorwire_proto::shm::{CloseReason, ConnEvent, FdArrival, MAX_DATAGRAM, Transmit};
+use tensorwire_proto::shm::{CloseReason, ConnEvent, FdArrival, MAX_SOCKET_DATAGRAM, Transmit};
 use tensorwire_proto::stats;
 
 use super::{After, Conn, State};
@@ -21,7 +21,8 @@ impl Conn {
     /// Receives every datagram on the socket: `Map`s are mapped at once (the descriptor is in
     /// hand), the end of stream closes the session.
     pub(super) fn drain(self: &Arc<Self>, t: &Arc<Transport>, st: &mut State, after: &mut After) {
-        let mut buf = vec![0u8; MAX_DATAGRAM];
+        // Only a `Map` is expected: a longer datagram, cut to this, never decodes.
+        let mut buf = [0u8; MAX_SOCKET_DATAGRAM];
         loop {
             match socket::receive(self.socket(), &mut buf, 1) {
                 Ok(Some(received)) if received.len == 0 => {

@@ -1,5 +1,5 @@
 //! One connection after its hello: the socket (`Map` datagrams with descriptors, hang-up),
-//! the two queues and doorbells, and behind one lock its session, the requests waiting for
+//! the two queues and bells, and behind one lock its session, the requests waiting for
 //! their answers, the peer's segments mapped here and ours waiting to be announced.
 //!
 //! Whoever touches the session — the driver reading the queue, a caller sending or waiting
@@ -40,8 +40,10 @@ pub(super) struct Setup {
     pub(super) role: Role,
     pub(super) queue: OwnQueue,
     pub(super) peer_queue: PeerQueue,
+    /// This side's eventfd, written to ring the peer (nobody else holds it).
+    pub(super) ring: OwnedFd,
+    /// The peer's bell: an epoll instance the driver watches, edge-triggered.
     pub(super) bell: OwnedFd,
-    pub(super) peer_bell: OwnedFd,
 }
 
 /// A connection (either direction), after its hello.
@@ -55,9 +57,10 @@ pub(super) struct Conn {
     /// The same, parsed once (requests carry it as their peer).
     pub(super) node_addr: Option<SocketAddr>,
     role: Role,
-    /// Our doorbell: the driver waits on it.
+    /// Written to ring the peer.
+    ring: OwnedFd,
+    /// The peer's bell: the driver waits on it (edge-triggered, never read).
     bell: OwnedFd,
-    peer_bell: OwnedFd,
     peer_queue: PeerQueue,
     state: Mutex<State>,
     /// Leases of the peer's whose last view dropped here, to release.
@@ -138,8 +141,8 @@ impl Conn {
             node_addr: setup.node.parse().ok(),
             node: setup.node,
             role,
+            ring: setup.ring,
             bell: setup.bell,
-            peer_bell: setup.peer_bell,
             peer_queue: setup.peer_queue,
             state: Mutex::new(State {
                 session,
@@ -251,7 +254,7 @@ impl Conn {
 
     /// Whether there are records to read, given whether the peer queued input: not while
     /// reading is paused for its unread replies and it has read none since (the side then
-    /// waits for the peer's doorbell instead of spinning).
+    /// waits for the peer's bell instead of spinning).
     fn readable(&self, st: &State, input: bool) -> bool {
         if st.session.paused_for_unread() {
             st.session.read_by(st.queue.consumed(&self.peer_queue))
