@@ -511,7 +511,7 @@ impl NodeInner {
             transport.shutdown();
         }
         if let Some(shm) = &self.shm {
-            shm.shutdown();
+            shm.shutdown(join_until);
         }
         self.shm_manager.clear();
         self.blocking.close();

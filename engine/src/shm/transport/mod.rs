@@ -283,8 +283,9 @@ impl ShmTransport {
     }
 
     /// Stops: what is queued goes out in one last turn, then every connection closes and
-    /// whatever still waits fails with [`Error::Shutdown`].
-    pub(crate) fn shutdown(&self) {
+    /// whatever still waits fails with [`Error::Shutdown`]. Its threads are waited for until
+    /// `until` (a close's deadline), and at most [`STOP_WITHIN`].
+    pub(crate) fn shutdown(&self, until: Option<Instant>) {
         let t = &self.transport;
         if t.stop.swap(true, Ordering::AcqRel) {
             return;
@@ -294,12 +295,13 @@ impl ShmTransport {
         let current = std::thread::current().id();
         let threads = std::mem::take(&mut *lock(&self.threads));
         let others = threads.into_iter().filter(|t| t.thread().id() != current);
-        let left = crate::sync::join_until(others, Instant::now() + STOP_WITHIN);
+        let within = Instant::now() + STOP_WITHIN;
+        let left = crate::sync::join_until(others, until.map_or(within, |u| u.min(within)));
         if left > 0 {
             // They hold the transport alive and end once what they wait on returns.
             tracing::warn!(
                 threads = left,
-                "shared memory: threads still running {STOP_WITHIN:?} after the stop are left to end"
+                "shared memory: threads still running at the stop's deadline are left to end"
             );
         }
         for (request, _) in t.peers.shut_down() {
@@ -310,7 +312,7 @@ impl ShmTransport {
 
 impl Drop for ShmTransport {
     fn drop(&mut self) {
-        self.shutdown();
+        self.shutdown(None);
     }
 }
 
