@@ -168,10 +168,6 @@ pub(crate) fn poll_one(fd: RawFd, events: i16, timeout: std::time::Duration) -> 
     }
 }
 
-/// `EPOLLIN | EPOLLET` as epoll's `u32` (`EPOLLET` is bit 31, negative as libc's `i32`).
-pub(crate) const EPOLLIN_EDGE: u32 =
-    u32::from_ne_bytes((libc::EPOLLIN | libc::EPOLLET).to_ne_bytes());
-
 /// A new epoll instance (close-on-exec).
 pub(crate) fn epoll() -> io::Result<OwnedFd> {
     // SAFETY: epoll_create1 takes no pointers.

@@ -202,7 +202,7 @@ impl TransportStats {
         self.shm_spin_micros.fetch_add(micros, Relaxed);
     }
 
-    /// A same-host peer was rung (a system call: it was about to sleep).
+    /// A same-host peer was rung (a `Bell` sent on the socket: it was about to sleep).
     pub fn record_shm_doorbell(&self) {
         self.shm_doorbells.fetch_add(1, Relaxed);
     }
@@ -309,7 +309,7 @@ pub struct Snapshot {
     pub shm_copy_thread_copies: u64,
     /// Microseconds threads spun waiting for same-host messages without finding any.
     pub shm_spin_micros: u64,
-    /// Doorbells rung (system calls made to wake a sleeping same-host peer).
+    /// Bells sent to wake a sleeping same-host peer (one system call each).
     pub shm_doorbells: u64,
     /// Same-host peers refused by a bound, or disconnected for passing one.
     pub shm_peers_refused: u64,

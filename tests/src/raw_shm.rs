@@ -1,6 +1,6 @@
 //! An independent same-host (TWS4) peer written from `docs/protocol.md`, with no code of the
-//! engine: the knock, the hello with a queue and a bell beside it, records in the queue, `Map`
-//! datagrams with descriptors. It does what a buggy or hostile local process of the same
+//! engine: the knock, the hello with a queue beside it, records in the queue, `Map` datagrams
+//! with descriptors and `Bell`s on the socket. It does what a buggy or hostile local process of the same
 //! user can do — including what a correct peer never would — so tests can check what the node
 //! gives it.
 
@@ -15,7 +15,7 @@ use tensorwire_proto::shm::queue::{
     SLEEPING_AT, Step, TAIL_AT, WRAP, place, read_step, room,
 };
 use tensorwire_proto::shm::{
-    Control, Hello, KNOCK, KnockReply, MAX_DATAGRAM, Offer, decode, encode,
+    BELL, Control, Hello, KNOCK, KnockReply, MAX_DATAGRAM, Offer, decode, encode,
 };
 
 const F_SEAL_FUTURE_WRITE: libc::c_int = 0x0010;
@@ -32,12 +32,6 @@ pub struct RawConn {
     peer_ring: u32,
     head: u64,
     tail: u64,
-    /// The eventfd this peer rings the node with.
-    ringer: OwnedFd,
-    /// The epoll instance watching it, which the node watches (this peer keeps a copy).
-    watch: OwnedFd,
-    /// The node's bell: an epoll instance, all this peer gets of how the node rings it.
-    pub peer_bell: OwnedFd,
 }
 
 /// A mapping this peer owns.
@@ -120,8 +114,6 @@ impl RawConn {
         }
         seal(queue_fd.as_raw_fd(), F_SEAL_FUTURE_WRITE)?;
         let shared = reopen_read_only(queue_fd.as_raw_fd())?;
-        let ringer = eventfd()?;
-        let watch = epoll_watching(ringer.as_raw_fd())?;
         let hello = Hello {
             boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?
                 .trim()
@@ -140,22 +132,17 @@ impl RawConn {
             queue: ring,
         };
         let datagram = encode(&Control::Hello(hello)).map_err(io::Error::other)?;
-        send(
-            socket.as_raw_fd(),
-            &datagram,
-            &[shared.as_raw_fd(), watch.as_raw_fd()],
-        )?;
+        send(socket.as_raw_fd(), &datagram, &[shared.as_raw_fd()])?;
         let (control, mut fds) = receive_until(socket.as_raw_fd(), Duration::from_secs(3))?
             .ok_or_else(|| io::Error::other("the node closed the socket instead of a hello"))?;
         let Control::Hello(theirs) = control else {
             return Err(io::Error::other("the node answered with something else"));
         };
-        if fds.len() != 2 {
+        if fds.len() != 1 {
             return Err(io::Error::other(
-                "the node's hello came without two descriptors",
+                "the node's hello came without its queue alone",
             ));
         }
-        let peer_bell = fds.pop().ok_or_else(|| io::Error::other("no bell"))?;
         let peer_fd = fds.pop().ok_or_else(|| io::Error::other("no queue"))?;
         let peer = Mapping::map(peer_fd.as_raw_fd(), file_len(theirs.queue), false)?;
         let peer_ring = theirs.queue;
@@ -168,9 +155,6 @@ impl RawConn {
             peer_ring,
             head: 0,
             tail: 0,
-            ringer,
-            watch,
-            peer_bell,
         })
     }
 
@@ -211,7 +195,7 @@ impl RawConn {
             .store(self.head, Ordering::Release);
         fence(Ordering::SeqCst);
         if self.peer.u32_at(SLEEPING_AT).load(Ordering::Relaxed) != 0 {
-            ring_bell(self.ringer.as_raw_fd());
+            self.ring();
         }
     }
 
@@ -220,14 +204,23 @@ impl RawConn {
         self.queue.u32_at(SLEEPING_AT).store(1, Ordering::Release);
     }
 
-    /// Puts `fd` in the epoll instance the node watches as this peer's bell (level-triggered:
-    /// an fd that stays readable keeps the instance ready).
-    ///
-    /// # Errors
-    ///
-    /// What the kernel refused.
-    pub fn add_to_bell(&self, fd: RawFd) -> io::Result<()> {
-        epoll_add(self.watch.as_raw_fd(), fd)
+    /// How many `Bell`s wait on the socket now, read; it stops at the first other datagram,
+    /// which it reads too (and drops).
+    pub fn bells_waiting(&self) -> usize {
+        let mut buf = vec![0u8; MAX_DATAGRAM];
+        let mut bells = 0;
+        while let Ok(Some((n, _))) = recv(self.socket.as_raw_fd(), &mut buf, 1) {
+            if &buf[..n] != BELL {
+                break;
+            }
+            bells += 1;
+        }
+        bells
+    }
+
+    fn ring(&self) {
+        // A full socket wakes the node already.
+        let _ = send_bell(self.socket.as_raw_fd());
     }
 
     /// Reads the next message the node queued, if any (and tells the node it was consumed).
@@ -263,7 +256,7 @@ impl RawConn {
                         .store(self.tail, Ordering::Release);
                     fence(Ordering::SeqCst);
                     if self.peer.u32_at(BLOCKED_AT).load(Ordering::Relaxed) != 0 {
-                        ring_bell(self.ringer.as_raw_fd());
+                        self.ring();
                     }
                     return Some(decode(&bytes).expect("the node sends valid messages"));
                 }
@@ -303,12 +296,18 @@ impl RawConn {
         }
     }
 
-    /// The next datagram the node sent on the socket (a `Map` with its descriptor), waiting up
-    /// to `timeout`; `None` when there is none or the node closed the socket.
+    /// The next datagram but `Bell`s the node sent on the socket (a `Map` with its
+    /// descriptor), waiting up to `timeout`; `None` when there is none or the node closed the
+    /// socket.
     pub fn datagram(&self, timeout: Duration) -> Option<(Control, Vec<OwnedFd>)> {
-        receive_until(self.socket.as_raw_fd(), timeout)
-            .ok()
-            .flatten()
+        let until = Instant::now() + timeout;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            match receive_until(self.socket.as_raw_fd(), left).ok().flatten() {
+                Some((Control::Bell, _)) => {}
+                other => return other,
+            }
+        }
     }
 
     /// Whether the node closed this connection (its end of the socket), waiting up to
@@ -329,6 +328,16 @@ impl RawConn {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
+}
+
+/// Sends one `Bell` on `socket` (a [`RawConn::socket`]), without waiting: `WouldBlock` when
+/// it is full.
+///
+/// # Errors
+///
+/// What the socket refused.
+pub fn send_bell(socket: RawFd) -> io::Result<()> {
+    send(socket, BELL, &[])
 }
 
 /// Knocks on `node` and connects to its socket without saying hello.
@@ -406,53 +415,6 @@ fn seal(fd: RawFd, seals: libc::c_int) -> io::Result<()> {
 
 fn reopen_read_only(fd: RawFd) -> io::Result<OwnedFd> {
     Ok(std::fs::File::open(format!("/proc/self/fd/{fd}"))?.into())
-}
-
-/// A new epoll instance watching `fd` (level-triggered).
-fn epoll_watching(fd: RawFd) -> io::Result<OwnedFd> {
-    // SAFETY: no pointers.
-    let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-    if epoll < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: epoll_create1 just returned it.
-    let epoll = unsafe { OwnedFd::from_raw_fd(epoll) };
-    epoll_add(epoll.as_raw_fd(), fd)?;
-    Ok(epoll)
-}
-
-fn epoll_add(epoll: RawFd, fd: RawFd) -> io::Result<()> {
-    let mut event = libc::epoll_event {
-        events: libc::EPOLLIN as u32,
-        u64: 0,
-    };
-    // SAFETY: a live event for the call.
-    if unsafe { libc::epoll_ctl(epoll, libc::EPOLL_CTL_ADD, fd, &raw mut event) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// A non-blocking eventfd.
-///
-/// # Errors
-///
-/// What the kernel refused.
-pub fn eventfd() -> io::Result<OwnedFd> {
-    // SAFETY: no pointers.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: eventfd just returned it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Adds one to eventfd `fd`'s counter.
-pub fn ring_bell(fd: RawFd) {
-    let one = 1u64;
-    // SAFETY: writes 8 bytes of a live local.
-    unsafe { libc::write(fd, (&raw const one).cast(), 8) };
 }
 
 fn knock(node: SocketAddr) -> io::Result<(Offer, String)> {

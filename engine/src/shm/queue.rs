@@ -5,13 +5,12 @@
 //! before anything reads it.
 //!
 //! Signalling costs no system call while both sides are busy: a producer rings the consumer
-//! (its own eventfd, which the consumer watches through an epoll instance: [`Bell`]) only when
-//! the consumer said it may sleep, and a consumer rings the producer only when the producer
-//! said it is blocked (it waits for room, or for the peer to
+//! (a `Bell` datagram on the connection's socket) only when the consumer said it may sleep, and
+//! a consumer rings the producer only when the producer said it is blocked (it waits for room, or for the peer to
 //! read the replies it queued: [`OwnQueue::await_consumption`]). Both flags follow the same
 //! order — set the flag, full fence, look again — so a wake-up is never lost.
 
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
 use tensorwire_proto::shm::QueueError;
@@ -364,55 +363,6 @@ impl PeerQueue {
     }
 }
 
-/// This side's bell: how it rings the peer. `ring` is an eventfd only this side holds and
-/// writes (non-blocking; its file is shared with nobody, so nothing can make a ring wait);
-/// `watch` is an epoll instance that watches it, sent to the peer beside the hello. The peer
-/// watches that instance edge-triggered in its own epoll: every ring wakes it, and it reads
-/// nothing (the counter is never drained: 2^64 rings would fill it).
-pub(crate) struct Bell {
-    pub(crate) ring: OwnedFd,
-    pub(crate) watch: OwnedFd,
-}
-
-/// A new bell.
-pub(crate) fn bell() -> std::io::Result<Bell> {
-    let ring = crate::sys::eventfd_nonblocking()?;
-    let watch = crate::sys::epoll()?;
-    crate::sys::epoll_ctl(
-        watch.as_raw_fd(),
-        libc::EPOLL_CTL_ADD,
-        ring.as_raw_fd(),
-        libc::EPOLLIN as u32,
-        0,
-    )?;
-    Ok(Bell { ring, watch })
-}
-
-/// Rings the peer through this side's own eventfd.
-pub(crate) fn ring(ring: RawFd) {
-    crate::sys::eventfd_signal(ring);
-}
-
-/// Checks that a descriptor the peer sent as its bell is an epoll instance, the only kind
-/// this side watches for it (edge-triggered: whatever the peer put in it, it wakes this side
-/// only when something in it is woken, never by staying ready).
-///
-/// # Errors
-///
-/// Why it is refused.
-pub(crate) fn check_peer_bell(fd: &OwnedFd) -> Result<(), String> {
-    let raw = fd.as_raw_fd();
-    let link = std::fs::read_link(format!("/proc/self/fd/{raw}"))
-        .map_err(|e| format!("cannot inspect the peer's bell: {e}"))?;
-    if link.as_os_str() != "anon_inode:[eventpoll]" {
-        return Err(format!(
-            "the peer's bell is not an epoll instance ({})",
-            link.display()
-        ));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -528,44 +478,5 @@ mod tests {
             use std::io::Write;
             assert!((&file).write(b"x").is_err(), "write(2) is refused");
         }
-    }
-
-    #[test]
-    fn every_ring_wakes_a_watcher_of_the_bell_edge_triggered_without_a_read() {
-        let bell = bell().unwrap();
-        assert_eq!(check_peer_bell(&bell.watch), Ok(()));
-        let watcher = crate::sys::epoll().unwrap();
-        let edge = crate::sys::EPOLLIN_EDGE;
-        crate::sys::epoll_ctl(
-            watcher.as_raw_fd(),
-            libc::EPOLL_CTL_ADD,
-            bell.watch.as_raw_fd(),
-            edge,
-            7,
-        )
-        .unwrap();
-        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 4];
-        let mut woken = || {
-            crate::sys::epoll_wait(watcher.as_raw_fd(), &mut events, std::time::Duration::ZERO)
-                .unwrap()
-        };
-        assert_eq!(woken(), 0, "not rung yet");
-        for _ in 0..3 {
-            ring(bell.ring.as_raw_fd());
-            assert_eq!(woken(), 1, "each ring wakes the watcher once");
-            assert_eq!(woken(), 0, "and only once, though nothing was read");
-        }
-    }
-
-    #[test]
-    fn only_an_epoll_instance_is_accepted_as_a_peers_bell() {
-        let eventfd = crate::sys::eventfd_nonblocking().unwrap();
-        assert!(
-            check_peer_bell(&eventfd)
-                .unwrap_err()
-                .contains("not an epoll")
-        );
-        let file = os::memfd("not-a-bell", 0).unwrap();
-        assert!(check_peer_bell(&file).unwrap_err().contains("not an epoll"));
     }
 }

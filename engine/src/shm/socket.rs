@@ -198,6 +198,15 @@ pub(crate) struct PeerCred {
     pub(crate) uid: u32,
 }
 
+/// Bytes this end sent that the peer has not received yet (`SIOCOUTQ`: for a Unix socket,
+/// what its unread datagrams take).
+pub(crate) fn unread_sent(fd: RawFd) -> io::Result<usize> {
+    let mut bytes: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ (= TIOCOUTQ) writes one int into `bytes`, a live local.
+    check(unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &raw mut bytes) })?;
+    Ok(usize::try_from(bytes).unwrap_or(0))
+}
+
 /// The peer's credentials.
 pub(crate) fn peer_cred(fd: RawFd) -> io::Result<PeerCred> {
     // SAFETY: ucred is plain old data.

@@ -58,9 +58,16 @@ pub fn shm_session(data: &[u8]) {
                 session.handle_record(Bytes::copy_from_slice(bytes));
             }
             4 => {
-                let map = encode(&Control::Map {
-                    segment: u64::from(script.byte().unwrap_or(0) % 12),
-                    len: u64::from(script.byte().unwrap_or(0)) << 12,
+                let pick = script.byte().unwrap_or(0);
+                // A bell now and then among the maps (a byte of its own picks which): it asks
+                // for nothing but a look.
+                let map = encode(&if pick >= 0xf0 {
+                    Control::Bell
+                } else {
+                    Control::Map {
+                        segment: u64::from(script.byte().unwrap_or(0) % 12),
+                        len: u64::from(script.byte().unwrap_or(0)) << 12,
+                    }
                 })
                 .unwrap_or_default();
                 if script.byte().unwrap_or(0) & 1 == 0 {

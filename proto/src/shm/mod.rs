@@ -31,7 +31,7 @@ pub use queue::{QueueError, QueueShape};
 pub use requests::Outstanding;
 pub use tickets::{MAX_TICKETS, TICKET_TTL, Tickets};
 pub use wire::{
-    Body, Control, DecodeError, EncodeError, Hello, MAX_DATAGRAM, MAX_ERROR_TEXT,
+    BELL, Body, Control, DecodeError, EncodeError, Hello, MAX_DATAGRAM, MAX_ERROR_TEXT,
     MAX_SOCKET_DATAGRAM, Part, Record, Returned, SHARED_PART_BYTES, Shared, WireReply, decode,
     decode_shared, encode,
 };

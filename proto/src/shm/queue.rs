@@ -19,9 +19,8 @@
 //! ring's end is preceded by the marker `len = u32::MAX` and starts again at offset 0. The
 //! consumer copies a record out before decoding it (the producer could change it meanwhile)
 //! and checks every index it reads from the peer's memory ([`read_step`]). Each end rings the
-//! other (writes an eventfd of its own that the other watches through an epoll instance it was
-//! given beside the hello) only when the other said it may sleep (or is blocked): a busy
-//! conversation makes no system call.
+//! other (a `Bell` datagram on the connection's socket) only when the other said it may sleep
+//! (or is blocked): a busy conversation makes no system call.
 //!
 //! This module is the format and its checks, as pure functions; the engine owns the memory.
 

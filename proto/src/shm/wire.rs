@@ -1,7 +1,8 @@
 //! The same-host control protocol: one control message per request, reply, release or segment
 //! change. Messages travel as records in the sender's queue in shared memory (`queue.rs` in the
-//! engine), except the two that carry descriptors — `Hello` (the sender's queue and bell) and
-//! `Map` (a segment) — which go over the `SOCK_SEQPACKET` socket. Payload lives in the
+//! engine), except what goes over the `SOCK_SEQPACKET` socket: the two that carry descriptors —
+//! `Hello` (the sender's queue) and `Map` (a segment) — and `Bell`, which wakes a peer that
+//! said it may sleep. Payload lives in the
 //! sender's shared-memory segments, which the receiver maps once per connection; a message only
 //! names where its bytes are — `(segment, offset, length, lease)` — except small parts, which
 //! travel in the message.
@@ -10,9 +11,8 @@
 //! message := "TWS4" tag:u8 fields…           little-endian; strings and byte strings are
 //!                                            u32 length + bytes; lists are u32 count + items
 //! Hello   (1) boot_id:str user_ns:u64 uid:u32 pid:u32 node:str ticket:u64 via:str proof:[u8;16]
-//!             queue:u32                      socket only; beside it the sender's queue (a
-//!                                            memfd) and bell: an epoll instance watching an
-//!                                            eventfd only the sender holds and writes
+//!             queue:u32                      socket only; the sender's queue (a memfd)
+//!                                            beside it
 //! Request (2) id:u64 kind:u8(0 ask,1 tell) path:str body:Body
 //! Reply   (3) id:u64 reply:WireReply
 //! Release (4) leases:[u64]                   the holder dropped its last view of each
@@ -21,6 +21,7 @@
 //! Retire  (6) segment:u64                    no message will name it again: unmap it
 //! Unmapped(7) segment:u64                    (holder to owner) its descriptor was lost (the
 //!                                            holder is at its descriptor limit): announce it again
+//! Bell    (8)                                socket only, no descriptor: look at the queues
 //!
 //! Body    := 0 Inline  body:bytes            a whole PTM1 body in the datagram
 //!          | 1 Packed  Shared                a whole PTM1 body in shared memory
@@ -61,9 +62,11 @@ pub const MAX_ERROR_TEXT: usize = 4 << 10;
 /// Bytes a [`Shared`] part takes on the wire (tag included).
 pub const SHARED_PART_BYTES: usize = 33;
 const MAGIC: &[u8; 4] = b"TWS4";
-/// After the hello only `Map` (21 bytes) travels over the socket: a receiver needs no more
-/// room than this (a longer datagram, cut to it, never decodes: decoding refuses bytes left
-/// over, and a `Map` is not this long).
+/// The `Bell` datagram, ready to send (the most frequent datagram: no encoding per ring).
+pub const BELL: &[u8; 5] = b"TWS4\x08";
+/// After the hello only `Map` (21 bytes) and `Bell` (5) travel over the socket: a receiver
+/// needs no more room than this (a longer datagram, cut to it, never decodes: decoding refuses
+/// bytes left over, and neither message is this long).
 pub const MAX_SOCKET_DATAGRAM: usize = 64;
 
 /// One control message.
@@ -113,6 +116,10 @@ pub enum Control {
         /// The segment.
         segment: u64,
     },
+    /// Wakes a peer whose `sleeping` (or `blocked`) word asked for it: look at the queues.
+    /// Sent on the socket without waiting (`MSG_DONTWAIT`), and only while nothing the sender
+    /// sent before is unread there: an unread datagram wakes the peer's reader already.
+    Bell,
 }
 
 /// The capability exchange on a new connection.
@@ -310,6 +317,7 @@ fn decode_in(datagram: &[u8], owner: Option<&Bytes>) -> Result<Control, DecodeEr
         },
         6 => Control::Retire { segment: r.u64()? },
         7 => Control::Unmapped { segment: r.u64()? },
+        8 => Control::Bell,
         _ => return Err(DecodeError("unknown message tag")),
     };
     if !r.rest.is_empty() {

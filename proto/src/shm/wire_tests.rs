@@ -87,6 +87,7 @@ fn samples() -> Vec<Control> {
         },
         Control::Retire { segment: 4 },
         Control::Unmapped { segment: 5 },
+        Control::Bell,
     ]
 }
 
@@ -128,6 +129,12 @@ fn a_map_datagram_matches_its_golden_bytes() {
         len: 64 << 20,
     };
     assert_eq!(encode(&map).unwrap(), golden);
+}
+
+#[test]
+fn a_bell_datagram_is_the_magic_and_its_tag() {
+    assert_eq!(encode(&Control::Bell).unwrap(), b"TWS4\x08");
+    assert_eq!(encode(&Control::Bell).unwrap(), BELL);
 }
 
 #[test]
@@ -319,5 +326,5 @@ fn every_committed_fuzz_seed_is_a_message_of_this_protocol() {
         );
         seeds += 1;
     }
-    assert!(seeds >= 14, "{seeds} seeds in {}", dir.display());
+    assert!(seeds >= 15, "{seeds} seeds in {}", dir.display());
 }

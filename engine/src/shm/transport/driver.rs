@@ -1,12 +1,12 @@
 //! The driver thread: it reads every connection's queue while messages come, and otherwise
 //! sleeps in one epoll over the wake eventfd, the listener, connections waiting for their
-//! hello, each connection's socket and the peer's bell, and the pidfds of holders that left with
+//! hello, each connection's socket (where the peer's `Bell`s come), and the pidfds of holders that left with
 //! memory of ours. It accepts and greets, moves records, sends releases, tells peers about
 //! retired segments, runs the sessions' deadlines, and does the housekeeping (idle segments,
 //! late hellos). Connections a caller reads itself (waiting for its reply) are left to it.
 //!
 //! It spins for a fixed window after the last message (`spin.rs`), then marks every queue
-//! "may sleep" — from then on a peer's producer rings its bell — looks once more, and
+//! "may sleep" — from then on a peer's producer rings (a `Bell` on the socket) — looks once more, and
 //! sleeps. Accept errors (a full descriptor table) pause the listener instead of spinning on
 //! it.
 
@@ -43,8 +43,7 @@ const WAKE: u64 = 0;
 const LISTENER: u64 = 1;
 const GREETING: u64 = 2;
 const SOCKET: u64 = 3;
-const BELL: u64 = 4;
-const ORPHAN: u64 = 5;
+const ORPHAN: u64 = 4;
 const ID_BITS: u32 = 56;
 
 fn token(kind: u64, id: u64) -> u64 {
@@ -216,19 +215,17 @@ impl Driver {
                 GREETING => self.greet(t, id),
                 SOCKET => {
                     if let Some(conn) = self.conns.get(&id).cloned() {
+                        // A `Bell` (or a `Map`): the queue first, so what rang is served before
+                        // the bell is read (a record naming a segment whose `Map` waits on the
+                        // socket has the session read it first). A caller reading the
+                        // connection takes the records itself.
+                        if !conn.has_callers() {
+                            handled += pump(t, &conn);
+                        }
                         for delivered in conn.drain_socket(t) {
                             inbound::deliver(t, &conn, delivered);
                         }
                         handled += 1;
-                    }
-                }
-                BELL => {
-                    // Edge-triggered: nothing to read (the peer's eventfd is the peer's).
-                    if let Some(conn) = self.conns.get(&id).cloned() {
-                        // A caller reading the connection takes what rang the bell.
-                        if !conn.has_callers() {
-                            handled += pump(t, &conn).max(1);
-                        }
                     }
                 }
                 ORPHAN => {
@@ -326,19 +323,7 @@ impl Driver {
             conn.socket(),
             watch,
             token(SOCKET, conn.id),
-        )
-        .and_then(|()| {
-            // Edge-triggered: the peer's epoll instance wakes this one once per ring, and an
-            // instance the peer keeps ready (something always readable in it) cannot keep
-            // this thread awake.
-            crate::sys::epoll_ctl(
-                epoll,
-                libc::EPOLL_CTL_ADD,
-                conn.bell(),
-                crate::sys::EPOLLIN_EDGE,
-                token(BELL, conn.id),
-            )
-        });
+        );
         let id = conn.id;
         t.track(&conn);
         self.conns.insert(id, conn);
@@ -362,7 +347,6 @@ impl Driver {
         }
         let epoll = self.epoll.as_raw_fd();
         let _ = crate::sys::epoll_ctl(epoll, libc::EPOLL_CTL_DEL, conn.socket(), 0, 0);
-        let _ = crate::sys::epoll_ctl(epoll, libc::EPOLL_CTL_DEL, conn.bell(), 0, 0);
         if conn.role() == Role::Client {
             t.peers.forget(&conn);
         }

@@ -1,7 +1,7 @@
 //! The server side of setting up shared memory: an accepted connection waits for its hello
 //! (bounded per peer process and in all, and in time); the hello is checked
 //! (`tensorwire_proto::shm::Identity`), its ticket redeemed, the peer process's connection
-//! bound taken, and the answer carries this side's proof, queue and bell.
+//! bound taken, and the answer carries this side's proof and queue.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use tensorwire_proto::stats;
 use super::Transport;
 use super::conn::{Conn, Setup};
 use super::probe::{peer_channel, send_hello};
-use crate::shm::queue::{self, OwnQueue, PeerQueue};
+use crate::shm::queue::{OwnQueue, PeerQueue};
 use crate::shm::socket;
 use crate::sync::lock;
 
@@ -57,7 +57,7 @@ pub(super) fn greet(t: &Arc<Transport>, greeting: Greeting) -> Result<Arc<Conn>,
         return Err(over.to_string());
     }
     let opened = open(t, &fd, &mut fds, theirs.queue, secret);
-    let (queue, ring, peer_queue, peer_bell) = match opened {
+    let (queue, peer_queue) = match opened {
         Ok(parts) => parts,
         Err(why) => {
             lock(&t.book).connection_closed(cred.pid);
@@ -71,26 +71,22 @@ pub(super) fn greet(t: &Arc<Transport>, greeting: Greeting) -> Result<Arc<Conn>,
         role: Role::Server,
         queue,
         peer_queue,
-        ring,
-        bell: peer_bell,
     };
     Ok(Arc::new(Conn::new(setup, t)))
 }
 
-/// This side's queue and bell, sent with the proving hello (what is kept: the queue and the
-/// eventfd it rings with); the peer's, opened.
+/// This side's queue, sent with the proving hello; the peer's, opened.
 fn open(
     t: &Transport,
     fd: &OwnedFd,
     fds: &mut Vec<OwnedFd>,
     ring: u32,
     secret: [u8; 16],
-) -> Result<(OwnQueue, OwnedFd, PeerQueue, OwnedFd), String> {
-    let (peer_queue, peer_bell) = peer_channel(fds, ring)?;
+) -> Result<(OwnQueue, PeerQueue), String> {
+    let peer_queue = peer_channel(fds, ring)?;
     let queue = OwnQueue::create(t.config.queue_bytes)
         .map_err(|e| format!("cannot create a shared-memory queue: {e}"))?;
-    let bell = queue::bell().map_err(|e| format!("cannot create a bell: {e}"))?;
     let ours = t.identity.hello(0, String::new(), secret, queue.ring());
-    send_hello(fd, &ours, &queue, &bell.watch)?;
-    Ok((queue, bell.ring, peer_queue, peer_bell))
+    send_hello(fd, &ours, &queue)?;
+    Ok((queue, peer_queue))
 }

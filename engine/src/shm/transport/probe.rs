@@ -1,6 +1,6 @@
 //! The client side of setting up shared memory with a peer: knock on the peer's TCP port,
-//! connect to the socket it names, check who is there, exchange hellos with the queues and
-//! bells beside them. Runs on a probe thread, never on a caller's. The checks themselves
+//! connect to the socket it names, check who is there, exchange hellos with the queues beside
+//! them. Runs on a probe thread, never on a caller's. The checks themselves
 //! are `tensorwire_proto::shm::Identity`'s.
 
 use std::io::{Read, Write};
@@ -16,7 +16,7 @@ use tensorwire_proto::shm::{
 
 use super::Transport;
 use super::conn::{Conn, Setup};
-use crate::shm::queue::{self, OwnQueue, PeerQueue};
+use crate::shm::queue::{OwnQueue, PeerQueue};
 use crate::shm::socket;
 use crate::sys;
 
@@ -47,15 +47,13 @@ pub(super) fn probe(t: &Arc<Transport>, peer: SocketAddr) -> Result<Arc<Conn>, S
         .map_err(|e| format!("{peer}: {e}"))?;
     let queue = OwnQueue::create(t.config.queue_bytes)
         .map_err(|e| format!("cannot create a shared-memory queue: {e}"))?;
-    let bell = queue::bell().map_err(|e| format!("cannot create a bell: {e}"))?;
     let hello = ours.hello(offer.ticket, via, [0; 16], queue.ring());
-    send_hello(&fd, &hello, &queue, &bell.watch)?;
+    send_hello(&fd, &hello, &queue)?;
     let (theirs, mut fds) = receive_hello(&fd, peer, deadline)?;
     let shape = QueueShape::DEFAULT;
     ours.check_server_hello(&offer, cred, &theirs, shape)
         .map_err(|e| format!("{peer}: {e}"))?;
-    let (peer_queue, peer_bell) =
-        peer_channel(&mut fds, theirs.queue).map_err(|e| format!("{peer}: {e}"))?;
+    let peer_queue = peer_channel(&mut fds, theirs.queue).map_err(|e| format!("{peer}: {e}"))?;
     let setup = Setup {
         socket: fd,
         peer: cred,
@@ -63,59 +61,42 @@ pub(super) fn probe(t: &Arc<Transport>, peer: SocketAddr) -> Result<Arc<Conn>, S
         role: Role::Client,
         queue,
         peer_queue,
-        ring: bell.ring,
-        bell: peer_bell,
     };
     Ok(Arc::new(Conn::new(setup, t)))
 }
 
-/// Sends a hello with this side's queue (read-only) and bell (the epoll instance that watches
-/// its ringing eventfd) beside it.
+/// Sends a hello with this side's queue (read-only) beside it.
 ///
 /// # Errors
 ///
 /// Why it could not be sent.
-pub(super) fn send_hello(
-    fd: &OwnedFd,
-    hello: &Hello,
-    queue: &OwnQueue,
-    bell_watch: &OwnedFd,
-) -> Result<(), String> {
+pub(super) fn send_hello(fd: &OwnedFd, hello: &Hello, queue: &OwnQueue) -> Result<(), String> {
     let datagram = encode(&Control::Hello(hello.clone())).map_err(|e| e.to_string())?;
     let shared = queue
         .share()
         .map_err(|e| format!("cannot share the queue: {e}"))?;
-    socket::send(
-        fd.as_raw_fd(),
-        &datagram,
-        &[shared.as_raw_fd(), bell_watch.as_raw_fd()],
-    )
-    .map_err(|e| format!("shm hello: {e}"))
+    socket::send(fd.as_raw_fd(), &datagram, &[shared.as_raw_fd()])
+        .map_err(|e| format!("shm hello: {e}"))
 }
 
-/// Opens the peer's queue and takes its bell from the two descriptors beside its hello.
+/// Opens the peer's queue from the one descriptor beside its hello (received with room for
+/// two, so that a hello with more is refused here rather than cut short).
 ///
 /// # Errors
 ///
-/// Why they are refused.
-pub(super) fn peer_channel(
-    fds: &mut Vec<OwnedFd>,
-    ring: u32,
-) -> Result<(PeerQueue, OwnedFd), String> {
-    if fds.len() != 2 {
+/// Why it is refused.
+pub(super) fn peer_channel(fds: &mut Vec<OwnedFd>, ring: u32) -> Result<PeerQueue, String> {
+    if fds.len() != 1 {
         return Err(format!(
-            "its hello came with {} descriptors, not its queue and bell",
+            "its hello came with {} descriptors, not its queue alone",
             fds.len()
         ));
     }
-    let bell = fds.pop().ok_or("no bell")?;
     let queue_fd = fds.pop().ok_or("no queue")?;
-    queue::check_peer_bell(&bell)?;
-    let queue = PeerQueue::open(&queue_fd, ring)?;
-    Ok((queue, bell))
+    PeerQueue::open(&queue_fd, ring)
 }
 
-/// Waits (until `deadline`) for the server's hello and its two descriptors.
+/// Waits (until `deadline`) for the server's hello and its descriptor.
 fn receive_hello(
     fd: &OwnedFd,
     peer: SocketAddr,

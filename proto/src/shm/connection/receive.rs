@@ -22,10 +22,12 @@ impl ShmConnection {
             Ok(control) => control,
             Err(e) => return self.close(CloseReason::Protocol(e.to_string())),
         };
-        if matches!(control, Control::Hello(_) | Control::Map { .. }) {
+        if matches!(
+            control,
+            Control::Hello(_) | Control::Map { .. } | Control::Bell
+        ) {
             return self.close(CloseReason::Protocol(
-                "a Hello or Map came through the queue (they carry descriptors: socket only)"
-                    .into(),
+                "a Hello, Map or Bell came through the queue (socket only)".into(),
             ));
         }
         if self.parked.is_empty() {
@@ -37,17 +39,22 @@ impl ShmConnection {
         self.run_parked();
     }
 
-    /// A datagram from the socket (after the hello only `Map` travels there), and whether the
-    /// descriptor it carries arrived.
+    /// A datagram from the socket (after the hello only `Map` and `Bell` travel there), and
+    /// whether the descriptor it carries arrived. A `Bell` asks for nothing here: the driver
+    /// looks at the queues whenever the socket was readable.
     pub fn handle_datagram(&mut self, bytes: &[u8], descriptor: FdArrival) {
         if self.closed.is_some() {
             return;
         }
         let (segment, len) = match decode(bytes) {
             Ok(Control::Map { segment, len }) => (segment, len),
+            Ok(Control::Bell) if descriptor == FdArrival::None => return,
+            Ok(Control::Bell) => {
+                return self.close(CloseReason::Protocol("a Bell came with descriptors".into()));
+            }
             Ok(_) => {
                 return self.close(CloseReason::Protocol(
-                    "only Map travels over the socket after the hello".into(),
+                    "only Map and Bell travel over the socket after the hello".into(),
                 ));
             }
             Err(e) => return self.close(CloseReason::Protocol(e.to_string())),
@@ -297,8 +304,10 @@ impl ShmConnection {
             Control::Unmapped { segment } => {
                 self.announced.remove(&segment);
             }
-            Control::Hello(_) | Control::Map { .. } => {
-                self.close(CloseReason::Protocol("a Hello or Map out of place".into()));
+            Control::Hello(_) | Control::Map { .. } | Control::Bell => {
+                self.close(CloseReason::Protocol(
+                    "a Hello, Map or Bell out of place".into(),
+                ));
             }
         }
         Ok(())

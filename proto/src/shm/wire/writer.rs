@@ -183,6 +183,7 @@ fn write(w: &mut impl Sink, control: &Control) {
             w.put(&[7]);
             w.put(&segment.to_le_bytes());
         }
+        Control::Bell => w.put(&[8]),
     }
 }
 

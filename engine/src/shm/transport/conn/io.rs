@@ -1,15 +1,21 @@
 //! Moving bytes: records into this side's queue and `Map` datagrams (with descriptors) onto
-//! the socket, in the order the session gives them; datagrams in from the socket, a peer's
-//! segment mapped (after its checks and this node's bounds).
+//! the socket, in the order the session gives them; the peer rung; datagrams in from the
+//! socket, a peer's segment mapped (after its checks and this node's bounds).
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Instant;
 
-use tensorwire_proto::shm::{CloseReason, ConnEvent, FdArrival, MAX_SOCKET_DATAGRAM, Transmit};
+use tensorwire_proto::shm::{
+    BELL, CloseReason, ConnEvent, FdArrival, MAX_SOCKET_DATAGRAM, Transmit,
+};
 use tensorwire_proto::stats;
 
 use super::{After, Conn, State};
+
+/// Bells one full drain reads at most. A correct peer leaves at most one unread per thread
+/// that rings (it rings only when nothing it sent is unread: [`Conn::ring`]).
+const MAX_BELLS_PER_DRAIN: usize = 256;
 use crate::shm::os::FileMap;
 use crate::shm::queue::Full;
 use crate::shm::socket;
@@ -18,11 +24,25 @@ use crate::shm::transport::views::{Counted, Mapped};
 use crate::sync::lock;
 
 impl Conn {
-    /// Receives every datagram on the socket: `Map`s are mapped at once (the descriptor is in
-    /// hand), the end of stream closes the session.
-    pub(super) fn drain(self: &Arc<Self>, t: &Arc<Transport>, st: &mut State, after: &mut After) {
-        // Only a `Map` is expected: a longer datagram, cut to this, never decodes.
+    /// Receives the datagrams on the socket — every one, or (`until_bell`, as the driver's
+    /// poll does) up to the first `Bell`: what follows it keeps the socket readable for the
+    /// next poll, and a wake-up costs one receive. `Map`s are mapped at once (the descriptor
+    /// is in hand), a `Bell` only woke the reader, the end of stream closes the session.
+    ///
+    /// Reading every one stops after [`MAX_BELLS_PER_DRAIN`] bells: a peer that rings as fast
+    /// as they are read cannot keep this thread (and the connection's lock) here; the session
+    /// then judges with what was read (a record naming a segment still unannounced closes the
+    /// connection).
+    pub(super) fn drain(
+        self: &Arc<Self>,
+        t: &Arc<Transport>,
+        st: &mut State,
+        after: &mut After,
+        until_bell: bool,
+    ) {
+        // Only `Map` and `Bell` are expected: a longer datagram, cut to this, never decodes.
         let mut buf = [0u8; MAX_SOCKET_DATAGRAM];
+        let mut bells = 0;
         loop {
             match socket::receive(self.socket(), &mut buf, 1) {
                 Ok(Some(received)) if received.len == 0 => {
@@ -39,6 +59,7 @@ impl Conn {
                         FdArrival::Arrived
                     };
                     let mut fds = received.fds;
+                    let bell = buf[..received.len] == *BELL;
                     st.session.handle_datagram(&buf[..received.len], arrival);
                     while let Some(event) = st.session.poll_event() {
                         match event {
@@ -51,6 +72,10 @@ impl Conn {
                             }
                             other => self.on_event(t, st, other, after),
                         }
+                    }
+                    bells += usize::from(bell);
+                    if !reads_on(until_bell, bell, bells) {
+                        return;
                     }
                 }
                 Ok(None) => return,
@@ -186,5 +211,64 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// Rings the peer: a `Bell` on the socket, never waiting, and only if everything sent
+    /// before was read — a datagram of ours still unread keeps the peer's socket readable,
+    /// which wakes its reader as a bell would, and a peer that reads nothing gets one bell,
+    /// not a socket full. Each end of the socket is a file of its own: nothing the peer does
+    /// to its end can make this send wait. Whether a bell went out.
+    pub(super) fn ring(&self) -> bool {
+        let socket = self.socket();
+        if socket::unread_sent(socket).is_ok_and(|bytes| bytes > 0) {
+            return false;
+        }
+        match socket::send(socket, BELL, &[]) {
+            Ok(()) => true,
+            // Full (the peer is woken by what fills it), or hung up (the driver's epoll sees
+            // the end).
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.raw_os_error() == Some(libc::EPIPE) =>
+            {
+                false
+            }
+            Err(e) => {
+                // Lost: the peer looks again at its next periodic turn (500 ms).
+                tracing::warn!(node = %self.node, pid = self.peer.pid, error = %e, "ringing a shared-memory peer failed");
+                false
+            }
+        }
+    }
+}
+
+/// Whether a drain reads on after a datagram (`bell`: it was one; `bells`: how many so far).
+fn reads_on(until_bell: bool, bell: bool, bells: usize) -> bool {
+    !(bell && until_bell) && bells < MAX_BELLS_PER_DRAIN
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_drain_stops_at_the_first_bell_or_after_its_bound_of_bells() {
+        assert!(
+            reads_on(true, false, 0),
+            "a Map before the bell is read past"
+        );
+        assert!(
+            !reads_on(true, true, 1),
+            "the driver's drain stops at the first bell"
+        );
+        let read = (1..=10 * MAX_BELLS_PER_DRAIN)
+            .take_while(|&bells| reads_on(false, true, bells))
+            .count();
+        assert_eq!(
+            read + 1,
+            MAX_BELLS_PER_DRAIN,
+            "a full drain stops at its bound"
+        );
+        assert!(!reads_on(false, false, MAX_BELLS_PER_DRAIN));
     }
 }

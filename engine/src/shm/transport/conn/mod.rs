@@ -1,5 +1,5 @@
-//! One connection after its hello: the socket (`Map` datagrams with descriptors, hang-up),
-//! the two queues and bells, and behind one lock its session, the requests waiting for
+//! One connection after its hello: the socket (`Map` datagrams with descriptors, `Bell`s,
+//! hang-up), the two queues, and behind one lock its session, the requests waiting for
 //! their answers, the peer's segments mapped here and ours waiting to be announced.
 //!
 //! Whoever touches the session — the driver reading the queue, a caller sending or waiting
@@ -40,10 +40,6 @@ pub(super) struct Setup {
     pub(super) role: Role,
     pub(super) queue: OwnQueue,
     pub(super) peer_queue: PeerQueue,
-    /// This side's eventfd, written to ring the peer (nobody else holds it).
-    pub(super) ring: OwnedFd,
-    /// The peer's bell: an epoll instance the driver watches, edge-triggered.
-    pub(super) bell: OwnedFd,
 }
 
 /// A connection (either direction), after its hello.
@@ -57,10 +53,6 @@ pub(super) struct Conn {
     /// The same, parsed once (requests carry it as their peer).
     pub(super) node_addr: Option<SocketAddr>,
     role: Role,
-    /// Written to ring the peer.
-    ring: OwnedFd,
-    /// The peer's bell: the driver waits on it (edge-triggered, never read).
-    bell: OwnedFd,
     peer_queue: PeerQueue,
     state: Mutex<State>,
     /// Leases of the peer's whose last view dropped here, to release.
@@ -141,8 +133,6 @@ impl Conn {
             node_addr: setup.node.parse().ok(),
             node: setup.node,
             role,
-            ring: setup.ring,
-            bell: setup.bell,
             peer_queue: setup.peer_queue,
             state: Mutex::new(State {
                 session,
@@ -254,7 +244,7 @@ impl Conn {
 
     /// Whether there are records to read, given whether the peer queued input: not while
     /// reading is paused for its unread replies and it has read none since (the side then
-    /// waits for the peer's bell instead of spinning).
+    /// waits for the peer's `Bell` instead of spinning).
     fn readable(&self, st: &State, input: bool) -> bool {
         if st.session.paused_for_unread() {
             st.session.read_by(st.queue.consumed(&self.peer_queue))
@@ -297,13 +287,13 @@ impl Conn {
         st.session.wants_records()
     }
 
-    /// Receives every datagram waiting on the socket (the driver saw it readable): the
-    /// requests to deliver.
+    /// Receives the datagrams waiting on the socket up to the first `Bell` (the driver saw it
+    /// readable; what is left keeps it readable): the requests to deliver.
     pub(super) fn drain_socket(self: &Arc<Self>, t: &Arc<Transport>) -> Vec<Delivered> {
         let mut after = After::default();
         {
             let mut st = lock(&self.state);
-            self.drain(t, &mut st, &mut after);
+            self.drain(t, &mut st, &mut after, true);
             self.settle(t, &mut st, &mut after);
         }
         self.finish(t, after)
@@ -427,10 +417,6 @@ impl Conn {
 
     pub(super) fn socket(&self) -> RawFd {
         self.socket.as_raw_fd()
-    }
-
-    pub(super) fn bell(&self) -> RawFd {
-        self.bell.as_raw_fd()
     }
 
     /// The peer's pidfd, taken (on close).

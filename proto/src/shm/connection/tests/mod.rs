@@ -373,6 +373,29 @@ fn a_segment_announced_without_its_descriptor_closes_the_connection() {
 }
 
 #[test]
+fn a_bell_is_taken_from_the_socket_only_and_only_without_descriptors() {
+    let bell = encode(&Control::Bell).unwrap();
+    let mut rung = ShmConnection::new(config(Role::Server));
+    for _ in 0..3 {
+        rung.handle_datagram(&bell, FdArrival::None);
+    }
+    assert_eq!(rung.closed(), None, "bells ask for nothing but a look");
+    assert_eq!(rung.poll_event(), None);
+    for arrival in [FdArrival::Arrived, FdArrival::Lost] {
+        let mut sut = ShmConnection::new(config(Role::Server));
+        sut.handle_datagram(&bell, arrival);
+        assert!(
+            matches!(sut.closed(), Some(CloseReason::Protocol(t)) if t.contains("Bell came with")),
+            "{arrival:?}: {:?}",
+            sut.closed()
+        );
+    }
+    let mut queued = ShmConnection::new(config(Role::Server));
+    queued.handle_record(Bytes::from(bell));
+    assert!(matches!(queued.closed(), Some(CloseReason::Protocol(t)) if t.contains("socket only")));
+}
+
+#[test]
 fn lost_descriptors_are_remembered_for_at_most_as_many_segments_as_a_peer_may_map() {
     let mut server = config(Role::Server);
     server.max_peer_segments = 8;
