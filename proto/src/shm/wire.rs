@@ -65,8 +65,8 @@ const MAGIC: &[u8; 4] = b"TWS4";
 /// The `Bell` datagram, ready to send (the most frequent datagram: no encoding per ring).
 pub const BELL: &[u8; 5] = b"TWS4\x08";
 /// After the hello only `Map` (21 bytes) and `Bell` (5) travel over the socket: a receiver
-/// needs no more room than this (a longer datagram, cut to it, never decodes: decoding refuses
-/// bytes left over, and neither message is this long).
+/// needs no more room than this (a longer datagram, cut to it, never decodes as either:
+/// decoding refuses bytes left over, and neither is this long).
 pub const MAX_SOCKET_DATAGRAM: usize = 64;
 
 /// One control message.

@@ -23,6 +23,13 @@ pub(super) fn wait_here(t: &Arc<Transport>, conn: &Arc<Conn>, done: &dyn Fn() ->
         return;
     }
     conn.caller_reads();
+    if super::conn::take_rang() {
+        // This thread rang the peer: a socket's send wakes its reader as a sync wake-up (the
+        // sender is taken to sleep next), which may queue it on this CPU, and this thread is
+        // about to spin instead. One yield lets the woken side run now (RTT 4 KiB with 1 ms
+        // gaps: docs/benchmarks.md, "Waking a sleeping peer without a shared file").
+        std::thread::yield_now();
+    }
     let mut spin = Spin::new(window);
     // The clock as of the last look: work found is dated by it (at most one look old), so
     // the reply that ends the wait costs no clock read of its own.

@@ -64,6 +64,8 @@ use wake::Wake;
 /// How long a stop waits for the driver and copy threads (they end at their next look; a
 /// copy in progress ends first).
 const STOP_WITHIN: Duration = Duration::from_secs(5);
+/// How long a stop waits for them at least, even past a close's deadline.
+const STOP_AT_LEAST: Duration = Duration::from_millis(100);
 
 /// What a node does when its shared memory is all held by receivers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -284,7 +286,7 @@ impl ShmTransport {
 
     /// Stops: what is queued goes out in one last turn, then every connection closes and
     /// whatever still waits fails with [`Error::Shutdown`]. Its threads are waited for until
-    /// `until` (a close's deadline), and at most [`STOP_WITHIN`].
+    /// `until` (a close's deadline), at least [`STOP_AT_LEAST`] and at most [`STOP_WITHIN`].
     pub(crate) fn shutdown(&self, until: Option<Instant>) {
         let t = &self.transport;
         if t.stop.swap(true, Ordering::AcqRel) {
@@ -295,8 +297,13 @@ impl ShmTransport {
         let current = std::thread::current().id();
         let threads = std::mem::take(&mut *lock(&self.threads));
         let others = threads.into_iter().filter(|t| t.thread().id() != current);
-        let within = Instant::now() + STOP_WITHIN;
-        let left = crate::sync::join_until(others, until.map_or(within, |u| u.min(within)));
+        // A close whose deadline passed still gives them a moment to end (they end at their
+        // next look), and none waits past `STOP_WITHIN`.
+        let now = Instant::now();
+        let until = until.map_or(now + STOP_WITHIN, |u| {
+            u.max(now + STOP_AT_LEAST).min(now + STOP_WITHIN)
+        });
+        let left = crate::sync::join_until(others, until);
         if left > 0 {
             // They hold the transport alive and end once what they wait on returns.
             tracing::warn!(

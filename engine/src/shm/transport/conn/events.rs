@@ -125,12 +125,6 @@ impl Conn {
     pub(super) fn finish(self: &Arc<Self>, t: &Arc<Transport>, after: After) -> Vec<Delivered> {
         if after.ring_peer && self.ring() {
             stats::global().record_shm_doorbell();
-            // A socket's send wakes its reader as a sync wake-up (the sender is taken to sleep
-            // next), which may queue the woken thread on this CPU; this thread usually goes on
-            // spinning for the answer instead, so it yields once and the woken side runs now
-            // (RTT 4 KiB with 1 ms gaps, medians of 9: 27.9 µs with it, 33.5 without, 26.4 with
-            // the shared eventfd of TWS3; docs/benchmarks.md).
-            std::thread::yield_now();
         }
         if !after.released.is_empty() {
             t.lending.release(self.peer.pid, &after.released);

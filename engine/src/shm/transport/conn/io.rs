@@ -2,6 +2,7 @@
 //! the socket, in the order the session gives them; the peer rung; datagrams in from the
 //! socket, a peer's segment mapped (after its checks and this node's bounds).
 
+use std::cell::Cell;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Instant;
@@ -13,9 +14,22 @@ use tensorwire_proto::stats;
 
 use super::{After, Conn, State};
 
-/// Bells one full drain reads at most. A correct peer leaves at most one unread per thread
-/// that rings (it rings only when nothing it sent is unread: [`Conn::ring`]).
-const MAX_BELLS_PER_DRAIN: usize = 256;
+/// Datagrams one drain reads at most. A correct peer leaves at most one bell unread per
+/// thread that rings (it rings only when nothing it sent is unread: [`Conn::ring`]) and a
+/// `Map` per segment it announces; a peer that sends more as fast as they are read (bells, or
+/// `Map`s whose descriptors it makes this side lose) cannot keep this thread, and the
+/// connection's lock, here.
+const MAX_DATAGRAMS_PER_DRAIN: usize = 1024;
+
+thread_local! {
+    /// Whether this thread sent a bell since it last asked ([`take_rang`]).
+    static RANG: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread rang a peer since the last call (and forgets it).
+pub(in crate::shm::transport) fn take_rang() -> bool {
+    RANG.with(|rang| rang.replace(false))
+}
 use crate::shm::os::FileMap;
 use crate::shm::queue::Full;
 use crate::shm::socket;
@@ -29,10 +43,9 @@ impl Conn {
     /// next poll, and a wake-up costs one receive. `Map`s are mapped at once (the descriptor
     /// is in hand), a `Bell` only woke the reader, the end of stream closes the session.
     ///
-    /// Reading every one stops after [`MAX_BELLS_PER_DRAIN`] bells: a peer that rings as fast
-    /// as they are read cannot keep this thread (and the connection's lock) here; the session
-    /// then judges with what was read (a record naming a segment still unannounced closes the
-    /// connection).
+    /// Either stops after [`MAX_DATAGRAMS_PER_DRAIN`] datagrams, or once the session closed;
+    /// the session then judges with what was read (a record naming a segment still
+    /// unannounced closes the connection).
     pub(super) fn drain(
         self: &Arc<Self>,
         t: &Arc<Transport>,
@@ -40,9 +53,10 @@ impl Conn {
         after: &mut After,
         until_bell: bool,
     ) {
-        // Only `Map` and `Bell` are expected: a longer datagram, cut to this, never decodes.
+        // Only `Map` and `Bell` are expected: a longer datagram, cut to this, never decodes as
+        // either (and anything else closes the connection).
         let mut buf = [0u8; MAX_SOCKET_DATAGRAM];
-        let mut bells = 0;
+        let mut read = 0;
         loop {
             match socket::receive(self.socket(), &mut buf, 1) {
                 Ok(Some(received)) if received.len == 0 => {
@@ -73,8 +87,8 @@ impl Conn {
                             other => self.on_event(t, st, other, after),
                         }
                     }
-                    bells += usize::from(bell);
-                    if !reads_on(until_bell, bell, bells) {
+                    read += 1;
+                    if !reads_on(until_bell, bell, read) || st.session.closed().is_some() {
                         return;
                     }
                 }
@@ -224,12 +238,18 @@ impl Conn {
             return false;
         }
         match socket::send(socket, BELL, &[]) {
-            Ok(()) => true,
-            // Full (the peer is woken by what fills it), or hung up (the driver's epoll sees
-            // the end).
+            Ok(()) => {
+                RANG.with(|rang| rang.set(true));
+                true
+            }
+            // Full (the peer is woken by what fills it), or the peer is gone or shut its end
+            // (reading it shows the end, or the next `Map` fails and closes the connection).
             Err(e)
                 if e.kind() == std::io::ErrorKind::WouldBlock
-                    || e.raw_os_error() == Some(libc::EPIPE) =>
+                    || matches!(
+                        e.raw_os_error(),
+                        Some(libc::EPIPE | libc::ECONNRESET | libc::ENOTCONN)
+                    ) =>
             {
                 false
             }
@@ -242,9 +262,9 @@ impl Conn {
     }
 }
 
-/// Whether a drain reads on after a datagram (`bell`: it was one; `bells`: how many so far).
-fn reads_on(until_bell: bool, bell: bool, bells: usize) -> bool {
-    !(bell && until_bell) && bells < MAX_BELLS_PER_DRAIN
+/// Whether a drain reads on after a datagram (`bell`: it was one; `read`: how many so far).
+fn reads_on(until_bell: bool, bell: bool, read: usize) -> bool {
+    !(bell && until_bell) && read < MAX_DATAGRAMS_PER_DRAIN
 }
 
 #[cfg(test)]
@@ -252,23 +272,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_drain_stops_at_the_first_bell_or_after_its_bound_of_bells() {
+    fn a_drain_stops_at_the_first_bell_or_after_its_bound_of_datagrams() {
         assert!(
-            reads_on(true, false, 0),
+            reads_on(true, false, 1),
             "a Map before the bell is read past"
         );
         assert!(
             !reads_on(true, true, 1),
             "the driver's drain stops at the first bell"
         );
-        let read = (1..=10 * MAX_BELLS_PER_DRAIN)
-            .take_while(|&bells| reads_on(false, true, bells))
-            .count();
-        assert_eq!(
-            read + 1,
-            MAX_BELLS_PER_DRAIN,
-            "a full drain stops at its bound"
-        );
-        assert!(!reads_on(false, false, MAX_BELLS_PER_DRAIN));
+        for bell in [true, false] {
+            let read = (1..=10 * MAX_DATAGRAMS_PER_DRAIN)
+                .take_while(|&read| reads_on(false, bell, read))
+                .count();
+            assert_eq!(
+                read + 1,
+                MAX_DATAGRAMS_PER_DRAIN,
+                "a full drain stops at its bound"
+            );
+        }
+        assert!(!reads_on(true, false, MAX_DATAGRAMS_PER_DRAIN));
     }
 }

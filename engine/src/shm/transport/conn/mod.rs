@@ -11,6 +11,8 @@
 mod events;
 mod io;
 
+pub(super) use io::take_rang;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
