@@ -79,23 +79,31 @@ pub(crate) fn accept(listener: RawFd) -> io::Result<Option<OwnedFd>> {
     }
 }
 
-/// Sends one datagram with `fds` beside it. `WouldBlock` if the socket's buffer is full.
+/// Sends one datagram with `fds` (at most [`MAX_FDS`]) beside it. `WouldBlock` if the
+/// socket's buffer is full.
 pub(crate) fn send(fd: RawFd, datagram: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    if fds.len() > MAX_FDS {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "too many descriptors for one datagram",
+        ));
+    }
     let mut iov = libc::iovec {
         iov_base: datagram.as_ptr().cast_mut().cast(),
         iov_len: datagram.len(),
     };
     let space = cmsg_space(fds.len());
-    let mut control = vec![0u8; space];
+    let mut control = Control::default();
     // SAFETY: msghdr is plain old data; all-zero is a valid empty header.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &raw mut iov;
     msg.msg_iovlen = 1;
     if !fds.is_empty() {
-        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_control = control.0.as_mut_ptr().cast();
         msg.msg_controllen = space;
         // SAFETY: the control buffer has room for one header with `fds.len()` descriptors
-        // (`cmsg_space`), so the first header and its data lie inside it.
+        // (`cmsg_space`, at most `MAX_FDS`: checked above), so the first header and its data
+        // lie inside it.
         unsafe {
             let header = libc::CMSG_FIRSTHDR(&raw const msg);
             (*header).cmsg_level = libc::SOL_SOCKET;
@@ -125,22 +133,24 @@ pub(crate) struct Received {
     pub(crate) truncated: bool,
 }
 
-/// Receives one datagram into `buf` with up to `max_fds` descriptors; `None` if none is
-/// waiting, `Some` with `len == 0` at end of stream.
+/// Receives one datagram into `buf` with up to `max_fds` descriptors (at most [`MAX_FDS`]:
+/// more are dropped and reported as `truncated`); `None` if none is waiting, `Some` with
+/// `len == 0` at end of stream.
 pub(crate) fn receive(fd: RawFd, buf: &mut [u8], max_fds: usize) -> io::Result<Option<Received>> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
-    let space = cmsg_space(max_fds);
-    let mut control = vec![0u8; space];
+    let space = cmsg_space(max_fds.min(MAX_FDS));
+    let mut control = Control::default();
     // SAFETY: msghdr is plain old data; all-zero is a valid empty header.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &raw mut iov;
     msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_control = control.0.as_mut_ptr().cast();
     msg.msg_controllen = space;
-    // SAFETY: `msg` points to `buf` (writable, unborrowed) and `control`, alive for the call.
+    // SAFETY: `msg` points to `buf` (writable, unborrowed) and `control` (`space` bytes of it
+    // at most: `cmsg_space(MAX_FDS)` fits), alive for the call.
     let res = unsafe {
         libc::recvmsg(
             fd,
@@ -182,6 +192,23 @@ pub(crate) fn receive(fd: RawFd, buf: &mut [u8], max_fds: usize) -> io::Result<O
         truncated: msg.msg_flags & libc::MSG_CTRUNC != 0,
     }))
 }
+
+/// Descriptors one datagram carries at most here (a hello's: the queue; a `Map`'s: a segment).
+const MAX_FDS: usize = 4;
+
+/// Room for one control header with [`MAX_FDS`] descriptors, aligned for `cmsghdr`, on the
+/// stack: a bell sent or received allocates nothing.
+#[repr(C, align(8))]
+struct Control([u8; 64]);
+
+impl Default for Control {
+    fn default() -> Self {
+        Self([0; 64])
+    }
+}
+
+const _: () =
+    assert!(size_of::<libc::cmsghdr>() + MAX_FDS * size_of::<RawFd>() <= size_of::<Control>());
 
 fn cmsg_space(fds: usize) -> usize {
     let bytes = u32::try_from(fds.max(1) * size_of::<RawFd>()).unwrap_or(u32::MAX);

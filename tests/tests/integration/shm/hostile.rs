@@ -491,6 +491,16 @@ fn segments_retired_while_the_node_keeps_views_of_them_still_count_against_their
     drop(kept);
 }
 
+/// A 1 KiB ask to `server`'s echo from a node of its own: whether others are still served.
+fn ask_echo_from_another_node(server: &Node) -> Result<Reply, tensorwire_engine::Error> {
+    node().ask_blocking(
+        server.local_addr(),
+        "/actors/echo",
+        kib(1),
+        Duration::from_secs(5),
+    )
+}
+
 #[test]
 fn a_peer_that_says_it_sleeps_and_never_reads_its_socket_does_not_stall_the_node() {
     // Every reply would ring this peer (it says it sleeps), and its socket is never read: a
@@ -516,13 +526,7 @@ fn a_peer_that_says_it_sleeps_and_never_reads_its_socket_does_not_stall_the_node
             other => panic!("ask {id}: {other:?}"),
         }
     }
-    let asker = node();
-    let served = asker.ask_blocking(
-        server.local_addr(),
-        "/actors/echo",
-        kib(1),
-        Duration::from_secs(5),
-    );
+    let served = ask_echo_from_another_node(&server);
     assert_eq!(
         raw.bells_waiting(),
         1,
@@ -576,13 +580,7 @@ fn a_peer_that_rings_as_fast_as_the_node_reads_is_disconnected_not_read_forever(
     assert!(raw.push(&ask));
     raw.publish();
     let closed = raw.closed_by_node(Duration::from_secs(10));
-    let asker = node();
-    let served = asker.ask_blocking(
-        server.local_addr(),
-        "/actors/echo",
-        kib(1),
-        Duration::from_secs(5),
-    );
+    let served = ask_echo_from_another_node(&server);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let sent: u64 = flooders.into_iter().map(|f| f.join().unwrap()).sum();
     assert!(closed, "the node kept reading {sent} bells");
