@@ -5,7 +5,7 @@
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -35,6 +35,65 @@ pub struct StrictPeer {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
     stop: Arc<AtomicBool>,
+    stall: Arc<Stall>,
+}
+
+/// Whether the peer holds the frames it reads unanswered, and how many it holds.
+#[derive(Default)]
+struct Stall {
+    state: Mutex<StallState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct StallState {
+    holding: bool,
+    held: usize,
+}
+
+impl Stall {
+    /// Whether the frame just read is to be held (waits until the hold ends; the connection is
+    /// then closed without an answer).
+    fn holds(&self) -> bool {
+        let mut state = self.lock();
+        if !state.holding {
+            return false;
+        }
+        state.held += 1;
+        self.changed.notify_all();
+        while state.holding {
+            state = self
+                .changed
+                .wait(state)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        true
+    }
+
+    fn set(&self, hold: bool) {
+        let mut state = self.lock();
+        state.holding = hold;
+        if !hold {
+            state.held = 0;
+        }
+        self.changed.notify_all();
+    }
+
+    /// Waits until a connection holds a frame, at most `timeout`; whether one does.
+    fn wait_held(&self, timeout: Duration) -> bool {
+        let state = self.lock();
+        let (state, _) = self
+            .changed
+            .wait_timeout_while(state, timeout, |s| s.held == 0)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        state.held > 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, StallState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 impl StrictPeer {
@@ -48,23 +107,70 @@ impl StrictPeer {
     /// all the same), instead of refusing it as an unknown path.
     pub fn start_answering(pipeline: Option<u16>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").expect("binds");
+        Self::serve_on(listener, pipeline)
+    }
+
+    /// As [`StrictPeer::start_answering`], on connections whose segments are 536 bytes and
+    /// whose receive buffer is 4 KiB (set on the listener, before any connection): a sender
+    /// to it keeps only a few dozen KiB in its kernel buffers while it reads nothing, where
+    /// loopback's 64 KiB segments let it hand the kernel megabytes.
+    pub fn start_narrow(pipeline: Option<u16>) -> Self {
+        let addr: SocketAddr = "127.0.0.1:0".parse().expect("an address");
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("a socket");
+        socket.set_recv_buffer_size(4 << 10).expect("SO_RCVBUF");
+        socket.set_tcp_mss(536).expect("TCP_MAXSEG");
+        socket.bind(&addr.into()).expect("binds");
+        socket.listen(128).expect("listens");
+        Self::serve_on(socket.into(), pipeline)
+    }
+
+    fn serve_on(listener: TcpListener, pipeline: Option<u16>) -> Self {
         let addr = listener.local_addr().expect("an address");
         listener.set_nonblocking(true).expect("non-blocking");
         let seen = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
-        let (seen2, stop2) = (Arc::clone(&seen), Arc::clone(&stop));
+        let stall = Arc::new(Stall::default());
+        let (seen2, stop2, stall2) = (Arc::clone(&seen), Arc::clone(&stop), Arc::clone(&stall));
         std::thread::spawn(move || {
             while !stop2.load(Ordering::Acquire) {
                 match listener.accept() {
                     Ok((stream, _)) => {
-                        let seen = Arc::clone(&seen2);
-                        std::thread::spawn(move || serve_strictly(stream, &seen, pipeline));
+                        let (seen, stall) = (Arc::clone(&seen2), Arc::clone(&stall2));
+                        std::thread::spawn(move || {
+                            serve_strictly(stream, &seen, &stall, pipeline);
+                        });
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(5)),
                 }
             }
         });
-        Self { addr, seen, stop }
+        Self {
+            addr,
+            seen,
+            stop,
+            stall,
+        }
+    }
+
+    /// From now on every connection holds the next frame it reads unanswered and reads no
+    /// further, until [`StrictPeer::close_held`].
+    pub fn hold(&self) {
+        self.stall.set(true);
+    }
+
+    /// Waits until a connection holds a frame (panics after 10 s).
+    pub fn wait_held(&self) {
+        assert!(
+            self.stall.wait_held(Duration::from_secs(10)),
+            "no connection received a frame to hold"
+        );
+    }
+
+    /// Closes every connection holding a frame (without answering it); connections serve
+    /// again from now on.
+    pub fn close_held(&self) {
+        self.stall.set(false);
     }
 
     /// Its address.
@@ -84,10 +190,16 @@ impl StrictPeer {
 impl Drop for StrictPeer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
+        self.stall.set(false);
     }
 }
 
-fn serve_strictly(mut stream: TcpStream, seen: &Mutex<Vec<Seen>>, pipeline: Option<u16>) {
+fn serve_strictly(
+    mut stream: TcpStream,
+    seen: &Mutex<Vec<Seen>>,
+    stall: &Stall,
+    pipeline: Option<u16>,
+) {
     let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
     let limits = Limits::default();
     loop {
@@ -107,6 +219,10 @@ fn serve_strictly(mut stream: TcpStream, seen: &Mutex<Vec<Seen>>, pipeline: Opti
                 frame: frame.clone(),
                 pipelined,
             });
+        if stall.holds() {
+            let _ = stream.shutdown(Shutdown::Both);
+            return;
+        }
         if reserved != [0, 0, 0] {
             return; // not a frame this peer understands
         }

@@ -19,6 +19,11 @@ pub(crate) fn start(shared: &Arc<Shared>, outgoing: Outgoing) {
     if outgoing.completion.is_cancelled() {
         return outgoing.completion.complete(Err(Error::Cancelled));
     }
+    if shared.is_shut_down() {
+        // (A request handed back by a connection that failed as the driver stopped: the pool
+        // is drained and served no more.)
+        return outgoing.completion.complete(Err(Error::Shutdown));
+    }
     let peer = outgoing.peer;
     let (deadline, bytes) = (
         outgoing.request.deadline().at(),
@@ -108,6 +113,9 @@ async fn connection(
     let mut next_request = 0u64;
     // The requests carried, in the order they were started.
     let mut carrying: VecDeque<Current> = VecDeque::new();
+    // Requests the session handed back unwritten: they go through the pool again once this
+    // connection is closed.
+    let mut unsent: Vec<Outgoing> = Vec::new();
     let mut conn = Conn {
         shared: &shared,
         id,
@@ -134,7 +142,7 @@ async fn connection(
                 // A request's deadline (or the connect's) passed: its caller hears now; the
                 // others pipelined onto this connection wait on for it.
                 session.handle_timeout(Instant::now());
-                if settle_while_connecting(&mut session, &mut carrying, &shared, peer, id) {
+                if settle_while_connecting(&mut session, &mut carrying, &mut unsent, &shared, id) {
                     break None;
                 }
             }
@@ -157,6 +165,15 @@ async fn connection(
                 ClientEvent::Done { token, outcome } => {
                     if let Some(index) = carrying.iter().position(|c| c.token == token) {
                         finished.extend(carrying.remove(index).map(|done| (done, outcome)));
+                    }
+                }
+                ClientEvent::Unsent { token, request } => {
+                    if let Some(index) = carrying.iter().position(|c| c.token == token) {
+                        unsent.extend(carrying.remove(index).map(|carried| Outgoing {
+                            peer,
+                            request,
+                            completion: carried.completion,
+                        }));
                     }
                 }
                 ClientEvent::Close(reason) => {
@@ -262,6 +279,9 @@ async fn connection(
     if let Some(next) = next {
         connect(&shared, next);
     }
+    for outgoing in unsent {
+        start(&shared, outgoing);
+    }
     // Requests handed to this connection after it stopped looking go another way; closing
     // first means a later hand-over fails at the sender, which tries again itself.
     commands.close();
@@ -274,15 +294,16 @@ async fn connection(
 }
 
 /// The outcomes a session gave while connecting, delivered (a request waiting for the peer
-/// that the pool hands this connection instead goes through the pool again); whether it
-/// closed.
+/// that the pool hands this connection instead goes through the pool again; one the session
+/// hands back goes to `unsent`); whether it closed.
 fn settle_while_connecting(
     session: &mut ClientSession,
     carrying: &mut VecDeque<Current>,
+    unsent: &mut Vec<Outgoing>,
     shared: &Arc<Shared>,
-    peer: std::net::SocketAddr,
     id: u64,
 ) -> bool {
+    let peer = session.peer();
     let mut closed = false;
     while let Some(event) = session.poll_event() {
         match event {
@@ -296,6 +317,18 @@ fn settle_while_connecting(
                 }
                 if let Some(done) = carrying.remove(index) {
                     done.completion.complete(outcome);
+                }
+            }
+            ClientEvent::Unsent { token, request } => {
+                // A session hands nothing back before it connected; were it to, the request
+                // would go another way once this connection is closed, like any other.
+                lock(&shared.pool).retire(peer, id);
+                if let Some(index) = carrying.iter().position(|c| c.token == token) {
+                    unsent.extend(carrying.remove(index).map(|carried| Outgoing {
+                        peer,
+                        request,
+                        completion: carried.completion,
+                    }));
                 }
             }
             ClientEvent::Close(reason) => {

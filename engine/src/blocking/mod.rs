@@ -189,8 +189,20 @@ impl Conn {
         loop {
             let now = Instant::now();
             while let Some(event) = self.session.poll_event() {
-                // One request at a time: its outcome is the only one.
-                if let ClientEvent::Done { outcome, .. } = event {
+                // One request at a time: its outcome is the only one. (It is handed out as soon
+                // as it starts, so it is never handed back unwritten; were it to be, it fails
+                // with its connection.)
+                let outcome = match event {
+                    ClientEvent::Done { outcome, .. } => Some(outcome),
+                    ClientEvent::Unsent { .. } => Some(Err(Error::ConnectionClosed {
+                        peer: self.session.peer(),
+                        detail: Some(std::io::Error::other(
+                            "the connection failed before the request was written",
+                        )),
+                    })),
+                    _ => None,
+                };
+                if let Some(outcome) = outcome {
                     if let Some(since) = waiting_since {
                         self.spin.waited(now.saturating_duration_since(since));
                     }

@@ -257,14 +257,15 @@ fn start(session: &mut ClientSession, kind: u8, now: Instant, started: &mut Vec<
     }
 }
 
-/// Takes the session's outcomes: each for a request started, and only one per request.
+/// Takes the session's outcomes (a request handed back unwritten counts as its outcome
+/// here): each for a request started, and only one per request.
 fn outcomes(
     session: &mut ClientSession,
     started: &[RequestToken],
     done: &mut HashSet<RequestToken>,
 ) {
     while let Some(event) = session.poll_event() {
-        if let ClientEvent::Done { token, .. } = event {
+        if let ClientEvent::Done { token, .. } | ClientEvent::Unsent { token, .. } = event {
             assert!(
                 started.contains(&token),
                 "an outcome for a request never started"

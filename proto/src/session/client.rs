@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+mod end;
 mod in_flight;
 mod request;
 
@@ -16,25 +17,37 @@ use crate::config::SessionConfig;
 use crate::kind::FrameKind;
 use crate::ptr1::Frame;
 use crate::session::read_buf::ReadBuf;
-use crate::session::receiver::{Received, Receiver, RecvError};
+use crate::session::receiver::{Received, Receiver};
 use crate::session::transmit::{RateMeter, Transmit};
 use crate::session::{CloseReason, server_closes_after};
 use crate::stats;
 use crate::transport::{Answer, Error, ReceiveMemory, Reply, RequestKind};
-use in_flight::{InFlight, Stage};
+use in_flight::InFlight;
 
 /// What a client session asks of its driver.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum ClientEvent {
     /// The outcome of request `token` (exactly one per [`ClientSession::start`] that took
-    /// it). Outcomes come in the order the requests were started, except that a request
+    /// it, unless the request is handed back instead: [`ClientEvent::Unsent`]). Outcomes come in the order the requests were started, except that a request
     /// given up on (its deadline passed, or it was cancelled) has its outcome at once.
     Done {
         /// The request, as [`ClientSession::start`] returned it.
         token: RequestToken,
         /// Its reply, or why there is none.
         outcome: Result<Answer, Error>,
+    },
+    /// Request `token` has no outcome yet and is handed back: the connection failed before a
+    /// byte of its frame was handed out, so the peer cannot have seen it, and the driver
+    /// starts `request` again another way (through its pool, deadline unchanged). A request
+    /// is handed back at most once; a second connection that fails before writing it fails it
+    /// like the others. Not while the node shuts down, and not when the connection was never
+    /// established (another try would meet the same refusal).
+    Unsent {
+        /// The request, as [`ClientSession::start`] returned it.
+        token: RequestToken,
+        /// The same request, to start again ([`ClientRequest::was_given_back`] is now true).
+        request: ClientRequest,
     },
     /// Close the connection (cancel what is in flight). The session is finished.
     Close(CloseReason),
@@ -48,7 +61,9 @@ pub enum ClientEvent {
 /// (its Error frame) rather than a broken pipe. A reply's kind is checked against its request
 /// before any payload memory is committed. While idle the session keeps a read armed: if the
 /// peer closes (or sends anything), the connection is finished and never reused. A request on
-/// a connection that fails is failed, never replayed: the peer may have acted on it.
+/// a connection that fails is failed, never replayed, once any byte of it was handed out (the
+/// peer may have acted on it); one still queued behind others is handed back to go another way
+/// ([`ClientEvent::Unsent`]).
 ///
 /// A request whose deadline passes, or that is cancelled, has its outcome at once; if its
 /// frame had begun to go out, its reply is still read (and dropped) when it comes, so the
@@ -152,8 +167,7 @@ impl ClientSession {
             self.events.push_back(ClientEvent::Done { token, outcome });
             return Ok(token);
         }
-        self.requests
-            .push(token, request.kind, request.deadline, request.encoded);
+        self.requests.push(token, request);
         Ok(token)
     }
 
@@ -248,10 +262,10 @@ impl ClientSession {
         self.writing = None;
         self.write_failed = true;
         self.send_rate.stop();
-        if self.requests.is_empty() {
-            return self.close(CloseReason::Io(error));
-        }
         self.write_error = Some(error);
+        if self.requests.all_queued() {
+            return self.end_after_write_error();
+        }
         self.drive(now);
     }
 
@@ -413,6 +427,9 @@ impl ClientSession {
     /// committed.
     fn routed(&mut self, kind: FrameKind) {
         self.head_until = None;
+        if self.answered_unsent() {
+            return;
+        }
         let Some(request) = self.requests.front() else {
             return;
         };
@@ -441,6 +458,9 @@ impl ClientSession {
     fn finish(&mut self, frame: Frame) {
         self.receive_rate.stop();
         self.head_until = None;
+        if self.answered_unsent() {
+            return;
+        }
         let Some(request) = self.requests.pop_front() else {
             return;
         };
@@ -465,90 +485,44 @@ impl ClientSession {
             let token = request.token;
             self.events.push_back(ClientEvent::Done { token, outcome });
         }
-        if matches!(request.stage, Stage::Queued(_)) {
-            // The peer answered a request it cannot have seen: the stream is out of step. (One
-            // being written may be answered before the driver hears the write finish: a
-            // coalesced transmit's last bytes may still be on their way.)
-            let error = self.behind_error("the peer answered a request it had not been sent");
-            self.fail(error, CloseReason::OutOfStep);
-        } else if closing {
+        if closing {
             // The server refused the request at its head (over a limit, malformed, TLS
             // required): it drains and closes the connection after this reply, so a reused
             // connection would fail the next request, and the requests behind it are not read.
             let error = self.behind_error("the peer refused an earlier request and closes");
             self.fail(error, CloseReason::ErrorReply);
-        } else if self.write_failed && self.requests.is_empty() {
-            // Everything written was answered; nothing more can be written.
-            let error = self
-                .write_error
-                .take()
-                .unwrap_or_else(|| io::Error::other("writing failed"));
-            self.close(CloseReason::Io(error));
+        } else if self.write_failed && self.requests.all_queued() {
+            self.end_after_write_error();
         } else {
             self.close_if_abandoned();
         }
     }
 
-    fn recv_error(&self, error: RecvError) -> Error {
-        let peer = self.peer;
-        match error {
-            RecvError::Wire(source) => Error::Protocol { peer, source },
-            RecvError::Truncated { received } => Error::ConnectionClosed {
-                peer,
-                detail: Some(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!("closed after {received} bytes of the reply"),
-                )),
-            },
-            RecvError::Io(e) => Error::ConnectionClosed {
-                peer,
-                detail: Some(e),
-            },
-            RecvError::Memory(text) => Error::Memory(text),
+    /// The reply coming is for a request not a byte of which was handed out: the peer is out
+    /// of step (or forges replies). Nothing is delivered; that request and those behind it not
+    /// sent either are handed back. (One being written may be answered before the driver
+    /// hears the write finish: a coalesced transmit's last bytes may still be on their way.)
+    fn answered_unsent(&mut self) -> bool {
+        if !self.requests.front_is_queued() {
+            return false;
         }
+        let error = self.behind_error("the peer answered a request it had not been sent");
+        self.fail(error, CloseReason::OutOfStep);
+        true
     }
 
-    /// The error of requests behind one that broke the connection.
-    fn behind_error(&self, why: &str) -> Error {
-        Error::ConnectionClosed {
+    /// Writing failed and every request written was answered: nothing more can go out, so the
+    /// connection ends now; what was never written is handed back.
+    fn end_after_write_error(&mut self) {
+        let error = self
+            .write_error
+            .take()
+            .unwrap_or_else(|| io::Error::other("writing failed"));
+        let detail = io::Error::new(error.kind(), error.to_string());
+        let failed = Error::ConnectionClosed {
             peer: self.peer,
-            detail: Some(io::Error::other(why.to_owned())),
-        }
-    }
-
-    /// Fails every request whose caller waits — the front one with `error`, the ones behind it
-    /// as closed with the same cause — and closes.
-    fn fail(&mut self, error: Error, reason: CloseReason) {
-        let waiting = self.requests.drain_waiting();
-        let mut error = Some(error);
-        for token in waiting {
-            let outcome = match error.take() {
-                Some(first) => {
-                    let behind = self.behind_error(&first.to_string());
-                    error = Some(behind);
-                    Err(first)
-                }
-                None => Err(self.behind_error("the connection failed")),
-            };
-            self.events.push_back(ClientEvent::Done { token, outcome });
-        }
-        self.close(reason);
-    }
-
-    /// Nobody waits for what is left on the connection (every request was given up on): it
-    /// is closed rather than kept for replies nobody reads.
-    fn close_if_abandoned(&mut self) {
-        if self.requests.only_abandoned() {
-            self.fail(Error::Cancelled, CloseReason::OutOfStep);
-        }
-    }
-
-    fn close(&mut self, reason: CloseReason) {
-        if self.closed {
-            return;
-        }
-        self.closed = true;
-        self.writing = None;
-        self.events.push_back(ClientEvent::Close(reason));
+            detail: Some(detail),
+        };
+        self.fail(failed, CloseReason::Io(error));
     }
 }

@@ -196,11 +196,31 @@ impl Core {
     }
 
     /// Handles what the client session asks for; a connection that finished its requests and
-    /// is still in step goes back to the pool (or to the next waiting request).
+    /// is still in step goes back to the pool (or to the next waiting request). Requests it
+    /// hands back unwritten go through the pool again once it is closed.
     pub(super) fn client_events(&mut self, key: ConnKey) {
+        let mut unsent = Vec::new();
+        let closed = self.take_client_events(key, &mut unsent);
+        for outgoing in unsent {
+            self.start_outgoing(outgoing);
+        }
+        if closed {
+            return;
+        }
+        let Some(client) = self.conns.client_mut(key) else {
+            return;
+        };
+        if client.carrying.is_empty() && !client.pooled && client.session.is_reusable() {
+            self.release(key);
+        }
+    }
+
+    /// Delivers the session's outcomes and closes the connection if it asks; returns whether
+    /// it is gone.
+    fn take_client_events(&mut self, key: ConnKey, unsent: &mut Vec<Outgoing>) -> bool {
         loop {
             let Some(client) = self.conns.client_mut(key) else {
-                return;
+                return true;
             };
             match client.session.poll_event() {
                 Some(ClientEvent::Done { token, outcome }) => {
@@ -209,19 +229,27 @@ impl Core {
                         self.answered(key);
                     }
                 }
+                Some(ClientEvent::Unsent { token, request }) => {
+                    // Nothing of it reached the peer: it goes another way, not to this
+                    // connection (offered no more from here on).
+                    let peer = client.peer;
+                    if let Some(carried) = client.take(token) {
+                        unsent.push(Outgoing {
+                            peer,
+                            request,
+                            completion: carried.completion,
+                        });
+                    }
+                    self.pool.retire(peer, key);
+                }
                 Some(ClientEvent::Close(reason)) => {
                     tracing::debug!(%reason, peer = %client.peer, "closing a client connection");
-                    return self.close(key);
+                    self.close(key);
+                    return true;
                 }
                 Some(_) => {}
-                None => break,
+                None => return false,
             }
-        }
-        let Some(client) = self.conns.client_mut(key) else {
-            return;
-        };
-        if client.carrying.is_empty() && !client.pooled && client.session.is_reusable() {
-            self.release(key);
         }
     }
 

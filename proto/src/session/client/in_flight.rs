@@ -9,6 +9,8 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
+use super::ClientRequest;
+use super::request::Routing;
 use crate::encode::Encoded;
 use crate::len::len_u64;
 use crate::session::transmit::Transmit;
@@ -18,7 +20,8 @@ use crate::transport::{Deadline, RequestKind};
 const COALESCED_BYTES: u64 = 256 << 10;
 
 /// Identifies a request started on a [`super::ClientSession`]; its
-/// [`super::ClientEvent::Done`] carries it.
+/// [`super::ClientEvent::Done`] (or, if it is handed back, [`super::ClientEvent::Unsent`])
+/// carries it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RequestToken(u64);
 
@@ -31,6 +34,17 @@ pub(super) struct Pending {
     pub(super) stage: Stage,
     /// Its caller has its outcome already; its reply is read and dropped.
     pub(super) abandoned: bool,
+    routing: Routing,
+}
+
+/// A request whose caller still waited, taken off a connection that failed.
+#[derive(Debug)]
+pub(super) enum Taken {
+    /// It fails with the connection.
+    Failing(RequestToken),
+    /// Not a byte of it was handed out and it was not given back before: it can go another
+    /// way, as the same request.
+    Unwritten(RequestToken, ClientRequest),
 }
 
 /// How far a request's frame got.
@@ -63,19 +77,20 @@ impl InFlight {
     }
 
     /// Queues a request's frame behind the others.
-    pub(super) fn push(
-        &mut self,
-        token: RequestToken,
-        kind: RequestKind,
-        deadline: Deadline,
-        encoded: Encoded,
-    ) {
+    pub(super) fn push(&mut self, token: RequestToken, request: ClientRequest) {
+        let ClientRequest {
+            kind,
+            encoded,
+            deadline,
+            routing,
+        } = request;
         self.requests.push_back(Pending {
             token,
             kind,
             deadline,
             stage: Stage::Queued(encoded),
             abandoned: false,
+            routing,
         });
     }
 
@@ -106,6 +121,20 @@ impl InFlight {
         self.requests
             .front()
             .is_some_and(|r| matches!(r.stage, Stage::Writing { .. }))
+    }
+
+    /// The request the next reply answers was not handed out yet.
+    pub(super) fn front_is_queued(&self) -> bool {
+        self.requests
+            .front()
+            .is_some_and(|r| matches!(r.stage, Stage::Queued(_)))
+    }
+
+    /// No request is owed a reply: each one left (if any) was never handed out.
+    pub(super) fn all_queued(&self) -> bool {
+        self.requests
+            .iter()
+            .all(|r| matches!(r.stage, Stage::Queued(_)))
     }
 
     /// Requests remain, and every one of them is abandoned: nobody waits for this connection.
@@ -206,14 +235,26 @@ impl InFlight {
             .collect()
     }
 
-    /// Takes every request out; returns the tokens of those whose callers still wait, front
-    /// first.
-    pub(super) fn drain_waiting(&mut self) -> Vec<RequestToken> {
+    /// Takes every request out; returns those whose callers still wait, front first. With
+    /// `give_back`, a request not a byte of which was handed out comes back whole (once in
+    /// its life: one given back before fails like the others).
+    pub(super) fn drain_waiting(&mut self, give_back: bool) -> Vec<Taken> {
         self.answered_unwritten = 0;
         self.requests
             .drain(..)
             .filter(|r| !r.abandoned)
-            .map(|r| r.token)
+            .map(|r| match r.stage {
+                Stage::Queued(encoded) if give_back && !r.routing.was_given_back() => {
+                    let request = ClientRequest {
+                        kind: r.kind,
+                        encoded,
+                        deadline: r.deadline,
+                        routing: r.routing.given_back(),
+                    };
+                    Taken::Unwritten(r.token, request)
+                }
+                _ => Taken::Failing(r.token),
+            })
             .collect()
     }
 }

@@ -14,11 +14,36 @@ pub struct ClientRequest {
     pub(super) kind: RequestKind,
     pub(super) encoded: Encoded,
     pub(super) deadline: Deadline,
+    pub(super) routing: Routing,
+}
+
+/// How a request is carried, kept while it waits on a connection so that one given back
+/// ([`super::ClientEvent::Unsent`]) is the same request again.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Routing {
     /// A stripe of a striped request (not counted against a peer's busy bytes).
     stripe: bool,
     /// How many requests its peer takes on one connection before it has answered the first
     /// (1: one at a time; [`ClientRequest::with_pipeline`]).
     pipeline: u16,
+    /// It was given back once already, by a connection that failed before writing it: the
+    /// next such failure fails it.
+    given_back: bool,
+}
+
+impl Routing {
+    /// The same, for a request being given back.
+    pub(super) fn given_back(self) -> Self {
+        Self {
+            given_back: true,
+            ..self
+        }
+    }
+
+    /// Whether it was given back before.
+    pub(super) fn was_given_back(self) -> bool {
+        self.given_back
+    }
 }
 
 impl ClientRequest {
@@ -44,8 +69,11 @@ impl ClientRequest {
             kind,
             encoded,
             deadline,
-            stripe: false,
-            pipeline: 1,
+            routing: Routing {
+                stripe: false,
+                pipeline: 1,
+                given_back: false,
+            },
         })
     }
 
@@ -96,8 +124,11 @@ impl ClientRequest {
             kind,
             encoded,
             deadline,
-            stripe: matches!(framing, Framing::Stripe(_)),
-            pipeline: 1,
+            routing: Routing {
+                stripe: matches!(framing, Framing::Stripe(_)),
+                pipeline: 1,
+                given_back: false,
+            },
         })
     }
 
@@ -107,20 +138,24 @@ impl ClientRequest {
     /// own.
     #[must_use]
     pub fn with_pipeline(mut self, depth: u16) -> Self {
-        self.pipeline = if self.stripe { 1 } else { depth.max(1) };
+        self.routing.pipeline = if self.routing.stripe { 1 } else { depth.max(1) };
         self
     }
 
     /// How many requests its peer takes on one connection at once (1: one at a time).
     pub fn pipeline(&self) -> u16 {
-        self.pipeline
+        self.routing.pipeline
     }
 
     /// The bytes a client pool counts for this request against a peer's busy bytes: its
     /// frame's length, or 0 for a stripe (the stripes of one request go out at once, each on a
     /// connection of its own, however large).
     pub fn pool_bytes(&self) -> u64 {
-        if self.stripe { 0 } else { self.wire_len() }
+        if self.routing.stripe {
+            0
+        } else {
+            self.wire_len()
+        }
     }
 
     /// The request frame's length on the wire.
@@ -136,5 +171,11 @@ impl ClientRequest {
     /// When it gives up.
     pub fn deadline(&self) -> Deadline {
         self.deadline
+    }
+
+    /// Whether a connection already gave it back unwritten once
+    /// ([`super::ClientEvent::Unsent`]); it is not given back again.
+    pub fn was_given_back(&self) -> bool {
+        self.routing.given_back
     }
 }

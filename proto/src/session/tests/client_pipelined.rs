@@ -4,13 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::pair::{NodeMode, Pair, message, peer};
+use super::pair::{NodeMode, Pair, ask, feed, message, peer};
 use crate::Limits;
 use crate::ptr1::{self, Frame};
-use crate::session::{ClientEvent, ClientRequest, ClientSession, CloseReason, SessionConfig};
-use crate::transport::{
-    ActorPath, Answer, Deadline, Error, HeapMemory, ReceiveMemory, Reply, RequestKind,
-};
+use crate::session::{ClientEvent, ClientSession, CloseReason, SessionConfig};
+use crate::transport::{Answer, Error, HeapMemory, ReceiveMemory, Reply, RequestKind};
 
 /// The length of the only buffer of a reply.
 fn reply_len(outcome: &Result<Answer, Error>) -> usize {
@@ -126,7 +124,7 @@ fn a_connection_whose_every_request_was_given_up_on_closes() {
 fn the_peer_closing_mid_pipeline_fails_the_requests_it_did_not_answer() {
     let mut sut = Pair::new();
     sut.node = NodeMode::Hold;
-    let tokens: Vec<_> = (0..3)
+    let tokens: Vec<_> = (0..5)
         .map(|_| sut.start(RequestKind::Ask, message(&[7]), Duration::from_secs(30)))
         .collect();
     sut.drive();
@@ -141,6 +139,11 @@ fn the_peer_closing_mid_pipeline_fails_the_requests_it_did_not_answer() {
             "{outcome:?}"
         );
     }
+    // The ones behind the first failure are told its cause, the same for each (not nested
+    // once more per request: 64 of them made texts of kilobytes).
+    let text = |i: usize| sut.done[i].as_ref().unwrap_err().to_string();
+    assert_eq!(text(2), text(4));
+    assert!(text(4).len() < 2 * text(1).len() + 64, "{}", text(4));
     assert!(matches!(sut.client_closed, Some(CloseReason::PeerClosed)));
 }
 
@@ -157,24 +160,6 @@ fn a_session_whose_write_failed_takes_no_more_requests() {
     assert!(sut.client_closed.is_none(), "the read decides");
 }
 
-/// Feeds `bytes` to `client` as the peer's, through the reads it asks for.
-fn feed(client: &mut ClientSession, mut bytes: &[u8], now: std::time::Instant) {
-    while !bytes.is_empty() {
-        let mut buf = client.poll_read().expect("a read is armed");
-        let mut n = 0;
-        for region in buf.regions() {
-            let take = region.len().min(bytes.len() - n);
-            region[..take].copy_from_slice(&bytes[n..n + take]);
-            n += take;
-            if n == bytes.len() {
-                break;
-            }
-        }
-        client.handle_read(buf, Ok(n), now);
-        bytes = &bytes[n..];
-    }
-}
-
 #[test]
 fn a_reply_heard_before_its_coalesced_write_is_reported_matches_and_keeps_the_connection() {
     // io_uring reports a transmit written only once all of it is: the peer may answer the
@@ -182,18 +167,8 @@ fn a_reply_heard_before_its_coalesced_write_is_reported_matches_and_keeps_the_co
     let now = std::time::Instant::now();
     let memory: Arc<dyn ReceiveMemory> = Arc::new(HeapMemory::new(1 << 20));
     let mut client = ClientSession::connected(Arc::new(SessionConfig::default()), memory, peer());
-    let request = |n: usize| {
-        ClientRequest::encode(
-            RequestKind::Ask,
-            &ActorPath::parse("echo").unwrap(),
-            message(&[n]),
-            &Limits::default(),
-            Deadline::after(now, Duration::from_secs(30)),
-        )
-        .unwrap()
-    };
-    let first = client.start(request(3), now).unwrap();
-    let second = client.start(request(4), now).unwrap();
+    let first = client.start(ask(3, now), now).unwrap();
+    let second = client.start(ask(4, now), now).unwrap();
     let transmit = client.poll_transmit(now).expect("both frames");
     let reply = |n: usize| {
         ptr1::encode(&Frame::TensorResponse(message(&[n])), &Limits::default())

@@ -2,6 +2,7 @@
 
 mod client;
 mod client_pipelined;
+mod client_unsent;
 mod finish;
 mod pair;
 mod pipelined;

@@ -37,6 +37,18 @@ pub(super) fn message(buffers: &[usize]) -> TensorMessage {
     )
 }
 
+/// An ask of one buffer of `n` bytes to `/actors/echo`, due in 30 s from `now`.
+pub(super) fn ask(n: usize, now: Instant) -> ClientRequest {
+    ClientRequest::encode(
+        RequestKind::Ask,
+        &ActorPath::parse("echo").unwrap(),
+        message(&[n]),
+        &crate::Limits::default(),
+        Deadline::after(now, Duration::from_secs(30)),
+    )
+    .unwrap()
+}
+
 /// Heap memory that counts what it hands out and what is prepared (committed) of it; `warm`
 /// memory says all of it is committed already, as a reused pool slot does.
 #[derive(Debug)]
@@ -150,6 +162,8 @@ pub(super) struct Pair {
     /// The requests started, in order, and the ones whose outcome came, in that order.
     pub(super) started: Vec<RequestToken>,
     pub(super) done_tokens: Vec<RequestToken>,
+    /// Requests the client handed back unwritten ([`ClientEvent::Unsent`]).
+    pub(super) unsent: Vec<(RequestToken, ClientRequest)>,
     pub(super) server_closed: Option<CloseReason>,
     pub(super) client_closed: Option<CloseReason>,
     pub(super) client_transmits: usize,
@@ -205,6 +219,7 @@ impl Pair {
             done: Vec::new(),
             started: Vec::new(),
             done_tokens: Vec::new(),
+            unsent: Vec::new(),
             server_closed: None,
             client_closed: None,
             client_transmits: 0,
@@ -212,6 +227,16 @@ impl Pair {
             server_reads: 0,
             server_scratch_max: 0,
         }
+    }
+
+    /// Starts `request` as it is (one handed back by another session, say).
+    pub(super) fn start_request(&mut self, request: ClientRequest) -> RequestToken {
+        let token = self
+            .client
+            .start(request, self.now)
+            .expect("the session takes a request");
+        self.started.push(token);
+        token
     }
 
     /// Starts an ask or tell of `message` to `/actors/echo` with a deadline of `timeout`.
@@ -247,9 +272,7 @@ impl Pair {
             Deadline::after(self.now, timeout),
         )
         .unwrap();
-        let token = self.client.start(request, self.now).unwrap();
-        self.started.push(token);
-        token
+        self.start_request(request)
     }
 
     /// The server takes stripes into `store`.
@@ -324,7 +347,7 @@ impl Pair {
         self.to_client.bytes.drain(..).collect()
     }
 
-    fn step(&mut self) -> bool {
+    pub(super) fn step(&mut self) -> bool {
         let mut progress = false;
         progress |= self.server_events();
         progress |= self.client_events();
@@ -488,6 +511,7 @@ impl Pair {
                     self.done_tokens.push(token);
                     self.done.push(outcome);
                 }
+                ClientEvent::Unsent { token, request } => self.unsent.push((token, request)),
                 ClientEvent::Close(reason) => {
                     self.client_closed = Some(reason);
                     self.client_tx = None;
@@ -497,6 +521,26 @@ impl Pair {
             }
         }
         any
+    }
+}
+
+/// Feeds `bytes` to `client` as the peer's, through the reads it asks for (until it closes).
+pub(super) fn feed(client: &mut ClientSession, mut bytes: &[u8], now: Instant) {
+    while !bytes.is_empty() {
+        let Some(mut buf) = client.poll_read() else {
+            return;
+        };
+        let mut n = 0;
+        for region in buf.regions() {
+            let take = region.len().min(bytes.len() - n);
+            region[..take].copy_from_slice(&bytes[n..n + take]);
+            n += take;
+            if n == bytes.len() {
+                break;
+            }
+        }
+        client.handle_read(buf, Ok(n), now);
+        bytes = &bytes[n..];
     }
 }
 

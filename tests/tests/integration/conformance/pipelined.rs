@@ -8,6 +8,7 @@ use tensorwire_engine::Node;
 use tensorwire_proto::ptr1::Frame;
 use tensorwire_proto::stats;
 use tensorwire_proto::stripe::CAPABILITIES_PATH;
+use tensorwire_proto::transport::Error;
 use tensorwire_tests::stripes::StrictPeer;
 use tensorwire_tests::*;
 
@@ -18,6 +19,7 @@ conformance!(
         concurrent_asks_to_a_peer_that_pipelines_share_a_few_connections,
         a_peer_without_the_capability_never_gets_a_request_before_its_last_reply,
         a_peer_with_the_capability_gets_pipelined_requests_and_answers_each_in_order,
+        requests_queued_on_a_connection_that_fails_before_writing_them_go_another_way,
     ],
     servers: [],
 );
@@ -95,6 +97,66 @@ fn a_peer_with_the_capability_gets_pipelined_requests_and_answers_each_in_order(
     assert!(
         early > 0,
         "no request was pipelined to a peer that takes them"
+    );
+}
+
+fn requests_queued_on_a_connection_that_fails_before_writing_them_go_another_way(drivers: Drivers) {
+    // One connection to the peer, which takes 64 requests at once: a burst of 60 KiB asks is
+    // pipelined onto it, far more than its socket buffers hold while the peer reads nothing.
+    let peer = StrictPeer::start_narrow(Some(64));
+    let client = drivers
+        .client()
+        .cores(1)
+        .max_connections_per_peer(1)
+        .build()
+        .unwrap();
+    wave(&client, peer.addr(), 0); // the peer is asked what it takes
+    peer.hold();
+    let before = peer.seen().len();
+    let messages: Vec<_> = (0..48).map(|i| patterned(7000 + i, 1, 60 << 10)).collect();
+    let asks: Vec<_> = messages
+        .iter()
+        .map(|m| client.ask(peer.addr(), "echo", m.clone(), TIMEOUT))
+        .collect();
+    peer.wait_held();
+    // The client fills what the kernel takes of the frames behind it meanwhile.
+    std::thread::sleep(Duration::from_millis(200));
+    // The connection breaks with the peer holding its first frame unanswered: whatever had
+    // gone out fails (the peer may have seen it), what had not goes on a new connection.
+    peer.close_held();
+    let (mut answered, mut failed) = (0, 0);
+    for (ask, message) in asks.into_iter().zip(&messages) {
+        match ask.wait() {
+            Ok(reply) => {
+                assert_eq!(&tensor(reply), message, "a reply reached the wrong asker");
+                answered += 1;
+            }
+            Err(e) => {
+                assert!(matches!(e, Error::ConnectionClosed { .. }), "{e}");
+                failed += 1;
+            }
+        }
+    }
+    assert!(failed >= 1, "the held request fails with its connection");
+    // The kernel holds a few dozen KiB of a connection with 536-byte segments and a 4 KiB
+    // window, and a transmit is 256 KiB at most: most of the 48 were never written.
+    assert!(
+        answered >= messages.len() / 2,
+        "only {answered} of {} went another way ({failed} failed with the connection)",
+        messages.len()
+    );
+    let versions: Vec<u32> = peer.seen()[before..]
+        .iter()
+        .filter_map(|s| match &s.frame {
+            Frame::Ask { path, message } if path == "/actors/echo" => Some(message.version),
+            _ => None,
+        })
+        .collect();
+    let distinct: std::collections::HashSet<_> = versions.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        versions.len(),
+        "a request reached the peer twice"
     );
 }
 
