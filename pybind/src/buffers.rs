@@ -89,6 +89,7 @@ pub(crate) fn export_to_send(obj: &Bound<'_, PyAny>, index: usize) -> PyResult<(
     if let Ok(buffer) = obj.cast::<Buffer>() {
         // One of ours (a received buffer sent on): share the memory, no export needed.
         let buffer = buffer.get();
+        buffer.check_inherited()?;
         return Ok((buffer.bytes.clone(), buffer.writable));
     }
     let buffer = match PyUntypedBuffer::get(obj) {
@@ -155,13 +156,36 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
 pub(crate) struct Buffer {
     pub(crate) bytes: Bytes,
     writable: bool,
+    /// The fork generation it was made in: in a child made by `fork()` since, shared memory
+    /// it points to is not there (not inherited), and it refuses to hand it out.
+    born: u64,
 }
 
 impl Buffer {
     pub(crate) fn new(bytes: Bytes, writable: bool) -> Self {
-        Self { bytes, writable }
+        Self {
+            bytes,
+            writable,
+            born: tensorwire_engine::fork::generation(),
+        }
+    }
+
+    /// `Ok` unless this is a child made by `fork()` and the bytes are shared memory its
+    /// parent had mapped (not inherited: touching them would fault).
+    fn check_inherited(&self) -> PyResult<()> {
+        if self.born == tensorwire_engine::fork::generation()
+            || !tensorwire_engine::shm::not_inherited::inherited(self.bytes.as_ptr())
+        {
+            return Ok(());
+        }
+        Err(PyBufferError::new_err(NOT_INHERITED))
     }
 }
+
+/// Why a shared-memory buffer or loan made before a `fork()` cannot be read in the child.
+pub(crate) const NOT_INHERITED: &str = "this buffer is shared memory of the parent process, \
+     which a child made by fork() does not inherit: receive it again in the child, or copy it \
+     (bytes(buf), numpy.array(buf)) before forking";
 
 #[pymethods]
 impl Buffer {
@@ -174,6 +198,7 @@ impl Buffer {
         flags: c_int,
     ) -> PyResult<()> {
         let me = slf.get();
+        me.check_inherited()?;
         if flags & ffi::PyBUF_WRITABLE != 0 && !me.writable {
             return Err(PyBufferError::new_err(
                 "this received buffer is read-only: it aliases the sender's memory (same \
@@ -212,8 +237,9 @@ impl Buffer {
     }
 
     /// A copy of the bytes.
-    fn __bytes__<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, &self.bytes)
+    fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        self.check_inherited()?;
+        Ok(PyBytes::new(py, &self.bytes))
     }
 
     /// Whether views may write to it.
@@ -240,6 +266,7 @@ impl Buffer {
             ));
         }
         let me = slf.get();
+        me.check_inherited()?;
         let request = crate::dlpack::Request {
             max_version,
             copy,

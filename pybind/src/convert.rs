@@ -5,6 +5,8 @@
 //! pair, or — when the endpoint was served with `pickle=True` — any picklable object (single
 //! reply of type `pickle`).
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -12,6 +14,7 @@ use pyo3::types::{PyByteArray, PyBytes, PyMemoryView, PyTuple};
 use tensorwire_engine::{Reply, Route};
 
 use crate::message::PyTensorMessage;
+use crate::settled::Settled;
 
 /// The single-reply type of `None`.
 pub(crate) const ACK: &str = "ack";
@@ -21,19 +24,25 @@ pub(crate) const BYTES: &str = "bytes";
 pub(crate) const PICKLE: &str = "pickle";
 
 /// A Python answer as an engine reply; `in_process`: the asker is in this process (it gets a
-/// copy of the buffers the handler may still change, see `PyTensorMessage::outgoing`).
+/// copy of the buffers the handler may still change, see `PyTensorMessage::outgoing`). With
+/// what to wait for, once the reply is handed over, before the handler may change its
+/// buffers (`settled.rs`).
 pub(crate) fn reply_from_py(
     value: &Bound<'_, PyAny>,
     pickle: bool,
     in_process: bool,
-) -> PyResult<Reply> {
+) -> PyResult<(Reply, Option<Arc<Settled>>)> {
+    if let Ok(message) = value.cast::<PyTensorMessage>() {
+        let (message, settled) = message.get().outgoing_reply(value.py(), in_process);
+        return Ok((Reply::Tensor(message), settled));
+    }
+    single_from_py(value, pickle).map(|reply| (reply, None))
+}
+
+/// A reply other than a `TensorMessage`: copied (single replies are small).
+fn single_from_py(value: &Bound<'_, PyAny>, pickle: bool) -> PyResult<Reply> {
     if value.is_none() {
         return Ok(single(ACK, Bytes::new()));
-    }
-    if let Ok(message) = value.cast::<PyTensorMessage>() {
-        return Ok(Reply::Tensor(
-            message.get().outgoing(value.py(), || in_process),
-        ));
     }
     if let Ok(bytes) = value.cast::<PyBytes>() {
         return Ok(single(BYTES, Bytes::copy_from_slice(bytes.as_bytes())));

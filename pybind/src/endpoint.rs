@@ -243,13 +243,19 @@ impl PyRequest {
     /// or (received with `pickle=True`) any picklable object.
     #[pyo3(signature = (value = None))]
     fn reply(&self, py: Python<'_>, value: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let reply = match value {
+        let (reply, settled) = match value {
             Some(v) => reply_from_py(v, self.pickle, self.in_process)?,
             None => reply_from_py(py.None().bind(py), false, false)?,
         };
         let replier = self.take()?;
-        // A shared-memory reply is copied on this thread: not under the GIL.
-        py.detach(|| replier.reply(Ok(reply)));
+        // A shared-memory reply is copied on this thread: not under the GIL. The handler may
+        // change its buffers once this returns: wait until the transport is done with them.
+        py.detach(|| {
+            replier.reply(Ok(reply));
+            if let Some(settled) = settled {
+                settled.wait();
+            }
+        });
         Ok(())
     }
 

@@ -122,7 +122,18 @@ fn answer(py: Python<'_>, slot: &HandlerSlot, incoming: Incoming, pickle: bool) 
         let value = handler.call1(py, (message,)).map_err(|e| failure(py, &e))?;
         reply_from_py(value.bind(py), pickle, in_process).map_err(|e| failure(py, &e))
     })();
-    py.detach(|| replier.reply(result));
+    let (result, settled) = match result {
+        Ok((reply, settled)) => (Ok(reply), settled),
+        Err(text) => (Err(text), None),
+    };
+    // The handler may change the reply's buffers for its next request: wait until the
+    // transport is done with them.
+    py.detach(|| {
+        replier.reply(result);
+        if let Some(settled) = settled {
+            settled.wait();
+        }
+    });
 }
 
 /// The text an engine peer gets for a handler's exception.

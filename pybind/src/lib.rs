@@ -24,6 +24,7 @@ mod node;
 mod pending;
 mod pump;
 mod reference;
+mod settled;
 mod shm;
 mod stats;
 mod sync;

@@ -69,6 +69,11 @@ impl PyLoan {
         flags: c_int,
     ) -> PyResult<()> {
         let me = slf.get();
+        if tensorwire_engine::fork::generation() != 0
+            && tensorwire_engine::shm::not_inherited::inherited(me.ptr as *const u8)
+        {
+            return Err(PyBufferError::new_err(crate::buffers::NOT_INHERITED));
+        }
         let state = lock(&me.state);
         if matches!(*state, State::Frozen { .. }) {
             return Err(PyBufferError::new_err(

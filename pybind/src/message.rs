@@ -1,7 +1,7 @@
 //! `TensorMessage` in Python: a version, opaque metadata bytes and buffers held as exports.
 
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use pyo3::PyTraverseError;
@@ -13,6 +13,7 @@ use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 use tensorwire_engine::TensorMessage;
 
 use crate::buffers::{Buffer, drain_releases, export, export_to_send};
+use crate::settled::{Settled, WAIT_FROM};
 
 /// A message: `version`, opaque `metadata` and an ordered list of contiguous buffers.
 ///
@@ -276,6 +277,41 @@ impl PyTensorMessage {
             copy(&mut message);
         }
         message
+    }
+}
+
+impl PyTensorMessage {
+    /// The message to send as a reply: as [`PyTensorMessage::outgoing`] to a receiver in this
+    /// process; to another process, the buffers the handler may change once `reply()`
+    /// returned are copied when small and tracked when large (`settled.rs`), and the caller
+    /// waits for the tracked ones before it returns.
+    pub(crate) fn outgoing_reply(
+        &self,
+        py: Python<'_>,
+        in_process: bool,
+    ) -> (TensorMessage, Option<Arc<Settled>>) {
+        if in_process {
+            return (self.outgoing(py, || true), None);
+        }
+        if self.lend || self.mutable.is_empty() || self.seal(py) {
+            return (self.inner.clone(), None);
+        }
+        let mut message = self.inner.clone();
+        let mut settled: Option<Arc<Settled>> = None;
+        for &i in &self.mutable {
+            let Some(buffer) = message.buffers.get_mut(i) else {
+                continue;
+            };
+            if buffer.len() < WAIT_FROM {
+                *buffer = Bytes::copy_from_slice(buffer);
+            } else {
+                let tracked = settled
+                    .get_or_insert_with(Arc::default)
+                    .track(buffer.clone());
+                *buffer = tracked;
+            }
+        }
+        (message, settled)
     }
 }
 

@@ -3,6 +3,7 @@ forkserver start methods can import it)."""
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import Any
 
@@ -50,6 +51,7 @@ def _child(parent_address: str, results: Any) -> None:
                 report[name] = f"{type(e).__name__}: {e}"
         node.close()  # a no-op on the parent's node: it returns at once
         report["inherited_seconds"] = time.monotonic() - started
+        _inherited_shared_memory(report)
     with tw.Node() as own:
         own.serve("echo", lambda m: m)
         payload = np.arange(1 << 16, dtype=np.float32)
@@ -70,6 +72,29 @@ def _child(parent_address: str, results: Any) -> None:
             report["own_deadline"] = "DeadlineExceeded"
         del never
     results.put(report)
+
+
+def _inherited_shared_memory(report: dict[str, Any]) -> None:
+    """Reads of the parent's shared memory (not inherited: refused, not a crash), then the
+    objects dropped in the child."""
+    held = {"buf": INHERITED.pop("shm_buffer"), "loan": INHERITED.pop("loan")}
+    reads = {
+        "shm_bytes": lambda: bytes(held["buf"]),
+        "shm_numpy": lambda: np.frombuffer(held["buf"], np.uint8).sum(),
+        "shm_memoryview": lambda: memoryview(held["buf"])[0],
+        "shm_dlpack": lambda: np.from_dlpack(held["buf"]).sum(),
+        "loan_view": lambda: memoryview(held["loan"])[0],
+    }
+    for name, read in reads.items():
+        try:
+            read()
+            report[name] = "no error"
+        except BufferError as e:
+            report[name] = "BufferError: fork" if "fork()" in str(e) else f"BufferError: {e}"
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            report[name] = f"{type(e).__name__}: {e}"
+    held.clear()  # dropped in the child
+    gc.collect()
 
 
 class Samples:

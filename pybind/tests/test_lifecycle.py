@@ -42,6 +42,14 @@ def parent() -> Iterator[tw.Node]:
                 tw.TensorMessage(b"", []), timeout=60
             )
             forked.INHERITED["pending"] = pending
+            # Shared memory a child does not inherit: a received view of `other`'s segment,
+            # and an open loan's window.
+            other.serve("echo", lambda m: m)
+            reply = node.ref(other.address, "echo", transport="shm").ask(
+                tw.TensorMessage(b"", [np.full(1 << 20, 7, np.uint8)])
+            )
+            assert reply.route == "shm"
+            forked.INHERITED.update(shm_buffer=reply.buffers[0], loan=node.loan(1 << 20))
             yield node
             assert pending.cancel() is True, "the child left the parent's ask alone"
             del mailbox
@@ -82,6 +90,12 @@ def test_a_child_process_fails_at_once_on_inherited_nodes_and_makes_its_own(
             assert report[call] == "ShutDown: fork", (call, report[call])
         # Every call failed at once, well within the 3 s timeouts given.
         assert report["inherited_seconds"] < 2.0, report
+        # Shared memory of the parent's is refused with a clear error, not a crash, and
+        # dropping it in the child neither crashes nor hangs (the child got this far).
+        for read in ("shm_bytes", "shm_numpy", "shm_memoryview", "shm_dlpack", "loan_view"):
+            assert report[read] == "BufferError: fork", (read, report[read])
+        # The parent's view is untouched.
+        assert bytes(forked.INHERITED["shm_buffer"])[:4] == b"\x07" * 4
     else:
         assert "ask" not in report, "nothing is inherited by spawn or forkserver"
     # The parent's node is untouched.

@@ -249,3 +249,37 @@ def test_a_read_only_received_buffer_sent_on_in_process_stays_zero_copy(node: tw
     forwarded = second.recv(timeout=10)
     assert forwarded is not None
     assert np.shares_memory(np.frombuffer(forwarded.message.buffers[0], np.uint8), weights)
+
+
+@pytest.mark.parametrize("path", ["raw", "shm"])
+@pytest.mark.parametrize("size", [4 << 10, 4 * MIB])
+def test_a_handler_that_rewrites_the_array_it_replied_from_never_changes_a_sent_reply(
+    node: tw.Node, path: str, size: int
+) -> None:
+    """The handler answers from one array and rewrites it as soon as `reply()` returned: over
+    a transport that writes the reply after that (PTR1), every reply must still arrive as it
+    was when it was handed over."""
+    endpoint = node.endpoint("rewriting")
+    rounds = 20
+    array = np.zeros(size, np.uint8)
+
+    def serve() -> None:
+        for k in range(rounds):
+            request = endpoint.recv(timeout=30)
+            assert request is not None
+            array[:] = k
+            request.reply(tw.TensorMessage(b"%d" % k, [array]))
+            array[:] = 255  # at once, for the "next request"
+
+    server = threading.Thread(target=serve)
+    server.start()
+    try:
+        with tw.Node() as asker:
+            ref = asker.ref(node.address, "rewriting", transport=path)
+            for k in range(rounds):
+                reply = ref.ask(tw.TensorMessage(b"", []), timeout=30)
+                got = np.frombuffer(reply.buffers[0], np.uint8)
+                assert reply.metadata == b"%d" % k
+                assert (got == k).all(), (path, size, k, np.unique(got))
+    finally:
+        server.join(60)

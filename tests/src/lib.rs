@@ -111,6 +111,15 @@ pub fn any_local_address() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 0))
 }
 
+/// A node on a loopback address with shared memory on, whose sends prefer it (and never take
+/// the in-process path, so two nodes of one test process talk over shared memory).
+pub fn shm_builder() -> NodeBuilder {
+    Node::builder(any_local_address())
+        .in_process_delivery(false)
+        .shared_memory(true)
+        .preference(tensorwire_engine::Preference::SharedMemory)
+}
+
 /// Fails loudly (instead of skipping) when io_uring is missing: these tests exist to run on it.
 pub fn require_io_uring() {
     if let Err(reason) = tensorwire_engine::io_uring_available() {

@@ -8,6 +8,7 @@
 //! read-only. A slot a holder still references is never written, zeroed or reused.
 
 mod manager;
+pub mod not_inherited;
 mod os;
 mod queue;
 mod quota;

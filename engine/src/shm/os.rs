@@ -174,6 +174,9 @@ pub(crate) struct FileMap {
     len: usize,
     /// Turned into a private copy-on-write mapping ([`FileMap::privatize`]).
     private: bool,
+    /// The fork generation of the process that mapped it: in a child made by `fork()` since,
+    /// the range is not mapped but reserved ([`super::not_inherited`]), and left so.
+    generation: u64,
 }
 
 // SAFETY: the mapping is owned by this value alone; moving it between threads is like moving
@@ -191,6 +194,7 @@ impl FileMap {
             ptr: NonNull::dangling(),
             len: 0,
             private: false,
+            generation: crate::fork::generation(),
         }
     }
 
@@ -205,11 +209,7 @@ impl FileMap {
         populate: bool,
     ) -> io::Result<Self> {
         if len == 0 {
-            return Ok(Self {
-                ptr: NonNull::dangling(),
-                len: 0,
-                private: false,
-            });
+            return Ok(Self::empty());
         }
         let prot = if writable {
             libc::PROT_READ | libc::PROT_WRITE
@@ -227,14 +227,7 @@ impl FileMap {
         }
         let ptr =
             NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
-        // A forked child must not keep a peer's slot mapped after this process lets it go.
-        // SAFETY: advice on the range just mapped; it changes no contents.
-        unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_DONTFORK) };
-        Ok(Self {
-            ptr,
-            len,
-            private: false,
-        })
+        Ok(Self::not_inherited(ptr, len))
     }
 
     /// A second mapping of `len` bytes of the same pages from `offset` (page-aligned), with
@@ -261,13 +254,21 @@ impl FileMap {
         }
         let ptr = NonNull::new(ptr.cast::<u8>())
             .ok_or_else(|| io::Error::other("mremap returned null"))?;
-        // SAFETY: advice on the range just mapped; it changes no contents.
-        unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_DONTFORK) };
-        Ok(Self {
+        Ok(Self::not_inherited(ptr, len))
+    }
+
+    /// A mapping just made, kept from any child made by `fork()` (a child must not keep a
+    /// peer's slot mapped after this process lets it go, nor write this process's segments):
+    /// marked `MADV_DONTFORK` and listed, so a child reserves its range instead.
+    fn not_inherited(ptr: NonNull<u8>, len: usize) -> Self {
+        dont_fork(ptr, len);
+        super::not_inherited::add(ptr.as_ptr(), len);
+        Self {
             ptr,
             len,
             private: false,
-        })
+            generation: crate::fork::generation(),
+        }
     }
 
     /// Maps every page of a writable mapping in one call (`MADV_POPULATE_WRITE`, Linux 5.14),
@@ -323,6 +324,8 @@ impl FileMap {
         if ptr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
+        // The new mapping does not carry the old one's advice.
+        dont_fork(self.ptr, self.len);
         self.private = true;
         Ok(())
     }
@@ -345,9 +348,21 @@ impl FileMap {
     }
 }
 
+/// Marks `len` bytes from `ptr` (a mapping of this process's) as not inherited by a child.
+fn dont_fork(ptr: NonNull<u8>, len: usize) {
+    // SAFETY: advice on a range this process mapped; it changes no contents.
+    unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_DONTFORK) };
+}
+
 impl Drop for FileMap {
     fn drop(&mut self) {
+        if !super::not_inherited::made_here(self.generation) {
+            // Inherited from a parent: nothing is mapped here but the child's reservation,
+            // which stays (a stale pointer into it faults rather than reads new memory).
+            return;
+        }
         if self.len > 0 {
+            super::not_inherited::remove(self.ptr.as_ptr());
             // SAFETY: exactly the range this value mapped; no reference to it outlives `self`,
             // and it is given up once, here (a large one on the unmapping thread).
             unsafe { crate::unmap::unmap(self.ptr.as_ptr(), self.len) };

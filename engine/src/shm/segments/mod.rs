@@ -290,6 +290,7 @@ impl Pool {
             segment: Arc::clone(segment),
             index,
             pool: Arc::downgrade(self),
+            born: crate::fork::generation(),
         });
         SlotMut(slot)
     }
@@ -447,6 +448,9 @@ pub(crate) struct Slot {
     segment: Arc<Segment>,
     index: u32,
     pool: Weak<Pool>,
+    /// The fork generation it was taken in: a child made by `fork()` since does not give it
+    /// back (the pool is its parent's, and may be locked forever in the child).
+    born: u64,
 }
 
 impl Slot {
@@ -483,6 +487,9 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
+        if !crate::shm::not_inherited::made_here(self.born) {
+            return;
+        }
         if let Some(pool) = self.pool.upgrade() {
             pool.give_back(&self.segment, self.index);
         }

@@ -37,10 +37,16 @@ pub(super) struct Counted {
     pub(super) book: Weak<Mutex<PeerBook>>,
     pub(super) pid: u32,
     pub(super) len: u64,
+    /// The fork generation it was counted in (a child made by `fork()` since leaves the
+    /// parent's book alone: it may be locked forever there).
+    pub(super) born: u64,
 }
 
 impl Drop for Counted {
     fn drop(&mut self) {
+        if !crate::shm::not_inherited::made_here(self.born) {
+            return;
+        }
         // Taken after any connection's lock, never inside the book's (the mapping code's
         // order): a mapping is dropped under a connection's state or by a view's last holder.
         if let Some(book) = self.book.upgrade() {
@@ -78,6 +84,7 @@ pub(super) fn unpack(from: &Source<'_>, body: &Body) -> Unpacked {
             Arc::new(HeldLease {
                 lease,
                 releases: Arc::downgrade(from.releases),
+                born: crate::fork::generation(),
             })
         })
         .collect();
@@ -268,10 +275,16 @@ impl<'a> Owners<'a> {
 struct HeldLease {
     lease: u64,
     releases: Weak<Releases>,
+    /// The fork generation it was taken in: a child made by `fork()` since has no lease to
+    /// give back (it is its parent's).
+    born: u64,
 }
 
 impl Drop for HeldLease {
     fn drop(&mut self) {
+        if !crate::shm::not_inherited::made_here(self.born) {
+            return;
+        }
         // A connection that closed has nobody to tell: the peer keeps the lease until this
         // process exits.
         if let Some(releases) = self.releases.upgrade() {

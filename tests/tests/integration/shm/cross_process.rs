@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 
 use bytes::Bytes;
-use tensorwire_engine::{Node, Preference, Reply, TensorMessage};
+use tensorwire_engine::{Node, Reply, TensorMessage};
 use tensorwire_proto::stats;
 use tensorwire_tests::*;
 
@@ -67,12 +67,7 @@ impl Drop for Peer {
 }
 
 fn client() -> Node {
-    Node::builder(any_local_address())
-        .in_process_delivery(false)
-        .shared_memory(true)
-        .preference(Preference::SharedMemory)
-        .build()
-        .unwrap()
+    shm_builder().build().unwrap()
 }
 
 fn dev_shm() -> Vec<String> {

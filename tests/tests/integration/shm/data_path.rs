@@ -9,14 +9,6 @@ use tensorwire_engine::{Error, Node, NodeBuilder, Preference, Reply, Route, Tens
 use tensorwire_proto::stats;
 use tensorwire_tests::*;
 
-/// A node with shared memory on; sends prefer it.
-pub(super) fn shm_builder() -> NodeBuilder {
-    Node::builder(any_local_address())
-        .in_process_delivery(false)
-        .shared_memory(true)
-        .preference(Preference::SharedMemory)
-}
-
 fn echo_server() -> Node {
     let node = shm_builder().build().unwrap();
     node.serve("echo", 2, |r| Ok(Reply::Tensor(r.message)))

@@ -6,7 +6,7 @@ use tensorwire_engine::{Endpoint, Incoming, Node, TensorMessage};
 use tensorwire_proto::stats;
 use tensorwire_tests::*;
 
-use super::data_path::{eventually, shm_builder};
+use super::data_path::eventually;
 
 /// A server with an `inbox` endpoint, and a client node.
 fn server_inbox_client() -> (Node, Endpoint, Node) {

@@ -3,15 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use tensorwire_engine::{Node, NodeBuilder, Preference, Reply};
+use tensorwire_engine::Reply;
 use tensorwire_tests::*;
-
-fn shm_builder() -> NodeBuilder {
-    Node::builder(any_local_address())
-        .in_process_delivery(false)
-        .shared_memory(true)
-        .preference(Preference::SharedMemory)
-}
 
 /// Waits until `f` holds, up to `limit`.
 fn within(limit: Duration, mut f: impl FnMut() -> bool) -> bool {

@@ -133,6 +133,7 @@ impl Conn {
                     book: Arc::downgrade(&t.book),
                     pid: self.peer.pid,
                     len,
+                    born: crate::fork::generation(),
                 };
                 st.mapped.insert(
                     segment,
