@@ -156,30 +156,28 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
 pub(crate) struct Buffer {
     pub(crate) bytes: Bytes,
     writable: bool,
-    /// The fork generation it was made in: in a child made by `fork()` since, shared memory
-    /// it points to is not there (not inherited), and it refuses to hand it out.
-    born: u64,
 }
 
 impl Buffer {
     pub(crate) fn new(bytes: Bytes, writable: bool) -> Self {
-        Self {
-            bytes,
-            writable,
-            born: tensorwire_engine::fork::generation(),
-        }
+        Self { bytes, writable }
     }
 
     /// `Ok` unless this is a child made by `fork()` and the bytes are shared memory its
     /// parent had mapped (not inherited: touching them would fault).
     fn check_inherited(&self) -> PyResult<()> {
-        if self.born == tensorwire_engine::fork::generation()
-            || !tensorwire_engine::shm::not_inherited::inherited(self.bytes.as_ptr())
-        {
-            return Ok(());
-        }
-        Err(PyBufferError::new_err(NOT_INHERITED))
+        not_inherited(&self.bytes)
     }
+}
+
+/// `Ok` unless `bytes` lie in shared memory a parent process had mapped before the `fork()`
+/// that made this one (not inherited: touching them would fault). Free in a process not
+/// forked from one with shared memory mapped.
+pub(crate) fn not_inherited(bytes: &Bytes) -> PyResult<()> {
+    if bytes.is_empty() || !tensorwire_engine::shm::not_inherited::inherited(bytes.as_ptr()) {
+        return Ok(());
+    }
+    Err(PyBufferError::new_err(NOT_INHERITED))
 }
 
 /// Why a shared-memory buffer or loan made before a `fork()` cannot be read in the child.

@@ -26,14 +26,19 @@ pub(crate) const PICKLE: &str = "pickle";
 /// A Python answer as an engine reply; `in_process`: the asker is in this process (it gets a
 /// copy of the buffers the handler may still change, see `PyTensorMessage::outgoing`). With
 /// what to wait for, once the reply is handed over, before the handler may change its
-/// buffers (`settled.rs`).
+/// buffers (`settled.rs`: buffers of `wait_from` bytes or more are waited for, smaller ones
+/// copied).
 pub(crate) fn reply_from_py(
     value: &Bound<'_, PyAny>,
     pickle: bool,
     in_process: bool,
+    wait_from: usize,
 ) -> PyResult<(Reply, Option<Arc<Settled>>)> {
     if let Ok(message) = value.cast::<PyTensorMessage>() {
-        let (message, settled) = message.get().outgoing_reply(value.py(), in_process);
+        message.get().check_inherited()?;
+        let (message, settled) = message
+            .get()
+            .outgoing_reply(value.py(), in_process, wait_from);
         return Ok((Reply::Tensor(message), settled));
     }
     single_from_py(value, pickle).map(|reply| (reply, None))

@@ -14,6 +14,7 @@ use crate::errors::{InvalidArgument, to_py};
 use crate::into::{Targets, keeping};
 use crate::message::PyTensorMessage;
 use crate::pump::{Outcome, Pump};
+use crate::settled::WAIT_FROM;
 use crate::sync::lock;
 
 /// How often a blocking receive wakes to let Ctrl+C through.
@@ -237,15 +238,18 @@ impl PyRequest {
     }
 }
 
-#[pymethods]
 impl PyRequest {
-    /// Answers with a `TensorMessage`, `bytes`, `None` (an ack), a `(msg_type, bytes)` pair,
-    /// or (received with `pickle=True`) any picklable object.
-    #[pyo3(signature = (value = None))]
-    fn reply(&self, py: Python<'_>, value: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    /// Answers with `value`: writable buffers below `wait_from` bytes are copied, larger ones
+    /// waited for (`settled.rs`).
+    fn answer(
+        &self,
+        py: Python<'_>,
+        value: Option<&Bound<'_, PyAny>>,
+        wait_from: usize,
+    ) -> PyResult<()> {
         let (reply, settled) = match value {
-            Some(v) => reply_from_py(v, self.pickle, self.in_process)?,
-            None => reply_from_py(py.None().bind(py), false, false)?,
+            Some(v) => reply_from_py(v, self.pickle, self.in_process, wait_from)?,
+            None => reply_from_py(py.None().bind(py), false, false, wait_from)?,
         };
         let replier = self.take()?;
         // A shared-memory reply is copied on this thread: not under the GIL. The handler may
@@ -257,6 +261,24 @@ impl PyRequest {
             }
         });
         Ok(())
+    }
+}
+
+#[pymethods]
+impl PyRequest {
+    /// Answers with a `TensorMessage`, `bytes`, `None` (an ack), a `(msg_type, bytes)` pair,
+    /// or (received with `pickle=True`) any picklable object.
+    #[pyo3(signature = (value = None))]
+    fn reply(&self, py: Python<'_>, value: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        self.answer(py, value, WAIT_FROM)
+    }
+
+    /// As `reply`, but returns without waiting for the transport: the reply's writable
+    /// buffers are copied first, however large (what coroutine handlers use: their event loop
+    /// must not wait for a peer).
+    #[pyo3(signature = (value = None))]
+    fn reply_nowait(&self, py: Python<'_>, value: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        self.answer(py, value, usize::MAX)
     }
 
     /// This request with its buffers copied into `into` (after `check(metadata)` passed): the

@@ -18,6 +18,7 @@ use tensorwire_engine::{Endpoint, Error, Incoming};
 use crate::buffers::drain_releases;
 use crate::convert::reply_from_py;
 use crate::message::PyTensorMessage;
+use crate::settled::WAIT_FROM;
 use crate::sync::lock;
 
 /// How long a handler thread polls for the next request at least (and, times ten, at most).
@@ -120,7 +121,7 @@ fn answer(py: Python<'_>, slot: &HandlerSlot, incoming: Incoming, pickle: bool) 
             .ok_or_else(|| format!("the handler of {path} was collected"))?;
         let message = PyTensorMessage::received(request.message, writable, None);
         let value = handler.call1(py, (message,)).map_err(|e| failure(py, &e))?;
-        reply_from_py(value.bind(py), pickle, in_process).map_err(|e| failure(py, &e))
+        reply_from_py(value.bind(py), pickle, in_process, WAIT_FROM).map_err(|e| failure(py, &e))
     })();
     let (result, settled) = match result {
         Ok((reply, settled)) => (Ok(reply), settled),

@@ -58,6 +58,17 @@ impl PyLoan {
     }
 }
 
+impl PyLoan {
+    /// `Ok` unless this is a child made by `fork()` and the loan is its parent's (its window
+    /// is not mapped here, and its slot is the parent's to fill).
+    fn check_inherited(&self) -> PyResult<()> {
+        if tensorwire_engine::shm::not_inherited::inherited(self.ptr as *const u8) {
+            return Err(PyBufferError::new_err(crate::buffers::NOT_INHERITED));
+        }
+        Ok(())
+    }
+}
+
 #[pymethods]
 impl PyLoan {
     /// # Safety
@@ -69,11 +80,7 @@ impl PyLoan {
         flags: c_int,
     ) -> PyResult<()> {
         let me = slf.get();
-        if tensorwire_engine::fork::generation() != 0
-            && tensorwire_engine::shm::not_inherited::inherited(me.ptr as *const u8)
-        {
-            return Err(PyBufferError::new_err(crate::buffers::NOT_INHERITED));
-        }
+        me.check_inherited()?;
         let state = lock(&me.state);
         if matches!(*state, State::Frozen { .. }) {
             return Err(PyBufferError::new_err(
@@ -128,6 +135,7 @@ impl PyLoan {
     fn freeze(slf: &Bound<'_, Self>) -> PyResult<Buffer> {
         drain_releases(slf.py());
         let me = slf.get();
+        me.check_inherited()?;
         let mut state = lock(&me.state);
         let exports = me.exports.load(Ordering::Acquire);
         if exports != 0 {

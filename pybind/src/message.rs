@@ -12,8 +12,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 use tensorwire_engine::TensorMessage;
 
-use crate::buffers::{Buffer, drain_releases, export, export_to_send};
-use crate::settled::{Settled, WAIT_FROM};
+use crate::buffers::{Buffer, drain_releases, export, export_to_send, not_inherited};
+use crate::settled::Settled;
 
 /// A message: `version`, opaque `metadata` and an ordered list of contiguous buffers.
 ///
@@ -92,8 +92,9 @@ impl PyTensorMessage {
 
     /// The metadata (a copy: it is small).
     #[getter]
-    fn metadata<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, &self.inner.metadata)
+    fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        not_inherited(&self.inner.metadata)?;
+        Ok(PyBytes::new(py, &self.inner.metadata))
     }
 
     /// The buffers, as passed (sent messages) or as `Buffer` views (received messages).
@@ -123,6 +124,7 @@ impl PyTensorMessage {
     /// process — not even a same-user sender whose shared memory a received buffer views —
     /// can change its bytes.
     fn copy(&self) -> PyResult<Self> {
+        self.check_inherited()?;
         Ok(Self::received(self.inner.private_copy(), true, self.route))
     }
 
@@ -281,14 +283,24 @@ impl PyTensorMessage {
 }
 
 impl PyTensorMessage {
+    /// `Ok` unless this is a child made by `fork()` and the message's metadata or a buffer is
+    /// shared memory of its parent's (not inherited: reading it would fault), checked before
+    /// the message is copied or sent.
+    pub(crate) fn check_inherited(&self) -> PyResult<()> {
+        not_inherited(&self.inner.metadata)?;
+        self.inner.buffers.iter().try_for_each(not_inherited)
+    }
+
     /// The message to send as a reply: as [`PyTensorMessage::outgoing`] to a receiver in this
     /// process; to another process, the buffers the handler may change once `reply()`
-    /// returned are copied when small and tracked when large (`settled.rs`), and the caller
-    /// waits for the tracked ones before it returns.
+    /// returned are copied when smaller than `wait_from` bytes (with the GIL released from
+    /// 64 KiB) and tracked otherwise (`settled.rs`): the caller waits for the tracked ones
+    /// before it returns.
     pub(crate) fn outgoing_reply(
         &self,
         py: Python<'_>,
         in_process: bool,
+        wait_from: usize,
     ) -> (TensorMessage, Option<Arc<Settled>>) {
         if in_process {
             return (self.outgoing(py, || true), None);
@@ -298,12 +310,13 @@ impl PyTensorMessage {
         }
         let mut message = self.inner.clone();
         let mut settled: Option<Arc<Settled>> = None;
+        let mut copied = Vec::new();
         for &i in &self.mutable {
             let Some(buffer) = message.buffers.get_mut(i) else {
                 continue;
             };
-            if buffer.len() < WAIT_FROM {
-                *buffer = Bytes::copy_from_slice(buffer);
+            if buffer.len() < wait_from {
+                copied.push(i);
             } else {
                 let tracked = settled
                     .get_or_insert_with(Arc::default)
@@ -311,9 +324,23 @@ impl PyTensorMessage {
                 *buffer = tracked;
             }
         }
+        let bytes: usize = copied.iter().map(|&i| message.buffers[i].len()).sum();
+        let copy = |message: &mut TensorMessage| {
+            for &i in &copied {
+                message.buffers[i] = Bytes::copy_from_slice(&message.buffers[i]);
+            }
+        };
+        if bytes >= COPY_DETACHED_REPLY {
+            py.detach(|| copy(&mut message));
+        } else {
+            copy(&mut message);
+        }
         (message, settled)
     }
 }
+
+/// A reply copies at least this many bytes with the GIL released.
+const COPY_DETACHED_REPLY: usize = 64 << 10;
 
 /// `buffers` must be a collection of buffers. One buffer passed as the whole collection would
 /// be iterated: a 2-D array into one buffer per row, `bytes` into integers. Refused, saying so.

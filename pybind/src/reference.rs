@@ -43,10 +43,15 @@ impl PyRef {
     }
 
     /// The message to send to this reference (see `PyTensorMessage::outgoing`).
-    fn outgoing(&self, py: Python<'_>, message: &Bound<'_, PyTensorMessage>) -> TensorMessage {
-        message
+    fn outgoing(
+        &self,
+        py: Python<'_>,
+        message: &Bound<'_, PyTensorMessage>,
+    ) -> PyResult<TensorMessage> {
+        message.get().check_inherited()?;
+        Ok(message
             .get()
-            .outgoing(py, || self.node.delivers_in_process(&self.to))
+            .outgoing(py, || self.node.delivers_in_process(&self.to)))
     }
 
     /// What every ask does before it starts: buffers Python let go of are released, `into`
@@ -61,7 +66,7 @@ impl PyRef {
     ) -> PyResult<(TensorMessage, Duration, Option<Targets>)> {
         drain_releases(py);
         let targets = into.map(|into| Targets::take(into, check)).transpose()?;
-        Ok((self.outgoing(py, message), seconds(timeout)?, targets))
+        Ok((self.outgoing(py, message)?, seconds(timeout)?, targets))
     }
 
     /// What a failed call was doing (formatted only when it failed).
@@ -112,7 +117,7 @@ impl PyRef {
         timeout: f64,
     ) -> PyResult<()> {
         drain_releases(py);
-        let (message, timeout) = (self.outgoing(py, message), seconds(timeout)?);
+        let (message, timeout) = (self.outgoing(py, message)?, seconds(timeout)?);
         let interrupted = Mutex::new(None);
         let result = py.detach(|| {
             let stop = || interrupt(&interrupted);
@@ -137,7 +142,7 @@ impl PyRef {
         timeout: f64,
     ) -> PyResult<()> {
         drain_releases(py);
-        let (message, timeout) = (self.outgoing(py, message), seconds(timeout)?);
+        let (message, timeout) = (self.outgoing(py, message)?, seconds(timeout)?);
         let pending = self.node.tell_to(&self.to, message, timeout);
         let context = (self.to.path().to_owned(), self.to.peer());
         pending.detach(move |result| {
@@ -210,7 +215,7 @@ impl PyRef {
         timeout: f64,
     ) -> PyResult<u64> {
         drain_releases(py);
-        let (message, timeout) = (self.outgoing(py, message), seconds(timeout)?);
+        let (message, timeout) = (self.outgoing(py, message)?, seconds(timeout)?);
         let pending = self.node.tell_to(&self.to, message, timeout);
         let context = ContextLater::of(&self.to, "tell", self.transport);
         Ok(pump.get().start(Box::pin(async move {

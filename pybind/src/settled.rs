@@ -2,10 +2,10 @@
 //! arrays) must not be read by the transport after that: the rule of `docs/python.md` ("a
 //! handler may rewrite the array it replied from for the next request") on every path. The
 //! in-process path copies them; shared memory copies them on the replying thread; PTR1 and
-//! HTTP/2 write them after `reply()` handed them over. So for those paths a small buffer is
-//! copied at once, and a large one is handed to the transport through a tracked owner, and
+//! HTTP/2 write them after `reply()` handed them over. So for those paths a buffer below 1 MiB
+//! is copied at once, and a larger one is handed to the transport through a tracked owner, and
 //! `reply()` waits until the transport dropped every such owner (the bytes are written, or the
-//! connection is gone).
+//! connection is gone). `reply_nowait()` (what coroutine handlers use) copies them all.
 //!
 //! What this does not do: it does not wait for immutable buffers (`bytes`, read-only arrays,
 //! frozen loans), for `lend=True` messages (the sender promised to leave them unchanged), or
@@ -19,9 +19,10 @@ use bytes::Bytes;
 
 use crate::sync::lock;
 
-/// Buffers of at most this many bytes are copied rather than waited for: a copy costs less
-/// than the wake-up a wait does.
-pub(crate) const WAIT_FROM: usize = 64 << 10;
+/// Buffers smaller than this are copied rather than waited for: the copy (with the GIL
+/// released) lets the handler go on at once, where a wait lasts the whole write and a
+/// wake-up. A coroutine handler never waits ([`usize::MAX`]): its event loop must not block.
+pub(crate) const WAIT_FROM: usize = 1 << 20;
 
 /// How long `reply()` waits for the transport at most; past it, it returns and says so.
 const WAIT_AT_MOST: Duration = Duration::from_secs(60);

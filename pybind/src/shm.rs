@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use tensorwire_engine::fork::Birth;
 use tensorwire_engine::shm::{Descriptor, ShmError, ShmManager};
 
 use crate::buffers::{Buffer, drain_releases, export};
@@ -74,11 +75,24 @@ impl From<&PyDescriptor> for Descriptor {
 #[pyclass(frozen, module = "tensorwire._native", name = "Shm")]
 pub(crate) struct PyShm {
     manager: ShmManager,
+    /// The process that made it: a child made by `fork()` since has none of its memory (nor
+    /// the threads that hold its locks), and every call there fails at once.
+    birth: Birth,
 }
 
 impl PyShm {
     pub(crate) fn new(manager: ShmManager) -> Self {
-        Self { manager }
+        Self {
+            manager,
+            birth: Birth::here(),
+        }
+    }
+
+    fn here(&self, what: &str) -> PyResult<&ShmManager> {
+        self.birth
+            .check()
+            .map_err(|e| crate::errors::to_py(&e, what))?;
+        Ok(&self.manager)
     }
 }
 
@@ -90,7 +104,8 @@ impl PyShm {
         drain_releases(py);
         let bytes = export(data, 0)?;
         let ttl = seconds(ttl)?;
-        py.detach(|| self.manager.offer(bytes, ttl))
+        let manager = self.here("offering a region")?;
+        py.detach(|| manager.offer(bytes, ttl))
             .map(Into::into)
             .map_err(|e| to_py(&e, "offering a region"))
     }
@@ -99,14 +114,15 @@ impl PyShm {
     fn publish(&self, py: Python<'_>, name: &str, data: &Bound<'_, PyAny>) -> PyResult<()> {
         drain_releases(py);
         let bytes = export(data, 0)?;
-        py.detach(|| self.manager.publish(name, bytes))
+        let manager = self.here("publishing a region")?;
+        py.detach(|| manager.publish(name, bytes))
             .map_err(|e| to_py(&e, &format!("publishing {name:?}")))
     }
 
     /// Leases a view of the region published under `name` for `ttl` seconds.
     #[pyo3(signature = (name, ttl = 60.0))]
     fn open(&self, name: &str, ttl: f64) -> PyResult<PyDescriptor> {
-        self.manager
+        self.here("opening a region")?
             .open(name, seconds(ttl)?)
             .map(Into::into)
             .map_err(|e| to_py(&e, &format!("opening {name:?}")))
@@ -114,32 +130,33 @@ impl PyShm {
 
     /// The leased bytes, as a read-only `Buffer` (views keep the region alive).
     fn map(&self, descriptor: &PyDescriptor) -> PyResult<Buffer> {
-        self.manager
+        self.here("mapping a region")?
             .map(&descriptor.into())
             .map(|bytes| Buffer::new(bytes, false))
             .map_err(|e| to_py(&e, &format!("mapping {}", descriptor.__repr__())))
     }
 
     /// Ends the lease; `False` if it had already ended (idempotent).
-    fn release(&self, descriptor: &PyDescriptor) -> bool {
-        self.manager.release(&descriptor.into())
+    fn release(&self, descriptor: &PyDescriptor) -> PyResult<bool> {
+        Ok(self.here("releasing a lease")?.release(&descriptor.into()))
     }
 
     /// Removes the name: new opens fail, existing leases drain.
     fn unpublish(&self, name: &str) -> PyResult<()> {
-        self.manager
+        self.here("unpublishing a region")?
             .unpublish(name)
             .map_err(|e| to_py(&e, &format!("unpublishing {name:?}")))
     }
 
     /// Revokes every lease and name.
-    fn clear(&self) {
-        self.manager.clear();
+    fn clear(&self) -> PyResult<()> {
+        self.here("clearing regions")?.clear();
+        Ok(())
     }
 
     /// Regions, names, leases and bytes alive (the seed's keys) and the backend.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let stats = self.manager.stats();
+        let stats = self.here("reading shared-memory stats")?.stats();
         let dict = PyDict::new(py);
         dict.set_item("backend", stats.backend)?;
         dict.set_item("regions", stats.regions)?;

@@ -51,8 +51,9 @@ def _child(parent_address: str, results: Any) -> None:
                 report[name] = f"{type(e).__name__}: {e}"
         node.close()  # a no-op on the parent's node: it returns at once
         report["inherited_seconds"] = time.monotonic() - started
-        _inherited_shared_memory(report)
     with tw.Node() as own:
+        if node is not None:
+            _inherited_shared_memory(report, own)
         own.serve("echo", lambda m: m)
         payload = np.arange(1 << 16, dtype=np.float32)
         here = own.ref(own.address, "echo").ask(tw.TensorMessage(b"", [payload]))
@@ -74,16 +75,27 @@ def _child(parent_address: str, results: Any) -> None:
     results.put(report)
 
 
-def _inherited_shared_memory(report: dict[str, Any]) -> None:
+def _inherited_shared_memory(report: dict[str, Any], own: tw.Node) -> None:
     """Reads of the parent's shared memory (not inherited: refused, not a crash), then the
     objects dropped in the child."""
-    held = {"buf": INHERITED.pop("shm_buffer"), "loan": INHERITED.pop("loan")}
+    held = {
+        "buf": INHERITED.pop("shm_buffer"),
+        "loan": INHERITED.pop("loan"),
+        "message": INHERITED.pop("shm_message"),
+    }
+    sink = own.ref(own.address, "sink-never-read", transport="local")
     reads = {
         "shm_bytes": lambda: bytes(held["buf"]),
         "shm_numpy": lambda: np.frombuffer(held["buf"], np.uint8).sum(),
         "shm_memoryview": lambda: memoryview(held["buf"])[0],
         "shm_dlpack": lambda: np.from_dlpack(held["buf"]).sum(),
         "loan_view": lambda: memoryview(held["loan"])[0],
+        "loan_freeze": lambda: held["loan"].freeze(),
+        "message_buffer": lambda: bytes(held["message"].buffers[0]),
+        "message_metadata": lambda: held["message"].metadata,
+        "message_copy": lambda: held["message"].copy(),
+        "message_sent_on": lambda: sink.tell(held["message"], timeout=3),
+        "shm_stats": lambda: INHERITED["shm"].stats(),
     }
     for name, read in reads.items():
         try:
@@ -91,6 +103,8 @@ def _inherited_shared_memory(report: dict[str, Any]) -> None:
             report[name] = "no error"
         except BufferError as e:
             report[name] = "BufferError: fork" if "fork()" in str(e) else f"BufferError: {e}"
+        except tw.ShutDown as e:
+            report[name] = "ShutDown: fork" if "fork()" in str(e) else f"ShutDown: {e}"
         except Exception as e:  # noqa: BLE001 - reported to the test
             report[name] = f"{type(e).__name__}: {e}"
     held.clear()  # dropped in the child

@@ -42,14 +42,23 @@ def parent() -> Iterator[tw.Node]:
                 tw.TensorMessage(b"", []), timeout=60
             )
             forked.INHERITED["pending"] = pending
-            # Shared memory a child does not inherit: a received view of `other`'s segment,
-            # and an open loan's window.
-            other.serve("echo", lambda m: m)
-            reply = node.ref(other.address, "echo", transport="shm").ask(
-                tw.TensorMessage(b"", [np.full(1 << 20, 7, np.uint8)])
+            # Shared memory a child does not inherit: views of `other`'s segment (a reply it
+            # made: an echo would come back in the asker's own slot) — one looked at here, one
+            # whose buffers and 32 KiB of metadata nobody looked at before the fork — and an
+            # open loan's window.
+            other.serve(
+                "fresh",
+                lambda m: tw.TensorMessage(b"m" * (32 << 10), [np.full(1 << 20, 7, np.uint8)]),
             )
+            fresh = node.ref(other.address, "fresh", transport="shm")
+            reply = fresh.ask(tw.TensorMessage(b"", []))
             assert reply.route == "shm"
-            forked.INHERITED.update(shm_buffer=reply.buffers[0], loan=node.loan(1 << 20))
+            forked.INHERITED.update(
+                shm_buffer=reply.buffers[0],
+                shm_message=fresh.ask(tw.TensorMessage(b"", [])),
+                loan=node.loan(1 << 20),
+                shm=node.shm,
+            )
             yield node
             assert pending.cancel() is True, "the child left the parent's ask alone"
             del mailbox
@@ -92,8 +101,20 @@ def test_a_child_process_fails_at_once_on_inherited_nodes_and_makes_its_own(
         assert report["inherited_seconds"] < 2.0, report
         # Shared memory of the parent's is refused with a clear error, not a crash, and
         # dropping it in the child neither crashes nor hangs (the child got this far).
-        for read in ("shm_bytes", "shm_numpy", "shm_memoryview", "shm_dlpack", "loan_view"):
+        for read in (
+            "shm_bytes",
+            "shm_numpy",
+            "shm_memoryview",
+            "shm_dlpack",
+            "loan_view",
+            "loan_freeze",
+            "message_buffer",
+            "message_metadata",
+            "message_copy",
+            "message_sent_on",
+        ):
             assert report[read] == "BufferError: fork", (read, report[read])
+        assert report["shm_stats"] == "ShutDown: fork", report["shm_stats"]
         # The parent's view is untouched.
         assert bytes(forked.INHERITED["shm_buffer"])[:4] == b"\x07" * 4
     else:

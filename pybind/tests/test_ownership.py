@@ -263,13 +263,19 @@ def test_a_handler_that_rewrites_the_array_it_replied_from_never_changes_a_sent_
     rounds = 20
     array = np.zeros(size, np.uint8)
 
+    failures: list[BaseException] = []
+
     def serve() -> None:
-        for k in range(rounds):
-            request = endpoint.recv(timeout=30)
-            assert request is not None
-            array[:] = k
-            request.reply(tw.TensorMessage(b"%d" % k, [array]))
-            array[:] = 255  # at once, for the "next request"
+        try:
+            for k in range(rounds):
+                request = endpoint.recv(timeout=30)
+                assert request is not None
+                array[:] = k
+                request.reply(tw.TensorMessage(b"%d" % k, [array]))
+                array[:] = 255  # at once, for the "next request"
+        except BaseException as e:
+            failures.append(e)
+            raise
 
     server = threading.Thread(target=serve)
     server.start()
@@ -283,3 +289,4 @@ def test_a_handler_that_rewrites_the_array_it_replied_from_never_changes_a_sent_
                 assert (got == k).all(), (path, size, k, np.unique(got))
     finally:
         server.join(60)
+    assert not server.is_alive() and not failures, failures

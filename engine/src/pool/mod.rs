@@ -121,6 +121,10 @@ struct PoolInner {
     misses: AtomicU64,
     heap: AtomicU64,
     released: AtomicU64,
+    /// The fork generation the pool was made in: a child made by `fork()` since drops an
+    /// inherited buffer's memory (its own copy) without giving it back to the parent's pool,
+    /// whose lock a parent thread may have held at the fork.
+    born: u64,
 }
 
 impl ReceivePool {
@@ -128,6 +132,7 @@ impl ReceivePool {
     pub fn new(config: PoolConfig) -> Self {
         Self {
             inner: Arc::new(PoolInner {
+                born: crate::fork::generation(),
                 config,
                 idle: Mutex::new(HashMap::new()),
                 idle_bytes: AtomicU64::new(0),
@@ -482,6 +487,9 @@ impl Drop for PoolBuffer {
             ..
         } = &mut self.storage
         {
+            if pool.born != crate::fork::generation() {
+                return;
+            }
             if let Some(mapping) = mapping.take() {
                 if *reserved {
                     pool.reserved.fetch_sub(len_u64(mapping.len()), Relaxed);

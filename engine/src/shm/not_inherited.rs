@@ -18,6 +18,7 @@
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::sync::Once;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::fork;
 
@@ -57,10 +58,10 @@ pub(crate) fn made_here(generation: u64) -> bool {
 /// nothing is mapped but an inaccessible reservation (always `false` in a process never
 /// forked from one that had shared memory mapped).
 pub fn inherited(at: *const u8) -> bool {
-    let generation = fork::generation();
-    if generation == 0 {
+    if RESERVED.load(Ordering::Acquire) == 0 {
         return false;
     }
+    let generation = fork::generation();
     let at = at as usize;
     RANGES
         .lock()
@@ -77,6 +78,10 @@ struct Range {
 }
 
 static WATCHING: Once = Once::new();
+
+/// How many ranges the last fork reserved in this process (0 in a process not forked from one
+/// that had shared memory mapped): [`inherited`] looks no further when it is 0.
+static RESERVED: AtomicUsize = AtomicUsize::new(0);
 
 /// Installs the fork handlers (once per program).
 fn watch() {
@@ -125,6 +130,7 @@ extern "C" fn in_child() {
             );
         }
     }
+    RESERVED.store(ranges.len(), Ordering::Release);
     RANGES.release();
 }
 

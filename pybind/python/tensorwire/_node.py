@@ -443,7 +443,8 @@ async def _answer(
                 _log.exception("the handler serving %r raised", name)
             _deliver(request.fail, f"{type(exc).__name__}: {exc}", name)
         else:
-            _deliver(request.reply, value, name)
+            # Without waiting for the transport: the event loop must not block on a peer.
+            _deliver(request.reply_nowait, value, name)
     finally:
         slots.release()
 
