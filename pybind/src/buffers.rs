@@ -13,7 +13,7 @@ use bytes::Bytes;
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyMemoryView};
 use pyo3::{Bound, ffi};
 
 use crate::errors::InvalidArgument;
@@ -83,8 +83,9 @@ pub(crate) fn export(obj: &Bound<'_, PyAny>, index: usize) -> PyResult<Bytes> {
 }
 
 /// [`export`], and whether its bytes may still change after the send: a writable export of
-/// Python memory, or a writable received buffer (`false`: immutable — `bytes`, a read-only
-/// array or view, a read-only received buffer, a frozen loan).
+/// Python memory, a read-only view of memory its owner may write, or a writable received
+/// buffer (`false`: immutable — `bytes` and views of it, a read-only received buffer, a
+/// frozen loan; see [`backed_by_immutable`]).
 pub(crate) fn export_to_send(obj: &Bound<'_, PyAny>, index: usize) -> PyResult<(Bytes, bool)> {
     if let Ok(buffer) = obj.cast::<Buffer>() {
         // One of ours (a received buffer sent on): share the memory, no export needed.
@@ -113,13 +114,42 @@ pub(crate) fn export_to_send(obj: &Bound<'_, PyAny>, index: usize) -> PyResult<(
         buffer.buf_ptr().cast::<u8>().cast_const(),
         buffer.len_bytes(),
     );
-    let mutable = !buffer.readonly();
+    // A read-only export is only a view's promise: its owner may still write the memory
+    // (`memoryview(bytearray).toreadonly()`, `a.setflags(write=False)`, set back at will).
+    let mutable = !buffer.readonly() || !backed_by_immutable(obj);
     let bytes = Bytes::from_owner(Export {
         buffer: Some(buffer),
         ptr,
         len,
     });
     Ok((bytes, mutable))
+}
+
+/// Whether `obj`'s memory can never change: it is `bytes`, a read-only `Buffer` of ours (a
+/// frozen loan, or received memory nobody may write), or a view of one of those — through
+/// numpy's `base` or a memoryview's `obj`, at most 32 deep. Anything else read-only (a view of
+/// a `bytearray`, an array of its own whose flag its owner may set back, a file mapping
+/// another process may write) is not.
+fn backed_by_immutable(obj: &Bound<'_, PyAny>) -> bool {
+    let mut current = obj.clone();
+    for _ in 0..32 {
+        if current.is_instance_of::<PyBytes>() {
+            return true;
+        }
+        if let Ok(buffer) = current.cast::<Buffer>() {
+            return !buffer.get().writable;
+        }
+        let next = if current.is_instance_of::<PyMemoryView>() {
+            current.getattr("obj")
+        } else {
+            current.getattr("base")
+        };
+        match next {
+            Ok(next) if !next.is_none() => current = next,
+            _ => return false,
+        }
+    }
+    false
 }
 
 fn unsupported(obj: &Bound<'_, PyAny>, index: usize, e: &PyErr) -> PyErr {

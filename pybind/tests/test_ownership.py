@@ -152,17 +152,21 @@ def test_a_writable_buffer_reaches_a_local_receiver_as_a_copy_of_its_own(node: t
     assert np.array_equal(got, np.arange(4096, dtype=np.float32))
 
 
-@pytest.mark.parametrize("kind", ["bytes", "read-only array", "frozen loan", "lend=True"])
+@pytest.mark.parametrize(
+    "kind", ["bytes", "array over bytes", "view of bytes", "frozen loan", "lend=True"]
+)
 def test_zero_copy_in_process_where_the_rule_allows_it(node: tw.Node, kind: str) -> None:
     inbox = node.endpoint("inbox")
     lend = False
     if kind == "bytes":
         source: object = bytes(range(256)) * 64
         original = np.frombuffer(source, np.uint8)  # type: ignore[call-overload]
-    elif kind == "read-only array":
-        array = np.arange(16384, dtype=np.uint8)
-        array.setflags(write=False)
+    elif kind == "array over bytes":
+        array = np.frombuffer(bytes(range(256)) * 64, np.uint8)[16:]
         source, original = array, array
+    elif kind == "view of bytes":
+        data = bytes(range(256)) * 64
+        source, original = memoryview(data)[8:], np.frombuffer(data, np.uint8)
     elif kind == "frozen loan":
         loan = node.loan(16384)
         np.frombuffer(loan, np.uint8)[:] = 7
@@ -177,6 +181,30 @@ def test_zero_copy_in_process_where_the_rule_allows_it(node: tw.Node, kind: str)
     got = np.frombuffer(request.message.buffers[0], np.uint8)
     assert np.shares_memory(got, original), f"{kind}: no copy"
     assert not got.flags.writeable, f"{kind}: the sender's memory is read-only for the receiver"
+
+
+@pytest.mark.parametrize("kind", ["array set read-only", "read-only view of a bytearray"])
+def test_a_read_only_view_of_memory_its_owner_may_write_reaches_a_local_receiver_as_a_copy(
+    node: tw.Node, kind: str
+) -> None:
+    """Read-only is a view's promise, not the memory's: the owner writes on."""
+    inbox = node.endpoint("inbox")
+    if kind == "array set read-only":
+        owner = np.arange(16384, dtype=np.uint8)
+        owner.setflags(write=False)
+        source: object = owner
+    else:
+        owner = bytearray(range(256)) * 64  # type: ignore[assignment]
+        source = memoryview(owner).toreadonly()
+    node.ref(node.address, "inbox").tell(tw.TensorMessage(b"", [source]))
+    request = inbox.recv(timeout=10)
+    assert request is not None
+    got = np.frombuffer(request.message.buffers[0], np.uint8)
+    before = got.copy()
+    if isinstance(owner, np.ndarray):
+        owner.setflags(write=True)
+    owner[:] = b"\x00" * len(owner) if isinstance(owner, bytearray) else 0
+    assert np.array_equal(got, before), f"{kind}: the receiver's bytes changed"
 
 
 def test_a_handlers_reply_reaches_a_local_asker_as_a_copy_unless_lent(node: tw.Node) -> None:
