@@ -1,8 +1,8 @@
 //! A reply's buffers that the handler may change once `reply()` returned (its own writable
 //! arrays) must not be read by the transport after that: the rule of `docs/python.md` ("a
 //! handler may rewrite the array it replied from for the next request") on every path. The
-//! in-process path copies them; shared memory copies them on the replying thread; PTR1 and
-//! HTTP/2 write them after `reply()` handed them over. So for those paths a buffer below 1 MiB
+//! in-process path copies them; shared memory copies them into a slot (a large reply on the
+//! node's copy thread), PTR1 and HTTP/2 write them, after `reply()` handed them over. So for those paths a buffer below 1 MiB
 //! is copied at once, and a larger one is handed to the transport through a tracked owner, and
 //! `reply()` waits until the transport dropped every such owner (the bytes are written, or the
 //! connection is gone). `reply_nowait()` (what coroutine handlers use) copies them all.
