@@ -14,7 +14,7 @@ use crate::errors::{InvalidArgument, to_py};
 use crate::into::{Targets, keeping};
 use crate::message::PyTensorMessage;
 use crate::pump::{Outcome, Pump};
-use crate::settled::WAIT_FROM;
+use crate::settled::{WAIT_FROM, reply_then_wait};
 use crate::sync::lock;
 
 /// How often a blocking receive wakes to let Ctrl+C through.
@@ -254,12 +254,7 @@ impl PyRequest {
         let replier = self.take()?;
         // A shared-memory reply is copied on this thread: not under the GIL. The handler may
         // change its buffers once this returns: wait until the transport is done with them.
-        py.detach(|| {
-            replier.reply(Ok(reply));
-            if let Some(settled) = settled {
-                settled.wait();
-            }
-        });
+        py.detach(|| reply_then_wait(replier, Ok(reply), settled));
         Ok(())
     }
 }

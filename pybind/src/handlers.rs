@@ -18,7 +18,7 @@ use tensorwire_engine::{Endpoint, Error, Incoming};
 use crate::buffers::drain_releases;
 use crate::convert::reply_from_py;
 use crate::message::PyTensorMessage;
-use crate::settled::WAIT_FROM;
+use crate::settled::{WAIT_FROM, reply_then_wait};
 use crate::sync::lock;
 
 /// How long a handler thread polls for the next request at least (and, times ten, at most).
@@ -129,12 +129,7 @@ fn answer(py: Python<'_>, slot: &HandlerSlot, incoming: Incoming, pickle: bool) 
     };
     // The handler may change the reply's buffers for its next request: wait until the
     // transport is done with them.
-    py.detach(|| {
-        replier.reply(result);
-        if let Some(settled) = settled {
-            settled.wait();
-        }
-    });
+    py.detach(|| reply_then_wait(replier, result, settled));
 }
 
 /// The text an engine peer gets for a handler's exception.

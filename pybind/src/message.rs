@@ -259,25 +259,7 @@ impl PyTensorMessage {
             return self.inner.clone();
         }
         let mut message = self.inner.clone();
-        let copied: usize = self
-            .mutable
-            .iter()
-            .filter_map(|&i| message.buffers.get(i))
-            .map(Bytes::len)
-            .sum();
-        let mutable = &self.mutable;
-        let copy = |message: &mut TensorMessage| {
-            for &i in mutable.iter() {
-                if let Some(buffer) = message.buffers.get_mut(i) {
-                    *buffer = Bytes::copy_from_slice(buffer);
-                }
-            }
-        };
-        if copied >= COPY_DETACHED {
-            py.detach(|| copy(&mut message));
-        } else {
-            copy(&mut message);
-        }
+        copy_buffers(py, &mut message, &self.mutable, COPY_DETACHED);
         message
     }
 }
@@ -324,23 +306,40 @@ impl PyTensorMessage {
                 *buffer = tracked;
             }
         }
-        let bytes: usize = copied.iter().map(|&i| message.buffers[i].len()).sum();
-        let copy = |message: &mut TensorMessage| {
-            for &i in &copied {
-                message.buffers[i] = Bytes::copy_from_slice(&message.buffers[i]);
-            }
-        };
-        if bytes >= COPY_DETACHED_REPLY {
-            py.detach(|| copy(&mut message));
-        } else {
-            copy(&mut message);
-        }
+        copy_buffers(py, &mut message, &copied, COPY_DETACHED_REPLY);
         (message, settled)
     }
 }
 
 /// A reply copies at least this many bytes with the GIL released.
 const COPY_DETACHED_REPLY: usize = 64 << 10;
+
+/// Replaces the buffers of `message` at `indices` by copies of their own, with the GIL
+/// released once they add up to `detach_from` bytes.
+fn copy_buffers(
+    py: Python<'_>,
+    message: &mut TensorMessage,
+    indices: &[usize],
+    detach_from: usize,
+) {
+    let bytes: usize = indices
+        .iter()
+        .filter_map(|&i| message.buffers.get(i))
+        .map(Bytes::len)
+        .sum();
+    let copy = |message: &mut TensorMessage| {
+        for &i in indices {
+            if let Some(buffer) = message.buffers.get_mut(i) {
+                *buffer = Bytes::copy_from_slice(buffer);
+            }
+        }
+    };
+    if bytes >= detach_from {
+        py.detach(|| copy(message));
+    } else {
+        copy(message);
+    }
+}
 
 /// `buffers` must be a collection of buffers. One buffer passed as the whole collection would
 /// be iterated: a 2-D array into one buffer per row, `bytes` into integers. Refused, saying so.

@@ -16,6 +16,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use tensorwire_engine::{Replier, Reply};
 
 use crate::sync::lock;
 
@@ -26,6 +27,19 @@ pub(crate) const WAIT_FROM: usize = 1 << 20;
 
 /// How long `reply()` waits for the transport at most; past it, it returns and says so.
 const WAIT_AT_MOST: Duration = Duration::from_secs(60);
+
+/// Hands `result` to the transport, then waits until it is done with the reply's tracked
+/// buffers, if any (see the module's docs). Call without the GIL.
+pub(crate) fn reply_then_wait(
+    replier: Replier,
+    result: Result<Reply, String>,
+    settled: Option<Arc<Settled>>,
+) {
+    replier.reply(result);
+    if let Some(settled) = settled {
+        settled.wait();
+    }
+}
 
 /// Counts the tracked owners the transport still holds.
 #[derive(Default)]

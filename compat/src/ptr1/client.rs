@@ -168,13 +168,7 @@ async fn connection(
                     }
                 }
                 ClientEvent::Unsent { token, request } => {
-                    if let Some(index) = carrying.iter().position(|c| c.token == token) {
-                        unsent.extend(carrying.remove(index).map(|carried| Outgoing {
-                            peer,
-                            request,
-                            completion: carried.completion,
-                        }));
-                    }
+                    unsent.extend(hand_back(&mut carrying, token, request, peer));
                 }
                 ClientEvent::Close(reason) => {
                     tracing::debug!(%reason, %peer, "closing a client connection");
@@ -323,13 +317,7 @@ fn settle_while_connecting(
                 // A session hands nothing back before it connected; were it to, the request
                 // would go another way once this connection is closed, like any other.
                 lock(&shared.pool).retire(peer, id);
-                if let Some(index) = carrying.iter().position(|c| c.token == token) {
-                    unsent.extend(carrying.remove(index).map(|carried| Outgoing {
-                        peer,
-                        request,
-                        completion: carried.completion,
-                    }));
-                }
+                unsent.extend(hand_back(carrying, token, request, peer));
             }
             ClientEvent::Close(reason) => {
                 tracing::debug!(%reason, %peer, "closing a client connection");
@@ -339,6 +327,23 @@ fn settle_while_connecting(
         }
     }
     closed
+}
+
+/// Request `token`, handed back unwritten by the session, taken off the connection to go
+/// through the pool again with its caller's completion.
+fn hand_back(
+    carrying: &mut VecDeque<Current>,
+    token: RequestToken,
+    request: tensorwire_proto::session::ClientRequest,
+    peer: std::net::SocketAddr,
+) -> Option<Outgoing> {
+    let index = carrying.iter().position(|c| c.token == token)?;
+    let carried = carrying.remove(index)?;
+    Some(Outgoing {
+        peer,
+        request,
+        completion: carried.completion,
+    })
 }
 
 /// The connection task's own handles, for starting requests on its session.
