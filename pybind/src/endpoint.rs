@@ -8,6 +8,7 @@ use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use tensorwire_engine::{Endpoint, Incoming, Replier, RequestKind};
 
+use crate::arrived::{Arrived, Deliver};
 use crate::buffers::drain_releases;
 use crate::convert::reply_from_py;
 use crate::errors::{InvalidArgument, to_py};
@@ -145,12 +146,22 @@ impl PyEndpoint {
         Ok(pump.get().start(Box::pin(async move {
             let result = endpoint.recv().await;
             let path = endpoint.path().to_owned();
-            Box::new(move |py: Python<'_>| match result {
-                Ok(incoming) => {
-                    let request = PyRequest::from_incoming(py, incoming, pickle, targets)?;
+            Box::new(move |py: Python<'_>| match (result, targets) {
+                (Ok(incoming), None) => {
+                    let request = PyRequest::from_incoming(py, incoming, pickle, None)?;
                     Ok(Py::new(py, request)?.into_any())
                 }
-                Err(e) => Err(to_py(&e, &format!("receiving on {path}"))),
+                // Written into the caller's buffers only once the awaiting coroutine resumed
+                // (not cancelled): `arrived.rs`.
+                (Ok(incoming), Some(targets)) => {
+                    let deliver: Deliver = Box::new(move |py, fill| {
+                        let targets = fill.then_some(targets);
+                        let request = PyRequest::from_incoming(py, incoming, pickle, targets)?;
+                        Ok(Py::new(py, request)?.into_any())
+                    });
+                    Ok(Py::new(py, Arrived::new(deliver))?.into_any())
+                }
+                (Err(e), _) => Err(to_py(&e, &format!("receiving on {path}"))),
             }) as Outcome
         })))
     }
@@ -287,11 +298,17 @@ impl PyRequest {
         check: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let targets = Targets::take(into, check)?;
-        let received = self.message.get().inner.clone();
-        let message = targets
-            .fill(py, received, None)
-            .map_err(|refused| refused.error)?;
+        // Taken before anything is written: an answered request writes nothing. Put back if
+        // the buffers do not fit.
         let replier = self.take()?;
+        let received = self.message.get().inner.clone();
+        let message = match targets.fill(py, received, None) {
+            Ok(message) => message,
+            Err(refused) => {
+                *lock(&self.replier) = Some(replier);
+                return Err(refused.error);
+            }
+        };
         Ok(Self {
             path: self.path.clone(),
             kind: self.kind,

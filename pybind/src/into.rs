@@ -66,6 +66,11 @@ impl Targets {
             views.push(view);
             objects.append(obj)?;
         }
+        if let Some((first, second)) = shared_bytes(&views) {
+            return Err(InvalidArgument::new_err(format!(
+                "into[{first}] and into[{second}] share memory: receive into separate buffers"
+            )));
+        }
         Ok(Self {
             objects: objects.unbind(),
             views,
@@ -101,7 +106,7 @@ impl Targets {
                     // SAFETY: `into` is a live writable, C-contiguous export of exactly `len`
                     // bytes (checked in `fits`), pinned until it is released after this copy;
                     // `from` is live memory of that length. `copy` tolerates overlap (a target
-                    // that aliases what arrived in this process, or another target).
+                    // that aliases what arrived in this process).
                     unsafe { std::ptr::copy(from, into, len) };
                 }
                 return;
@@ -109,10 +114,11 @@ impl Targets {
             let slices = pairs
                 .iter()
                 .map(|&(from, into, len)| {
-                    // SAFETY: as above; and no target shares a byte with another target or
-                    // with any source (`apart`), so each `&mut` is the only way to its bytes
-                    // this copy uses, and no `&` sees them (the GIL is released for large
-                    // copies, as for any buffer handed to native code that writes it).
+                    // SAFETY: as above; and no target shares a byte with another target
+                    // (`shared_bytes`, in `take`) or with any source (`apart`), so each `&mut`
+                    // is the only way to its bytes this copy uses, and no `&` sees them (the
+                    // GIL is released for large copies, as for any buffer handed to native
+                    // code that writes it).
                     unsafe {
                         (
                             std::slice::from_raw_parts_mut(into, len),
@@ -182,8 +188,9 @@ pub(crate) fn reply_for_caller(
     }
 }
 
-/// Whether no target (`into`) shares a byte with another target or with any source (then the
-/// copies may be made as slices, in any order and on several threads). Checked pair by pair,
+/// Whether no target (`into`) shares a byte with any source (a target may alias what arrived
+/// in this process; targets never share bytes with each other, `shared_bytes`): then the
+/// copies may be made as slices, in any order and on several threads. Checked pair by pair,
 /// for up to [`APART_CHECKED`] buffers; more are copied one after the other.
 fn apart(pairs: &[(*const u8, *mut u8, usize)]) -> bool {
     if pairs.len() > APART_CHECKED {
@@ -192,15 +199,38 @@ fn apart(pairs: &[(*const u8, *mut u8, usize)]) -> bool {
     let overlaps = |a: usize, b: usize, la: usize, lb: usize| {
         a < b.saturating_add(lb) && b < a.saturating_add(la)
     };
-    pairs.iter().enumerate().all(|(i, &(_, into, len))| {
+    pairs.iter().all(|&(_, into, len)| {
         pairs
             .iter()
-            .enumerate()
-            .all(|(j, &(from, other, other_len))| {
-                !overlaps(into as usize, from as usize, len, other_len)
-                    && (i == j || !overlaps(into as usize, other as usize, len, other_len))
-            })
+            .all(|&(from, _, from_len)| !overlaps(into as usize, from as usize, len, from_len))
     })
+}
+
+/// The indices of two targets that share a byte, if any (sorted by address, each checked
+/// against the furthest end seen so far).
+fn shared_bytes(views: &[PyUntypedBuffer]) -> Option<(usize, usize)> {
+    let mut spans: Vec<(usize, usize, usize)> = views
+        .iter()
+        .enumerate()
+        .filter(|(_, view)| view.len_bytes() > 0)
+        .map(|(index, view)| {
+            let start = view.buf_ptr() as usize;
+            (start, start.saturating_add(view.len_bytes()), index)
+        })
+        .collect();
+    spans.sort_unstable();
+    let mut furthest: Option<(usize, usize)> = None; // (end, index)
+    for (start, end, index) in spans {
+        if let Some((reach, owner)) = furthest {
+            if start < reach {
+                return Some((owner.min(index), owner.max(index)));
+            }
+        }
+        if furthest.is_none_or(|(reach, _)| end > reach) {
+            furthest = Some((end, index));
+        }
+    }
+    None
 }
 
 /// Buffers of one message checked for overlap at most.

@@ -9,6 +9,7 @@
 //! (`buffers::drain_releases`), and Python handlers run on handler threads of their own.
 
 mod allocator;
+mod arrived;
 mod buffers;
 mod calls;
 mod config;
@@ -48,6 +49,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<endpoint::PyEndpoint>()?;
     m.add_class::<endpoint::PyRequest>()?;
     m.add_class::<pump::Pump>()?;
+    m.add_class::<arrived::Arrived>()?;
     m.add_class::<pending::PyPending>()?;
     m.add_class::<loan::PyLoan>()?;
     m.add_class::<shm::PyShm>()?;

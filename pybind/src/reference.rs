@@ -12,6 +12,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use tensorwire_engine::{Destination, Error, Node, Pending, Route, TensorMessage, Via};
 
+use crate::arrived::{Arrived, Deliver};
 use crate::buffers::drain_releases;
 use crate::calls::{ContextLater, interrupt, seconds};
 use crate::convert::route_name;
@@ -175,9 +176,17 @@ impl PyRef {
         );
         Ok(pump.get().start(Box::pin(async move {
             let (result, route) = finish(pending).await;
-            Box::new(move |py: Python<'_>| match result {
-                Ok(reply) => reply_for_caller(py, reply, targets, route, pickle),
-                Err(e) => Err(to_py(&e, &context.text())),
+            Box::new(move |py: Python<'_>| match (result, targets) {
+                (Ok(reply), None) => reply_for_caller(py, reply, None, route, pickle),
+                // Written into the caller's buffers only once the awaiting coroutine resumed
+                // (not cancelled): `arrived.rs`.
+                (Ok(reply), Some(targets)) => {
+                    let deliver: Deliver = Box::new(move |py, fill| {
+                        reply_for_caller(py, reply, fill.then_some(targets), route, pickle)
+                    });
+                    Ok(Py::new(py, Arrived::new(deliver))?.into_any())
+                }
+                (Err(e), _) => Err(to_py(&e, &context.text())),
             }) as Outcome
         })))
     }

@@ -5,7 +5,8 @@ checked with a clear error that writes nothing and loses nothing."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
 
 import numpy as np
 import pytest
@@ -58,18 +59,28 @@ def test_a_large_reply_split_over_the_cpus_lands_whole_in_the_callers_arrays(
     assert np.array_equal(out_x, x) and np.array_equal(out_y, y)
 
 
-def test_targets_that_share_memory_are_filled_one_after_the_other(
+def test_targets_that_share_memory_are_refused_before_anything_is_sent(
     pair: tuple[tw.Node, tw.Node],
 ) -> None:
-    x = np.arange(12 << 20, dtype=np.uint8)  # 24 MiB in all: past the split copy's threshold
-    y = x[::-1].copy()
-    whole = np.zeros(12 << 20, dtype=np.uint8)
-    # Both targets are the same bytes: the second buffer's copy lands last, as sent.
-    reply = _asker(pair, "shm").ask(
-        tw.TensorMessage(b"", [x, y]), into=[whole, whole[:]], timeout=30
-    )
-    assert reply.buffers[0] is whole
-    assert np.array_equal(whole, y)
+    server, _ = pair
+    seen = []
+    server.serve("count", lambda m: seen.append(m) or m)
+    ref = pair[1].ref(server.address, "count", transport="shm")
+    x = np.arange(64, dtype=np.uint8)
+    whole = np.zeros(128, dtype=np.uint8)
+    cases = [
+        [whole, whole],  # the same array twice
+        [whole[:64], whole[32:96]],  # two views that overlap
+        [whole, bytearray(64), memoryview(whole)[127:]],  # the last byte, later in the list
+    ]
+    for into in cases:
+        with pytest.raises(tw.InvalidArgument, match=r"into\[\d\] and into\[\d\] share memory"):
+            ref.ask(tw.TensorMessage(b"", [x] * len(into)), into=into)
+    assert seen == [] and not whole.any(), "refused before anything was sent or written"
+    # Views of one array that do not overlap are separate buffers.
+    reply = ref.ask(tw.TensorMessage(b"", [x, x[::-1].copy()]), into=[whole[:64], whole[64:]])
+    assert reply.buffers[0].base is whole
+    assert np.array_equal(whole[:64], x) and np.array_equal(whole[64:], x[::-1])
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -107,6 +118,58 @@ def test_the_asyncio_forms_receive_into_the_callers_arrays(
     asyncio.run(main())
 
 
+async def _cancelled_after_arrival(start: Callable[[], Awaitable[object]]) -> None:
+    """Starts an operation, blocks the event loop while its message arrives (nothing is
+    drained), then cancels the task and lets every completion be drained."""
+    task = asyncio.ensure_future(start())
+    await asyncio.sleep(0)  # started: its message is on the way
+    time.sleep(0.5)  # the loop is blocked: the message arrives, nothing is drained yet
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(5):
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("path", ["local", "shm", "raw"])
+def test_a_cancelled_ask_async_leaves_the_callers_arrays_untouched(
+    pair: tuple[tw.Node, tw.Node], path: str
+) -> None:
+    x = np.arange(1, (1 << 16) + 1, dtype=np.int32)
+    out = np.zeros_like(x)
+    ref = _asker(pair, path)
+
+    async def main() -> None:
+        await _cancelled_after_arrival(
+            lambda: ref.ask_async(tw.TensorMessage(b"", [x]), into=[out])
+        )
+
+    asyncio.run(main())
+    assert not out.any(), "a cancelled ask wrote into the caller's array"
+
+
+@pytest.mark.parametrize("path", ["local", "shm", "raw"])
+def test_a_cancelled_recv_async_leaves_the_callers_arrays_untouched_and_keeps_the_request(
+    pair: tuple[tw.Node, tw.Node], path: str
+) -> None:
+    server, client = pair
+    inbox = server.endpoint("inbox")
+    sender = (server if path == "local" else client).ref(server.address, "inbox", transport=path)
+    x = np.arange(1, (1 << 16) + 1, dtype=np.int32)
+    out = np.zeros_like(x)
+
+    async def main() -> None:
+        await sender.tell_async(tw.TensorMessage(b"kept", [x]))
+        await _cancelled_after_arrival(lambda: inbox.recv_async(into=[out]))
+        assert not out.any(), "a cancelled receive wrote into the caller's array"
+        kept = await inbox.recv_async()  # the request it had taken, with its own buffers
+        assert kept.message.metadata == b"kept"
+        assert np.array_equal(np.frombuffer(kept.message.buffers[0], np.int32), x)
+        assert not np.shares_memory(np.asarray(kept.message.buffers[0]), out)
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("path", ["local", "raw"])
 def test_a_reply_of_another_size_raises_writes_nothing_and_keeps_the_reply(
     pair: tuple[tw.Node, tw.Node], path: str
@@ -122,7 +185,7 @@ def test_a_reply_of_another_size_raises_writes_nothing_and_keeps_the_reply(
     received = raised.value.received  # type: ignore[attr-defined]
     assert np.array_equal(np.frombuffer(received.buffers[0], np.float32), x), "nothing is lost"
     with pytest.raises(tw.InvalidArgument, match="received 1 buffers into 2 given"):
-        _asker(pair, path).ask(tw.TensorMessage(b"", [x]), into=[out, out])
+        _asker(pair, path).ask(tw.TensorMessage(b"", [x]), into=[out, np.empty_like(out)])
 
 
 def test_a_packed_tensor_of_another_dtype_raises_before_anything_is_written(
@@ -186,3 +249,29 @@ def test_a_torch_tensor_receives_in_place() -> None:
         wrong = torch.zeros(4096, dtype=torch.int32)
         with pytest.raises(tw.InvalidArgument, match="dtype int32"):
             client.ref(server.address, "echo").ask(tw.tensors.pack({"x": x}), into=[wrong])
+
+
+def test_copy_into_an_answered_request_writes_nothing(node: tw.Node) -> None:
+    inbox = node.endpoint("inbox")
+    pending = node.ref(node.address, "inbox").ask_nowait(
+        tw.TensorMessage(b"", [np.arange(64, dtype=np.uint8)])
+    )
+    request = inbox.recv(timeout=10)
+    assert request is not None
+    request.reply(None)
+    pending.result(timeout=10)
+    out = bytearray(64)
+    with pytest.raises(tw.InvalidArgument, match="already answered"):
+        request.copy_into([out])
+    assert out == bytearray(64), "an answered request wrote into the caller's buffer"
+    # One that does not fit stays answerable.
+    pending = node.ref(node.address, "inbox").ask_nowait(
+        tw.TensorMessage(b"", [np.arange(64, dtype=np.uint8)])
+    )
+    request = inbox.recv(timeout=10)
+    assert request is not None
+    with pytest.raises(tw.InvalidArgument, match="has 10 bytes"):
+        request.copy_into([bytearray(10)])
+    request.copy_into([out]).reply(None)
+    assert out == bytearray(range(64))
+    pending.result(timeout=10)

@@ -13,6 +13,7 @@ __all__ = [
     "Endpoint",
     "Request",
     "Pump",
+    "Arrived",
     "Pending",
     "Loan",
     "Shm",
@@ -140,6 +141,13 @@ class Pump:
     def drain(self) -> list[tuple[int, bool, Any]]: ...
     def cancel(self, token: int) -> tuple[bool, Any] | None: ...
     def __len__(self) -> int: ...
+
+@final
+class Arrived:
+    """A message received for ``into=`` buffers (asyncio), not yet written into them."""
+
+    def fill(self) -> Any: ...
+    def unfilled(self) -> Any: ...
 
 @final
 class Endpoint:

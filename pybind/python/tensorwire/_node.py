@@ -347,7 +347,9 @@ class Ref(Generic[Reply]):
         token = self._native.ask_start(
             pump.pump, message, timeout, into=targets, check=_into.checker(targets)
         )
-        filled: Reply = await pump.wait(token)
+        # Written into ``into`` only now, once this coroutine was not cancelled.
+        arrived: _native.Arrived = await pump.wait(token)
+        filled: Reply = arrived.fill()
         return filled
 
     async def tell_async(self, message: TensorMessage, timeout: float = 30.0) -> None:
@@ -510,12 +512,21 @@ class Endpoint:
             token = self._native.recv_start(
                 pump.pump, pickle=self._pickle, into=targets, check=check
             )
-        try:
+        if targets is None:
             request: Request = await pump.wait(token, self._stash.append)
+            return request
+        # Written into ``into`` only now, once this coroutine was not cancelled; a request a
+        # cancelled receive leaves behind is kept with its own buffers.
+        arrived: _native.Arrived = await pump.wait(token, self._stash_unfilled)
+        try:
+            filled: Request = arrived.fill()
         except InvalidArgument as e:
             self._keep(e)
             raise
-        return request
+        return filled
+
+    def _stash_unfilled(self, arrived: _native.Arrived) -> None:
+        self._stash.append(arrived.unfilled())
 
     def _take_stashed(
         self, targets: list[Any] | None, check: Callable[[bytes], None] | None
