@@ -5,8 +5,8 @@
 //! The completion is drained on the loop before the awaiting coroutine resumes, and that
 //! coroutine may have been cancelled meanwhile: its caller may already be using the buffers for
 //! something else. So the bytes are written only by `fill()`, which the coroutine calls once its
-//! await returned; a cancelled receive never writes, and a request it leaves behind is kept
-//! with its own buffers (`unfilled()`).
+//! await returned; a cancelled receive never writes: a request it leaves behind is kept with
+//! its own buffers (`unfilled()`), a reply is let go at once (`discard()`).
 
 use pyo3::prelude::*;
 
@@ -49,5 +49,11 @@ impl Arrived {
     /// What arrived with its own buffers; the `into=` buffers are let go unwritten. Once.
     fn unfilled(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         (self.take()?)(py, false)
+    }
+
+    /// Lets go of what arrived and of the `into=` buffers, unwritten, now (a cancelled ask:
+    /// nobody will read it, and the exception that cancelled it may keep this object alive).
+    fn discard(&self) {
+        drop(lock(&self.deliver).take());
     }
 }

@@ -243,9 +243,13 @@ impl PyRequest {
     }
 
     fn take(&self) -> PyResult<Replier> {
-        lock(&self.replier).take().ok_or_else(|| {
-            InvalidArgument::new_err(format!("the request to {} was already answered", self.path))
-        })
+        lock(&self.replier)
+            .take()
+            .ok_or_else(|| self.already_answered())
+    }
+
+    fn already_answered(&self) -> PyErr {
+        InvalidArgument::new_err(format!("the request to {} was already answered", self.path))
     }
 }
 
@@ -292,33 +296,40 @@ impl PyRequest {
     /// and this request stays as it was.
     #[pyo3(signature = (into, check = None))]
     fn copy_into(
-        &self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         into: &Bound<'_, PyAny>,
         check: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
+        let (py, this) = (slf.py(), slf.get());
         let targets = Targets::take(into, check)?;
-        // Taken before anything is written: an answered request writes nothing. Put back if
-        // the buffers do not fit.
-        let replier = self.take()?;
-        let received = self.message.get().inner.clone();
-        let message = match targets.fill(py, received, None) {
+        if lock(&this.replier).is_none() {
+            return Err(this.already_answered()); // nothing written
+        }
+        let received = this.message.get().inner.clone();
+        if let Err(error) = targets.fits(py, &received) {
+            // Nothing written; this request stays as it was, and is what arrived.
+            return Err(keeping(py, error, slf.clone().into_any().unbind()));
+        }
+        // Taken just before the bytes are written (`check` ran meanwhile, and may have
+        // answered it): an answered request writes nothing.
+        let replier = this.take()?;
+        let message = match targets.write(py, received, None) {
             Ok(message) => message,
             Err(refused) => {
-                *lock(&self.replier) = Some(replier);
+                *lock(&this.replier) = Some(replier);
                 return Err(refused.error);
             }
         };
         Ok(Self {
-            path: self.path.clone(),
-            kind: self.kind,
-            peer: self.peer.clone(),
-            identity: self.identity.clone(),
-            credentials: self.credentials,
+            path: this.path.clone(),
+            kind: this.kind,
+            peer: this.peer.clone(),
+            identity: this.identity.clone(),
+            credentials: this.credentials,
             message: Py::new(py, message)?,
             replier: Mutex::new(Some(replier)),
-            pickle: self.pickle,
-            in_process: self.in_process,
+            pickle: this.pickle,
+            in_process: this.in_process,
         })
     }
 

@@ -84,12 +84,22 @@ impl Targets {
     pub(crate) fn fill(
         self,
         py: Python<'_>,
-        mut message: TensorMessage,
+        message: TensorMessage,
         route: Option<&'static str>,
     ) -> Result<PyTensorMessage, Box<Refused>> {
         if let Err(error) = self.fits(py, &message) {
             return Err(Box::new(Refused { error, message }));
         }
+        self.write(py, message, route)
+    }
+
+    /// [`Targets::fill`] for a `message` that [`Targets::fits`] accepted.
+    pub(crate) fn write(
+        self,
+        py: Python<'_>,
+        mut message: TensorMessage,
+        route: Option<&'static str>,
+    ) -> Result<PyTensorMessage, Box<Refused>> {
         let total: usize = message.buffers.iter().map(Bytes::len).sum();
         let copy = || {
             let pairs: Vec<(*const u8, *mut u8, usize)> = message
@@ -145,7 +155,7 @@ impl Targets {
 
     /// Whether `message` fits: as many buffers as targets, each of the same size, and
     /// whatever `check` says of the metadata.
-    fn fits(&self, py: Python<'_>, message: &TensorMessage) -> PyResult<()> {
+    pub(crate) fn fits(&self, py: Python<'_>, message: &TensorMessage) -> PyResult<()> {
         if message.buffers.len() != self.views.len() {
             return Err(InvalidArgument::new_err(format!(
                 "received {} buffers into {} given (into=): pass one buffer per buffer sent",

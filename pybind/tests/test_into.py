@@ -5,6 +5,8 @@ checked with a clear error that writes nothing and loses nothing."""
 from __future__ import annotations
 
 import asyncio
+import json
+import select
 import time
 from collections.abc import Awaitable, Callable, Iterator
 
@@ -12,6 +14,7 @@ import numpy as np
 import pytest
 
 import tensorwire as tw
+from tensorwire._aio import _pump
 
 PATHS = ["local", "shm", "raw", "http2"]
 
@@ -118,12 +121,19 @@ def test_the_asyncio_forms_receive_into_the_callers_arrays(
     asyncio.run(main())
 
 
-async def _cancelled_after_arrival(start: Callable[[], Awaitable[object]]) -> None:
-    """Starts an operation, blocks the event loop while its message arrives (nothing is
-    drained), then cancels the task and lets every completion be drained."""
+async def _cancelled_after_arrival(start: Callable[[], Awaitable[object]], drained: bool) -> None:
+    """Starts an operation and blocks the event loop while its message arrives, then cancels
+    the task: before the loop drained the completion (`Pump.cancel` finds it), or after (the
+    awaiting coroutine is cancelled holding a result); then lets everything be drained."""
+    pump = _pump()
     task = asyncio.ensure_future(start())
     await asyncio.sleep(0)  # started: its message is on the way
     time.sleep(0.5)  # the loop is blocked: the message arrives, nothing is drained yet
+    assert select.select([pump.pump.fileno()], [], [], 0)[0], "the message never arrived"
+    if drained:
+        await asyncio.sleep(0)  # the loop drains the completion: the result is set...
+        await asyncio.sleep(0)
+        assert len(pump.pump) == 0 and not task.done()  # ...the task has not resumed yet
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -131,41 +141,49 @@ async def _cancelled_after_arrival(start: Callable[[], Awaitable[object]]) -> No
         await asyncio.sleep(0.01)
 
 
+def _untouched_and_let_go(out: bytearray, size: int) -> None:
+    assert out == bytearray(size), "a cancelled receive wrote into the caller's buffer"
+    out.extend(b"\0")  # BufferError if an export of it were still held
+    del out[size:]
+
+
+@pytest.mark.parametrize("drained", [False, True], ids=["cancelled-before-drain", "after"])
 @pytest.mark.parametrize("path", ["local", "shm", "raw"])
-def test_a_cancelled_ask_async_leaves_the_callers_arrays_untouched(
-    pair: tuple[tw.Node, tw.Node], path: str
+def test_a_cancelled_ask_async_leaves_the_callers_buffers_untouched(
+    pair: tuple[tw.Node, tw.Node], path: str, drained: bool
 ) -> None:
     x = np.arange(1, (1 << 16) + 1, dtype=np.int32)
-    out = np.zeros_like(x)
+    out = bytearray(x.nbytes)
     ref = _asker(pair, path)
 
     async def main() -> None:
         await _cancelled_after_arrival(
-            lambda: ref.ask_async(tw.TensorMessage(b"", [x]), into=[out])
+            lambda: ref.ask_async(tw.TensorMessage(b"", [x]), into=[out]), drained
         )
+        _untouched_and_let_go(out, x.nbytes)
 
     asyncio.run(main())
-    assert not out.any(), "a cancelled ask wrote into the caller's array"
 
 
+@pytest.mark.parametrize("drained", [False, True], ids=["cancelled-before-drain", "after"])
 @pytest.mark.parametrize("path", ["local", "shm", "raw"])
-def test_a_cancelled_recv_async_leaves_the_callers_arrays_untouched_and_keeps_the_request(
-    pair: tuple[tw.Node, tw.Node], path: str
+def test_a_cancelled_recv_async_leaves_the_callers_buffers_untouched_and_keeps_the_request(
+    pair: tuple[tw.Node, tw.Node], path: str, drained: bool
 ) -> None:
     server, client = pair
     inbox = server.endpoint("inbox")
     sender = (server if path == "local" else client).ref(server.address, "inbox", transport=path)
     x = np.arange(1, (1 << 16) + 1, dtype=np.int32)
-    out = np.zeros_like(x)
+    out = bytearray(x.nbytes)
 
     async def main() -> None:
         await sender.tell_async(tw.TensorMessage(b"kept", [x]))
-        await _cancelled_after_arrival(lambda: inbox.recv_async(into=[out]))
-        assert not out.any(), "a cancelled receive wrote into the caller's array"
+        await _cancelled_after_arrival(lambda: inbox.recv_async(into=[out]), drained)
+        _untouched_and_let_go(out, x.nbytes)
         kept = await inbox.recv_async()  # the request it had taken, with its own buffers
         assert kept.message.metadata == b"kept"
         assert np.array_equal(np.frombuffer(kept.message.buffers[0], np.int32), x)
-        assert not np.shares_memory(np.asarray(kept.message.buffers[0]), out)
+        assert len(inbox) == 0, "kept once"
 
     asyncio.run(main())
 
@@ -270,8 +288,20 @@ def test_copy_into_an_answered_request_writes_nothing(node: tw.Node) -> None:
     )
     request = inbox.recv(timeout=10)
     assert request is not None
-    with pytest.raises(tw.InvalidArgument, match="has 10 bytes"):
+    with pytest.raises(tw.InvalidArgument, match="has 10 bytes") as raised:
         request.copy_into([bytearray(10)])
+    assert raised.value.received is request  # type: ignore[attr-defined]
     request.copy_into([out]).reply(None)
     assert out == bytearray(range(64))
     pending.result(timeout=10)
+
+
+def test_a_request_whose_packed_metadata_is_malformed_is_kept(node: tw.Node) -> None:
+    inbox = node.endpoint("inbox")
+    metadata = json.dumps({"schema": tw.tensors.SCHEMA, "tensors": [5]}).encode()
+    node.ref(node.address, "inbox").tell(tw.TensorMessage(metadata, [bytearray(8)]))
+    out = np.zeros(8, np.uint8)
+    with pytest.raises(tw.InvalidArgument, match="not an object"):
+        inbox.recv(timeout=10, into=[out])
+    kept = inbox.recv(timeout=10)
+    assert kept is not None and kept.message.metadata == metadata

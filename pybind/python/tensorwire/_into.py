@@ -68,7 +68,11 @@ def _packed_entries(metadata: bytes) -> list[tuple[str, str, tuple[int, ...]]] |
         return None
     out = []
     for entry in entries:
-        name, dtype, shape, _ = tensors._entry(entry)
+        try:
+            name, dtype, shape, _ = tensors._entry(entry)
+        except ValueError as e:
+            # InvalidArgument, so the request is kept for the next receive (not lost).
+            raise InvalidArgument(f"the received metadata: {e}") from None
         if dtype not in TORCH_ONLY:
             try:
                 np.dtype(dtype)

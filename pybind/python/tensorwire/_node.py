@@ -348,7 +348,7 @@ class Ref(Generic[Reply]):
             pump.pump, message, timeout, into=targets, check=_into.checker(targets)
         )
         # Written into ``into`` only now, once this coroutine was not cancelled.
-        arrived: _native.Arrived = await pump.wait(token)
+        arrived: _native.Arrived = await pump.wait(token, _native.Arrived.discard)
         filled: Reply = arrived.fill()
         return filled
 
