@@ -1,23 +1,24 @@
-//! What an asyncio receive into the caller's buffers (`ask_async(into=…)`,
-//! `recv_async(into=…)`) hands its event loop: the message as it arrived, not yet written into
-//! those buffers.
+//! What an asyncio receive (`recv_async`, `ask_async(into=…)`) hands its event loop: the
+//! message as it arrived, not yet made into what the awaiting coroutine returns.
 //!
 //! The completion is drained on the loop before the awaiting coroutine resumes, and that
-//! coroutine may have been cancelled meanwhile: its caller may already be using the buffers for
-//! something else. So the bytes are written only by `fill()`, which the coroutine calls once its
-//! await returned; a cancelled receive never writes: a request it leaves behind is kept with
-//! its own buffers (`unfilled()`), a reply is let go at once (`discard()`).
+//! coroutine may have been cancelled meanwhile: its caller may already be using its `into=`
+//! buffers for something else, or have stopped receiving. So the message is delivered only by
+//! `fill()`, which the coroutine calls once its await returned; a cancelled receive never
+//! writes into the caller's buffers, and `withdraw()` lets what arrived go: a request back to
+//! the front of its endpoint's mailbox (any receiver, waiting now or later, takes it), a reply
+//! dropped at once.
 
 use pyo3::prelude::*;
 
 use crate::errors::InvalidArgument;
 use crate::sync::lock;
 
-/// Turns what arrived into its Python value: written into the caller's buffers (`true`), or
-/// with its own buffers, the caller's let go unwritten (`false`).
+/// Delivers what arrived as its Python value (`true`: written into the caller's buffers, if
+/// it gave any), or lets it go (`false`: returns `None`).
 pub(crate) type Deliver = Box<dyn FnOnce(Python<'_>, bool) -> PyResult<Py<PyAny>> + Send>;
 
-/// A message received for buffers given as `into=`, not yet written into them.
+/// A message received for an asyncio receive, not yet delivered.
 #[pyclass(frozen, module = "tensorwire._native", name = "Arrived")]
 pub(crate) struct Arrived {
     deliver: std::sync::Mutex<Option<Deliver>>,
@@ -32,28 +33,26 @@ impl Arrived {
 
     fn take(&self) -> PyResult<Deliver> {
         lock(&self.deliver).take().ok_or_else(|| {
-            InvalidArgument::new_err("what arrived was already delivered (fill or unfilled)")
+            InvalidArgument::new_err("what arrived was already delivered or withdrawn")
         })
     }
 }
 
 #[pymethods]
 impl Arrived {
-    /// Writes what arrived into the `into=` buffers and returns the reply or request made of
-    /// them (a mismatch raises `InvalidArgument`, writes nothing, and keeps what arrived as the
-    /// error's `received`). Once.
+    /// The reply or request, written into the `into=` buffers if any were given (a mismatch
+    /// raises `InvalidArgument`, writes nothing, and keeps what arrived as the error's
+    /// `received`). Once.
     fn fill(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         (self.take()?)(py, true)
     }
 
-    /// What arrived with its own buffers; the `into=` buffers are let go unwritten. Once.
-    fn unfilled(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        (self.take()?)(py, false)
-    }
-
-    /// Lets go of what arrived and of the `into=` buffers, unwritten, now (a cancelled ask:
-    /// nobody will read it, and the exception that cancelled it may keep this object alive).
-    fn discard(&self) {
-        drop(lock(&self.deliver).take());
+    /// Lets what arrived go, nothing written: a request goes back to the front of its
+    /// endpoint's mailbox, a reply is dropped. Once; nothing after `fill`.
+    fn withdraw(&self, py: Python<'_>) -> PyResult<()> {
+        if let Some(deliver) = lock(&self.deliver).take() {
+            deliver(py, false)?;
+        }
+        Ok(())
     }
 }

@@ -96,10 +96,11 @@ impl PyEndpoint {
     /// Starts a receive of up to `max` requests (at least one: all that are waiting once the
     /// first arrives) whose completion `pump` delivers as a list; returns its token.
     #[pyo3(signature = (pump, max = 64, *, pickle = false))]
-    fn recv_batch_start(&self, pump: &Bound<'_, Pump>, max: usize, pickle: bool) -> u64 {
+    fn recv_batch_start(&self, pump: &Bound<'_, Pump>, max: usize, pickle: bool) -> PyResult<u64> {
+        pump.get().here()?;
         let endpoint = Arc::clone(&self.endpoint);
         let max = max.max(1);
-        pump.get().start(Box::pin(async move {
+        Ok(pump.get().start(Box::pin(async move {
             let first = endpoint.recv().await;
             let path = endpoint.path().to_owned();
             let mut batch = Vec::new();
@@ -128,7 +129,7 @@ impl PyEndpoint {
                     .collect::<PyResult<Vec<_>>>()?;
                 Ok(pyo3::types::PyList::new(py, requests)?.into_any().unbind())
             }) as Outcome
-        }))
+        })))
     }
 
     /// Starts a receive whose completion `pump` delivers; returns its token. `into` and
@@ -141,27 +142,28 @@ impl PyEndpoint {
         into: Option<&Bound<'_, PyAny>>,
         check: Option<Py<PyAny>>,
     ) -> PyResult<u64> {
+        pump.get().here()?;
         let targets = into.map(|into| Targets::take(into, check)).transpose()?;
         let endpoint = Arc::clone(&self.endpoint);
         Ok(pump.get().start(Box::pin(async move {
             let result = endpoint.recv().await;
             let path = endpoint.path().to_owned();
-            Box::new(move |py: Python<'_>| match (result, targets) {
-                (Ok(incoming), None) => {
-                    let request = PyRequest::from_incoming(py, incoming, pickle, None)?;
-                    Ok(Py::new(py, request)?.into_any())
-                }
-                // Written into the caller's buffers only once the awaiting coroutine resumed
-                // (not cancelled): `arrived.rs`.
-                (Ok(incoming), Some(targets)) => {
+            Box::new(move |py: Python<'_>| match result {
+                // Delivered (and written into the caller's buffers) only once the awaiting
+                // coroutine resumed; put back into the mailbox if it was cancelled:
+                // `arrived.rs`.
+                Ok(incoming) => {
                     let deliver: Deliver = Box::new(move |py, fill| {
-                        let targets = fill.then_some(targets);
+                        if !fill {
+                            endpoint.put_back(incoming);
+                            return Ok(py.None());
+                        }
                         let request = PyRequest::from_incoming(py, incoming, pickle, targets)?;
                         Ok(Py::new(py, request)?.into_any())
                     });
                     Ok(Py::new(py, Arrived::new(deliver))?.into_any())
                 }
-                (Err(e), _) => Err(to_py(&e, &format!("receiving on {path}"))),
+                Err(e) => Err(to_py(&e, &format!("receiving on {path}"))),
             }) as Outcome
         })))
     }

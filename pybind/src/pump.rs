@@ -6,19 +6,26 @@
 //! writes the eventfd only when the queue was empty; `Pump.drain`, run by the loop's reader
 //! callback, polls the woken futures and returns the finished ones. Cancelling drops the
 //! future, which cancels the engine operation.
+//!
+//! A queue inherited through `fork()` belongs to the parent: in the child it starts nothing,
+//! never reads the eventfd (it would take the parent's wake-ups), and its operations are
+//! forgotten, never dropped (dropping one would cancel it on the parent's connections, and may
+//! wait on a lock a parent thread held at the fork).
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
+use tensorwire_engine::fork::Birth;
 
 use crate::buffers::drain_releases;
+use crate::errors::to_py;
 use crate::sync::lock;
 
 /// What a finished operation gives Python: a value, or an exception instance.
@@ -33,6 +40,17 @@ struct Queue {
     /// Operations in flight, each with the waker it was last polled with.
     jobs: Mutex<HashMap<u64, (Job, Waker)>>,
     next: AtomicU64,
+    /// The process that made it.
+    birth: Birth,
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        if self.birth.is_inherited() {
+            let jobs = std::mem::take(self.jobs.get_mut().unwrap_or_else(PoisonError::into_inner));
+            std::mem::forget(jobs);
+        }
+    }
 }
 
 impl Queue {
@@ -98,6 +116,7 @@ impl Pump {
                 woken: Mutex::new(Vec::new()),
                 jobs: Mutex::new(HashMap::new()),
                 next: AtomicU64::new(1),
+                birth: Birth::here(),
             }),
         })
     }
@@ -110,6 +129,9 @@ impl Pump {
     /// Polls the woken operations; returns `(token, ok, value_or_exception)` for each that
     /// finished.
     fn drain(&self, py: Python<'_>) -> Vec<(u64, bool, Py<PyAny>)> {
+        if self.queue.birth.is_inherited() {
+            return Vec::new(); // the parent's: its eventfd and its operations are not ours
+        }
         drain_releases(py);
         let mut count = 0u64;
         // SAFETY: reads 8 bytes into a live u64 from our non-blocking eventfd (EAGAIN when
@@ -147,6 +169,10 @@ impl Pump {
     /// that arrived — a request taken from a mailbox — is lost.
     fn cancel(&self, py: Python<'_>, token: u64) -> Option<(bool, Py<PyAny>)> {
         let (mut job, waker) = lock(&self.queue.jobs).remove(&token)?;
+        if self.queue.birth.is_inherited() {
+            std::mem::forget((job, waker)); // the parent's operation
+            return None;
+        }
         match job.as_mut().poll(&mut Context::from_waker(&waker)) {
             Poll::Ready(outcome) => Some(match outcome(py) {
                 Ok(value) => (true, value),
@@ -163,6 +189,15 @@ impl Pump {
 }
 
 impl Pump {
+    /// `Ok` in the process that made this queue; a child made by `fork()` since must run an
+    /// event loop of its own (`asyncio.run`), whose queue is new.
+    pub(crate) fn here(&self) -> PyResult<()> {
+        self.queue
+            .birth
+            .check()
+            .map_err(|e| to_py(&e, "this event loop's completion queue (run a new loop)"))
+    }
+
     /// Registers `job` and polls it once now (its waker is set; a job already done is
     /// delivered by the next `drain`). Returns its token.
     pub(crate) fn start(&self, mut job: Job) -> u64 {

@@ -166,6 +166,7 @@ impl PyRef {
         into: Option<&Bound<'_, PyAny>>,
         check: Option<Py<PyAny>>,
     ) -> PyResult<u64> {
+        pump.get().here()?;
         let (message, timeout, targets) = self.prepare_ask(py, message, timeout, into, check)?;
         // Starting never waits (a copy, a connection or a hello happens on the transport's
         // threads): no need to let go of the GIL for it.
@@ -182,7 +183,10 @@ impl PyRef {
                 // (not cancelled): `arrived.rs`.
                 (Ok(reply), Some(targets)) => {
                     let deliver: Deliver = Box::new(move |py, fill| {
-                        reply_for_caller(py, reply, fill.then_some(targets), route, pickle)
+                        if !fill {
+                            return Ok(py.None()); // dropped: the reply and the targets go
+                        }
+                        reply_for_caller(py, reply, Some(targets), route, pickle)
                     });
                     Ok(Py::new(py, Arrived::new(deliver))?.into_any())
                 }
@@ -223,6 +227,7 @@ impl PyRef {
         message: &Bound<'_, PyTensorMessage>,
         timeout: f64,
     ) -> PyResult<u64> {
+        pump.get().here()?;
         drain_releases(py);
         let (message, timeout) = (self.outgoing(py, message)?, seconds(timeout)?);
         let pending = self.node.tell_to(&self.to, message, timeout);

@@ -93,6 +93,20 @@ impl Mailbox {
         Push::Pushed
     }
 
+    /// Puts a request taken from this mailbox back at its front (see `Endpoint::put_back`);
+    /// dropped, its asker told, if the mailbox is closed.
+    pub(crate) fn put_back(&self, incoming: Incoming) {
+        let mut state = self.lock();
+        if state.closed {
+            drop(state);
+            drop(incoming);
+            return;
+        }
+        state.queue.push_front(incoming);
+        self.queued.store(state.queue.len(), Ordering::Release);
+        self.wake_a_taker(state);
+    }
+
     /// Takes back a waiting request (its sender gave up). `None` if it got in meanwhile.
     pub(crate) fn withdraw(&self, ticket: u64) -> Option<Incoming> {
         self.lock().waiting.remove(&ticket)
@@ -248,6 +262,68 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
+
+    /// An ask whose answer lands in `answers`.
+    fn ask(path: &str, answers: &Arc<Mutex<Vec<String>>>) -> Incoming {
+        struct Noted(Arc<Mutex<Vec<String>>>);
+        impl tensorwire_proto::transport::Responder for Noted {
+            fn enqueued(&self) {}
+            fn respond(self: Box<Self>, answer: Result<crate::Reply, String>) {
+                let text = answer.err().unwrap_or_else(|| "ok".to_owned());
+                crate::sync::lock(&self.0).push(text);
+            }
+        }
+        let request = crate::endpoint::Request {
+            path: path.to_owned(),
+            kind: crate::RequestKind::Ask,
+            message: crate::TensorMessage::new(1, bytes::Bytes::new(), Vec::new()),
+            peer: None,
+            identity: None,
+            local_peer: None,
+        };
+        Incoming::new(request, Box::new(Noted(Arc::clone(answers))), None)
+    }
+
+    #[test]
+    fn a_request_put_back_is_taken_first_and_wakes_a_waiting_taker() {
+        let answers = Arc::new(Mutex::new(Vec::new()));
+        let mailbox = Arc::new(Mailbox::new(1, 4));
+        assert!(matches!(mailbox.push(ask("/a", &answers)), Push::Pushed));
+        let taken = mailbox.pop(Some(Duration::ZERO)).unwrap().unwrap();
+        assert!(matches!(mailbox.push(ask("/b", &answers)), Push::Pushed));
+        mailbox.put_back(taken); // past the capacity of 1: it was counted when it got in
+        assert_eq!(mailbox.len(), 2);
+        let order: Vec<String> = (0..2)
+            .map(|_| mailbox.pop(Some(Duration::ZERO)).unwrap().unwrap())
+            .map(|incoming| incoming.request().path.clone())
+            .collect();
+        assert_eq!(order, ["/a", "/b"], "the one put back comes first");
+
+        let taker = {
+            let mailbox = Arc::clone(&mailbox);
+            std::thread::spawn(move || mailbox.pop(Some(Duration::from_secs(30))))
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        mailbox.put_back(ask("/c", &answers));
+        let woken = taker.join().expect("the taker panicked").unwrap().unwrap();
+        assert_eq!(woken.request().path, "/c");
+        drop(woken);
+        assert_eq!(
+            crate::sync::lock(&answers).len(),
+            3,
+            "the dropped asks were answered"
+        );
+    }
+
+    #[test]
+    fn a_request_put_back_into_a_closed_mailbox_is_answered() {
+        let answers = Arc::new(Mutex::new(Vec::new()));
+        let mailbox = Mailbox::new(4, 4);
+        mailbox.close();
+        mailbox.put_back(ask("/a", &answers));
+        assert_eq!(mailbox.len(), 0);
+        assert_eq!(crate::sync::lock(&answers).len(), 1, "its asker was told");
+    }
 
     #[test]
     fn a_close_ends_a_taker_s_poll_at_once() {

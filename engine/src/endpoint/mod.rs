@@ -227,6 +227,20 @@ impl Endpoint {
     pub fn queued(&self) -> usize {
         self.mailbox.len()
     }
+
+    /// Puts a request taken from this endpoint back at the front of its mailbox (its receiver
+    /// gave up after taking it, e.g. a cancelled asyncio receive): the next receive takes it,
+    /// and receivers waiting now are woken. It may take the mailbox past its capacity by one
+    /// (it was counted when it got in). Once the node shut down it is dropped instead (an
+    /// ask's asker is told). In a child made by `fork()` it is forgotten, like everything of
+    /// the parent's.
+    pub fn put_back(&self, incoming: Incoming) {
+        if self.birth.is_inherited() {
+            std::mem::forget(incoming);
+            return;
+        }
+        self.mailbox.put_back(incoming);
+    }
 }
 
 impl Drop for Endpoint {

@@ -25,16 +25,24 @@ class _LoopPump:
 
     def _drain(self) -> None:
         for token, ok, value in self.pump.drain():
-            fut = self.futures.pop(token, None)
-            orphan = self.orphans.pop(token, None)
-            if fut is None or fut.done():
-                if ok and orphan is not None:
-                    orphan(value)  # cancelled meanwhile: never drop what arrived
-                continue
-            if ok:
-                fut.set_result(value)
-            else:
-                fut.set_exception(value)
+            try:
+                self._deliver(token, ok, value)
+            except Exception as e:  # one failed delivery must not strand the rest of the batch
+                asyncio.get_running_loop().call_exception_handler(
+                    {"message": "tensorwire: delivering a completion failed", "exception": e}
+                )
+
+    def _deliver(self, token: int, ok: bool, value: Any) -> None:
+        fut = self.futures.pop(token, None)
+        orphan = self.orphans.pop(token, None)
+        if fut is None or fut.done():
+            if ok and orphan is not None:
+                orphan(value)  # cancelled meanwhile: never drop what arrived
+            return
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
 
     async def wait(self, token: int, orphan: Callable[[Any], None] | None = None) -> Any:
         fut = asyncio.get_running_loop().create_future()
@@ -59,14 +67,38 @@ class _LoopPump:
             self.orphans.pop(token, None)
 
 
-_pumps: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopPump] = (
+#: Each loop's queue, held weakly: the loop's reader callback holds it while the loop is
+#: open. A strong value would keep its key alive (its futures refer to their loop), so a loop
+#: closed with operations still waiting would leak with its queue and their engine operations.
+_pumps: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.ref[_LoopPump]] = (
     weakref.WeakKeyDictionary()
 )
 
 
 def _pump() -> _LoopPump:
     loop = asyncio.get_running_loop()
-    pump = _pumps.get(loop)
+    held = _pumps.get(loop)
+    pump = None if held is None else held()
     if pump is None:
-        pump = _pumps[loop] = _LoopPump(loop)
+        pump = _LoopPump(loop)
+        _pumps[loop] = weakref.ref(pump)
     return pump
+
+
+def cancel_soon(task: asyncio.Task[Any]) -> None:
+    """Cancels ``task`` from any thread: at once on its own loop's thread, through the loop
+    from another; nothing if its loop is closed."""
+    loop = task.get_loop()
+    if loop.is_closed():
+        return
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    try:
+        if running is loop:
+            task.cancel()
+        else:
+            loop.call_soon_threadsafe(task.cancel)
+    except RuntimeError:
+        pass  # closed meanwhile

@@ -144,11 +144,10 @@ class Pump:
 
 @final
 class Arrived:
-    """A message received for ``into=`` buffers (asyncio), not yet written into them."""
+    """A message an asyncio receive got, not yet delivered (nor written into ``into=``)."""
 
     def fill(self) -> Any: ...
-    def unfilled(self) -> Any: ...
-    def discard(self) -> None: ...
+    def withdraw(self) -> None: ...
 
 @final
 class Endpoint:

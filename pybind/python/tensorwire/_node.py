@@ -23,7 +23,7 @@ from typing import Any, Generic, Literal, NamedTuple, TypeAlias, overload
 from typing_extensions import TypeVar
 
 from . import _into, _native
-from ._aio import _pump
+from ._aio import _pump, cancel_soon
 from ._errors import InvalidArgument, ShutDown
 from ._native import Request, TensorMessage
 
@@ -248,7 +248,7 @@ class Node:
         _open_nodes.discard(self)
         self._native.close(timeout)
         for task in list(self._serving):
-            task.cancel()
+            cancel_soon(task)
 
     async def aclose(self, timeout: float = CLOSE_TIMEOUT) -> None:
         """:meth:`close` without blocking the event loop (coroutine handlers finish their
@@ -256,7 +256,7 @@ class Node:
         _open_nodes.discard(self)
         await asyncio.get_running_loop().run_in_executor(None, self._native.close, timeout)
         for task in list(self._serving):
-            task.cancel()
+            cancel_soon(task)
 
     def __enter__(self) -> Node:
         return self
@@ -348,7 +348,7 @@ class Ref(Generic[Reply]):
             pump.pump, message, timeout, into=targets, check=_into.checker(targets)
         )
         # Written into ``into`` only now, once this coroutine was not cancelled.
-        arrived: _native.Arrived = await pump.wait(token, _native.Arrived.discard)
+        arrived: _native.Arrived = await pump.wait(token, _native.Arrived.withdraw)
         filled: Reply = arrived.fill()
         return filled
 
@@ -500,33 +500,23 @@ class Endpoint:
 
     async def recv_async(self, *, into: Sequence[Any] | None = None) -> Request:
         """The next request (asyncio); ``into`` as for :meth:`recv`. Cancelling it never loses
-        a request: one that arrived meanwhile is kept for the next receive."""
+        a request: one that arrived meanwhile goes back to the front of the mailbox."""
         targets = None if into is None else _into.views(into)
         check = None if targets is None else _into.checker(targets)
         if self._stash:
             return self._take_stashed(targets, check)
         pump = _pump()
-        if targets is None:
-            token = self._native.recv_start(pump.pump, pickle=self._pickle)
-        else:
-            token = self._native.recv_start(
-                pump.pump, pickle=self._pickle, into=targets, check=check
-            )
-        if targets is None:
-            request: Request = await pump.wait(token, self._stash.append)
-            return request
-        # Written into ``into`` only now, once this coroutine was not cancelled; a request a
-        # cancelled receive leaves behind is kept with its own buffers.
-        arrived: _native.Arrived = await pump.wait(token, self._stash_unfilled)
+        token = self._native.recv_start(pump.pump, pickle=self._pickle, into=targets, check=check)
+        # Delivered (and written into ``into``) only now, once this coroutine was not cancelled;
+        # a request a cancelled receive had taken goes back to the front of the mailbox, for
+        # whichever receive comes next (one waiting now included).
+        arrived: _native.Arrived = await pump.wait(token, _native.Arrived.withdraw)
         try:
-            filled: Request = arrived.fill()
+            request: Request = arrived.fill()
         except InvalidArgument as e:
             self._keep(e)
             raise
-        return filled
-
-    def _stash_unfilled(self, arrived: _native.Arrived) -> None:
-        self._stash.append(arrived.unfilled())
+        return request
 
     def _take_stashed(
         self, targets: list[Any] | None, check: Callable[[bytes], None] | None
