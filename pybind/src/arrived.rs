@@ -6,7 +6,7 @@
 //! buffers for something else, or have stopped receiving. So the message is delivered only by
 //! `fill()`, which the coroutine calls once its await returned; a cancelled receive never
 //! writes into the caller's buffers, and `withdraw()` lets what arrived go: a request back to
-//! the front of its endpoint's mailbox (any receiver, waiting now or later, takes it), a reply
+//! its endpoint's mailbox where it was (any receiver, waiting now or later, takes it), a reply
 //! dropped at once.
 
 use pyo3::prelude::*;
@@ -47,10 +47,11 @@ impl Arrived {
         (self.take()?)(py, true)
     }
 
-    /// Lets what arrived go, nothing written: a request goes back to the front of its
-    /// endpoint's mailbox, a reply is dropped. Once; nothing after `fill`.
+    /// Lets what arrived go, nothing written: a request goes back into its endpoint's
+    /// mailbox where it was, a reply is dropped. Once; nothing after `fill`.
     fn withdraw(&self, py: Python<'_>) -> PyResult<()> {
-        if let Some(deliver) = lock(&self.deliver).take() {
+        let deliver = lock(&self.deliver).take(); // not held while it runs
+        if let Some(deliver) = deliver {
             deliver(py, false)?;
         }
         Ok(())

@@ -64,9 +64,10 @@ def test_cancelling_the_task_cancels_the_ask(node: tw.Node, server: tw.Node) -> 
         with pytest.raises(asyncio.CancelledError):
             await task
         # Nothing left in the loop's completion queue.
-        from tensorwire._aio import _pump
+        from tensorwire._aio import _pumps
 
-        pump = _pump()
+        pump = _pumps[asyncio.get_running_loop()]()
+        assert pump is not None
         assert len(pump.pump) == 0 and not pump.futures
 
     run(main())

@@ -10,6 +10,7 @@ import gc
 import os
 import select
 import signal
+import threading
 import time
 import weakref
 from typing import Any
@@ -109,6 +110,32 @@ def test_a_request_a_cancelled_receive_took_goes_to_a_receive_already_waiting(
         assert len(inbox) == 0
 
     asyncio.run(main())
+
+
+def test_a_tell_a_cancelled_receive_took_is_waited_for_by_a_graceful_close() -> None:
+    node = tw.Node()
+    inbox = node.endpoint("inbox")
+
+    async def main() -> None:
+        pump = _aio._pump()
+        receive = asyncio.ensure_future(inbox.recv_async())
+        await asyncio.sleep(0)
+        node.ref(node.address, "inbox").tell(tw.TensorMessage(b"told", []))
+        assert select.select([pump.pump.fileno()], [], [], 5)[0], "no completion"
+        receive.cancel()  # it took the tell: put back
+        with pytest.raises(asyncio.CancelledError):
+            await receive
+        assert len(inbox) == 1
+
+    asyncio.run(main())
+    closer = threading.Thread(target=node.close, args=(20,))
+    closer.start()
+    time.sleep(0.5)
+    assert closer.is_alive(), "the close did not wait for the tell in the mailbox"
+    kept = inbox.recv(timeout=10)
+    assert kept is not None and kept.message.metadata == b"told"
+    closer.join(10)
+    assert not closer.is_alive(), "the close did not end once the tell was taken"
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork() of a process with threads

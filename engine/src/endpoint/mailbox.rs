@@ -50,11 +50,21 @@ struct State {
     /// Requests waiting for space by ticket: the oldest first, withdrawn by ticket at once.
     waiting: BTreeMap<u64, Incoming>,
     next_ticket: u64,
+    /// The order given to the next request that enters the queue.
+    next_seq: u64,
     closed: bool,
     /// Threads blocked in `pop`: the condition variable is signalled only if there are any.
     blocked_takers: usize,
     /// Tasks waiting in `poll_pop`, oldest first.
     async_takers: VecDeque<Waker>,
+}
+
+impl State {
+    fn take_seq(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
+    }
 }
 
 impl Mailbox {
@@ -87,14 +97,16 @@ impl Mailbox {
             return Push::Waiting(ticket);
         }
         incoming.settle(false);
+        incoming.seq = state.take_seq();
         state.queue.push_back(incoming);
         self.queued.store(state.queue.len(), Ordering::Release);
         self.wake_a_taker(state);
         Push::Pushed
     }
 
-    /// Puts a request taken from this mailbox back at its front (see `Endpoint::put_back`);
-    /// dropped, its asker told, if the mailbox is closed.
+    /// Puts a request taken from this mailbox back where it was, ahead of every request that
+    /// entered after it (see `Endpoint::put_back`); dropped, its asker told, if the mailbox is
+    /// closed.
     pub(crate) fn put_back(&self, incoming: Incoming) {
         let mut state = self.lock();
         if state.closed {
@@ -102,7 +114,10 @@ impl Mailbox {
             drop(incoming);
             return;
         }
-        state.queue.push_front(incoming);
+        let at = state
+            .queue
+            .partition_point(|queued| queued.seq < incoming.seq);
+        state.queue.insert(at, incoming);
         self.queued.store(state.queue.len(), Ordering::Release);
         self.wake_a_taker(state);
     }
@@ -232,6 +247,7 @@ impl Mailbox {
             return;
         };
         incoming.settle(true);
+        incoming.seq = state.take_seq();
         state.queue.push_back(incoming);
         self.queued.store(state.queue.len(), Ordering::Release);
         self.wake_a_taker(state);
@@ -313,6 +329,25 @@ mod tests {
             3,
             "the dropped asks were answered"
         );
+    }
+
+    #[test]
+    fn requests_put_back_in_any_order_return_to_the_order_they_came_in() {
+        let answers = Arc::new(Mutex::new(Vec::new()));
+        let mailbox = Mailbox::new(8, 4);
+        for path in ["/a", "/b", "/c"] {
+            assert!(matches!(mailbox.push(ask(path, &answers)), Push::Pushed));
+        }
+        let a = mailbox.pop(Some(Duration::ZERO)).unwrap().unwrap();
+        let b = mailbox.pop(Some(Duration::ZERO)).unwrap().unwrap();
+        assert!(matches!(mailbox.push(ask("/d", &answers)), Push::Pushed));
+        mailbox.put_back(a);
+        mailbox.put_back(b);
+        let order: Vec<String> = (0..4)
+            .map(|_| mailbox.pop(Some(Duration::ZERO)).unwrap().unwrap())
+            .map(|incoming| incoming.request().path.clone())
+            .collect();
+        assert_eq!(order, ["/a", "/b", "/c", "/d"]);
     }
 
     #[test]

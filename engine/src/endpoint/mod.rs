@@ -67,6 +67,9 @@ impl From<InboundRequest> for Request {
 pub struct Incoming {
     request: Request,
     replier: Replier,
+    /// Its place in its mailbox's order (set when it enters the queue), so requests put back
+    /// return to where they were.
+    pub(crate) seq: u64,
 }
 
 /// Answers one ask (does nothing for a tell).
@@ -97,6 +100,7 @@ impl Incoming {
                 responder: Some(responder),
                 in_flight,
             },
+            seq: 0,
         }
     }
 
@@ -228,16 +232,21 @@ impl Endpoint {
         self.mailbox.len()
     }
 
-    /// Puts a request taken from this endpoint back at the front of its mailbox (its receiver
-    /// gave up after taking it, e.g. a cancelled asyncio receive): the next receive takes it,
-    /// and receivers waiting now are woken. It may take the mailbox past its capacity by one
-    /// (it was counted when it got in). Once the node shut down it is dropped instead (an
-    /// ask's asker is told). In a child made by `fork()` it is forgotten, like everything of
-    /// the parent's.
-    pub fn put_back(&self, incoming: Incoming) {
+    /// Puts a request taken from this endpoint back into its mailbox where it was, ahead of
+    /// every request that entered after it (its receiver gave up after taking it, e.g. a
+    /// cancelled asyncio receive): receivers waiting now are woken, and a graceful close waits
+    /// for it again. It may take the mailbox past its capacity by one (it was counted when it
+    /// got in). Once the node shut down it is dropped instead (an ask's asker is told). In a
+    /// child made by `fork()` it is forgotten, like everything of the parent's.
+    pub fn put_back(&self, mut incoming: Incoming) {
         if self.birth.is_inherited() {
             std::mem::forget(incoming);
             return;
+        }
+        // A tell stopped counting for a graceful close when it was taken: queued again, it
+        // counts again (a close waits for it).
+        if incoming.replier.in_flight.is_none() {
+            incoming.replier.in_flight = self.registry.upgrade().map(|r| r.enter());
         }
         self.mailbox.put_back(incoming);
     }

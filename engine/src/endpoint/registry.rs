@@ -13,7 +13,7 @@ use tensorwire_proto::transport::{
 
 use crate::endpoint::handler::{self, Handler};
 use crate::endpoint::{Incoming, Mailbox, Push, Request};
-use crate::inflight::InFlightCount;
+use crate::inflight::{InFlight, InFlightCount};
 use tensorwire_proto::fast_hash::FastHash;
 
 /// How an endpoint's requests are served.
@@ -109,6 +109,11 @@ impl Registry {
     }
 
     /// Requests waiting in a mailbox, and asks taken but not answered yet.
+    /// Counts one more request in flight (a tell put back into a mailbox), until dropped.
+    pub(crate) fn enter(&self) -> InFlight {
+        self.in_flight.enter()
+    }
+
     pub(crate) fn in_flight(&self) -> usize {
         self.in_flight.get()
     }

@@ -86,8 +86,9 @@ def _pump() -> _LoopPump:
 
 
 def cancel_soon(task: asyncio.Task[Any]) -> None:
-    """Cancels ``task`` from any thread: at once on its own loop's thread, through the loop
-    from another; nothing if its loop is closed."""
+    """Cancels ``task`` from any thread: at once on its own loop's thread or when its loop is
+    not running, through the loop while another thread runs it; nothing if its loop is
+    closed."""
     loop = task.get_loop()
     if loop.is_closed():
         return
@@ -96,8 +97,8 @@ def cancel_soon(task: asyncio.Task[Any]) -> None:
     except RuntimeError:
         running = None
     try:
-        if running is loop:
-            task.cancel()
+        if running is loop or not loop.is_running():
+            task.cancel()  # its loop's thread, or no thread runs the loop now
         else:
             loop.call_soon_threadsafe(task.cancel)
     except RuntimeError:

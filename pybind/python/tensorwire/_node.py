@@ -500,7 +500,7 @@ class Endpoint:
 
     async def recv_async(self, *, into: Sequence[Any] | None = None) -> Request:
         """The next request (asyncio); ``into`` as for :meth:`recv`. Cancelling it never loses
-        a request: one that arrived meanwhile goes back to the front of the mailbox."""
+        a request: one that arrived meanwhile goes back into the mailbox where it was."""
         targets = None if into is None else _into.views(into)
         check = None if targets is None else _into.checker(targets)
         if self._stash:
@@ -508,7 +508,7 @@ class Endpoint:
         pump = _pump()
         token = self._native.recv_start(pump.pump, pickle=self._pickle, into=targets, check=check)
         # Delivered (and written into ``into``) only now, once this coroutine was not cancelled;
-        # a request a cancelled receive had taken goes back to the front of the mailbox, for
+        # a request a cancelled receive had taken goes back into the mailbox where it was, for
         # whichever receive comes next (one waiting now included).
         arrived: _native.Arrived = await pump.wait(token, _native.Arrived.withdraw)
         try:
