@@ -32,6 +32,7 @@ mod node;
 mod panics;
 mod pause;
 mod pending;
+mod phase_marks;
 mod pool;
 pub mod shm;
 pub mod stats;

@@ -392,7 +392,10 @@ impl Node {
         timeout: Duration,
         interrupt: Option<&dyn Fn() -> bool>,
     ) -> Result<(Reply, Route), Error> {
-        self.blocking::<Ask>(to, message, timeout, interrupt)
+        crate::phase_marks::mark(crate::phase_marks::Phase::AskStart);
+        let answered = self.blocking::<Ask>(to, message, timeout, interrupt);
+        crate::phase_marks::mark(crate::phase_marks::Phase::AskEnd);
+        answered
     }
 
     /// The blocking form of [`Node::tell`], run on the calling thread like

@@ -123,6 +123,7 @@ impl OwnQueue {
         len: usize,
         write: impl FnOnce(&mut [u8]),
     ) -> Result<Result<(), Full>, QueueError> {
+        crate::phase_marks::mark(crate::phase_marks::Phase::RecordWrite);
         let Some(placement) = place(self.head, self.ring, len) else {
             return Err(QueueError::BadRecord {
                 len: u32::try_from(len).unwrap_or(u32::MAX),
@@ -165,6 +166,7 @@ impl OwnQueue {
             return false;
         }
         word.store(self.head, Ordering::Release);
+        crate::phase_marks::mark(crate::phase_marks::Phase::Published);
         fence(Ordering::SeqCst);
         peer.word32(SLEEPING_AT).load(Ordering::Relaxed) != 0
     }
@@ -210,6 +212,7 @@ impl OwnQueue {
                         out.set_len(len);
                     }
                     self.tail = next_tail;
+                    crate::phase_marks::mark(crate::phase_marks::Phase::Popped);
                     return Ok(Some(len));
                 }
             }

@@ -24,6 +24,7 @@ const INLINE_SINGLE: usize = MAX_DATAGRAM - 4096;
 
 /// Hands a received request to the node; a tell is acknowledged once it is in the mailbox.
 pub(super) fn deliver(t: &Arc<Transport>, conn: &Arc<Conn>, delivered: Delivered) {
+    crate::phase_marks::mark(crate::phase_marks::Phase::Delivered);
     let Delivered {
         id,
         kind,
@@ -74,6 +75,7 @@ pub(super) fn deliver(t: &Arc<Transport>, conn: &Arc<Conn>, delivered: Delivered
 
 /// Sends `reply` to request `id` on `conn` (a broken connection fails the asker there).
 fn answer(t: &Arc<Transport>, conn: &Arc<Conn>, id: u64, reply: WireReply) {
+    crate::phase_marks::mark(crate::phase_marks::Phase::Answer);
     conn.with(t, |st| st.session.send_reply(id, reply, &[], 0));
 }
 
@@ -93,6 +95,7 @@ impl Responder for ShmResponder {
     }
 
     fn respond(self: Box<Self>, outcome: Result<Reply, String>) {
+        crate::phase_marks::mark(crate::phase_marks::Phase::Responded);
         if self.kind == RequestKind::Tell {
             return; // acknowledged at enqueue
         }
@@ -148,6 +151,7 @@ fn reply_tensor(
     layout: Layout,
     taken: Option<Taken<'_>>,
 ) {
+    crate::phase_marks::mark(crate::phase_marks::Phase::Answer);
     let fail = |text: String| answer(t, conn, id, WireReply::Error(text));
     let deadline = Deadline::never();
     let taken = match slot_for(t, conn.peer.pid, taken, layout.copy, deadline) {

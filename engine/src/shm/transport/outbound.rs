@@ -43,6 +43,7 @@ pub(super) fn send(t: &Arc<Transport>, conn: &Arc<Conn>, request: OutboundReques
         completion,
         ..
     } = request;
+    crate::phase_marks::mark(crate::phase_marks::Phase::ShmSend);
     if completion.is_cancelled() {
         return completion.complete(Err(Error::Cancelled));
     }
@@ -160,6 +161,7 @@ fn transmit(
     }
     let now = Instant::now();
     let mut wake_driver = false;
+    crate::phase_marks::mark(crate::phase_marks::Phase::SessionEnter);
     let sent = conn.with(t, |st| {
         if reading {
             Conn::reading(st);
@@ -174,6 +176,7 @@ fn transmit(
             &segments,
             deadline.at(),
         );
+        crate::phase_marks::mark(crate::phase_marks::Phase::RequestQueued);
         match id {
             Ok(id) => {
                 Conn::attach(st, &packed.segments);

@@ -69,12 +69,15 @@ impl Conn {
                     return;
                 }
                 match views::unpack(&self.source(t, st), &body) {
-                    Unpacked::Message(message) => after.deliver.push(Delivered {
-                        id,
-                        kind,
-                        path,
-                        message,
-                    }),
+                    Unpacked::Message(message) => {
+                        crate::phase_marks::mark(crate::phase_marks::Phase::Unpacked);
+                        after.deliver.push(Delivered {
+                            id,
+                            kind,
+                            path,
+                            message,
+                        });
+                    }
                     Unpacked::Refused(text) => {
                         st.session.send_reply(
                             id,

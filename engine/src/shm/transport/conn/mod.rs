@@ -199,6 +199,7 @@ impl Conn {
                 match queue.pop(&self.peer_queue, &mut record) {
                     Ok(Some(_)) => {
                         session.handle_record(bytes::Bytes::from(record));
+                        crate::phase_marks::mark(crate::phase_marks::Phase::Decoded);
                         read += 1;
                     }
                     Ok(None) => break,
@@ -222,6 +223,9 @@ impl Conn {
             Vec::new()
         };
         deliver.extend(self.finish(t, after));
+        if read > 0 {
+            crate::phase_marks::mark(crate::phase_marks::Phase::PumpEnd);
+        }
         (read, deliver)
     }
 
