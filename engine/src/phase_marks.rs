@@ -3,15 +3,23 @@
 //! processes' files).
 //!
 //! Built only with the `phase-marks` feature; without it every [`mark`] is an empty inline
-//! function. With it, a process whose environment has `TENSORWIRE_PHASE_MARKS=N` keeps the
-//! first `N` (at most 2^20) times of each [`Phase`] it passes, and writes them all to
-//! `phase-marks.<pid>` in the temporary directory once it has passed [`Phase::Published`] `N`
-//! times: one line per phase, its number, then its times in nanoseconds since the boot clock's
-//! origin (`CLOCK_MONOTONIC`, the same in every process, so marks of two processes compare).
-//! A mark costs one clock read (about 20 ns on these VMs), which the phase after it includes.
+//! function. With it, a process whose environment has `TENSORWIRE_PHASE_MARKS=N` (1 to 2^20;
+//! anything else leaves marking off, with a warning if it is not a number) keeps the first `N`
+//! times of each [`Phase`] it passes — up to 14 × 8 × `N` bytes, allocated at the first mark —
+//! and, on the thread that passes [`Phase::Published`] for the `N`-th time, writes them to
+//! `phase-marks.<pid>` in the temporary directory (through a `.tmp` file renamed when
+//! complete): one line per phase, its number, how many times it was passed in all, then the
+//! times kept, in nanoseconds of `CLOCK_MONOTONIC` (one clock for every process of the host
+//! outside time namespaces, so two processes' marks compare). A mark costs one clock read
+//! (about 20–30 ns on these VMs), which the phase after it includes; the write stalls the
+//! writing thread for tens of milliseconds, after the `N`-th ask.
 //!
-//! It does not pair marks with asks: the script does, by their order, which holds for one
-//! ask at a time on one connection.
+//! What it does not do: it does not tell connections, threads or requests apart (every mark
+//! of the process counts; only blocking asks pass `AskStart`/`AskEnd`), and it does not pair
+//! marks with asks — the script does, by their order, which holds for one blocking ask at a
+//! time on one connection with inline bodies (a message of up to 8 KiB). A child forked after
+//! the first mark inherits the parent's marks so far and writes them as its own; measure
+//! processes that do not fork.
 
 /// A point on the path of a request or its answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,7 +32,7 @@ pub(crate) enum Phase {
     SessionEnter,
     /// The session gave the request its id and queued its record.
     RequestQueued,
-    /// A record's bytes start to go into this side's queue.
+    /// A record found room in this side's queue; its bytes go in next.
     RecordWrite,
     /// This side's queue head moved past what it wrote.
     Published,
@@ -40,7 +48,8 @@ pub(crate) enum Phase {
     Delivered,
     /// Its handler answered.
     Responded,
-    /// The answer goes to the session.
+    /// The answer, built (a tensor reply laid out and copied where it must be), goes to the
+    /// session.
     Answer,
     /// A blocking ask returns.
     AskEnd,
@@ -57,8 +66,9 @@ pub(crate) fn mark(phase: Phase) {
 
 #[cfg(feature = "phase-marks")]
 mod enabled {
+    use std::io::Write;
     use std::sync::OnceLock;
-    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
     use super::Phase;
 
@@ -71,7 +81,6 @@ mod enabled {
         keep: usize,
         counts: [AtomicUsize; PHASES],
         times: Vec<AtomicU64>,
-        written: AtomicBool,
     }
 
     static MARKS: OnceLock<Option<Marks>> = OnceLock::new();
@@ -83,66 +92,69 @@ mod enabled {
         let p = phase as usize;
         let i = marks.counts[p].fetch_add(1, Ordering::Relaxed);
         if i < marks.keep {
-            marks.times[p * marks.keep + i].store(now_nanos(), Ordering::Relaxed);
+            marks.times[p * marks.keep + i].store(now_nanos(), Ordering::Release);
         }
-        if phase == Phase::Published
-            && i + 1 == marks.keep
-            && !marks.written.swap(true, Ordering::AcqRel)
-        {
+        // Only one thread gets the N-th publish.
+        if phase == Phase::Published && i + 1 == marks.keep {
             write(marks);
         }
     }
 
     fn from_env() -> Option<Marks> {
-        let keep = std::env::var("TENSORWIRE_PHASE_MARKS")
-            .ok()?
-            .parse::<usize>()
-            .ok()?;
-        let keep = keep.clamp(1, MAX_MARKS);
+        let value = std::env::var("TENSORWIRE_PHASE_MARKS").ok()?;
+        let keep = match value.parse::<usize>() {
+            Ok(keep) if (1..=MAX_MARKS).contains(&keep) => keep,
+            _ => {
+                tracing::warn!(%value, "TENSORWIRE_PHASE_MARKS is not 1 to 2^20: no phase marks");
+                return None;
+            }
+        };
         Some(Marks {
             keep,
             counts: std::array::from_fn(|_| AtomicUsize::new(0)),
             times: (0..keep * PHASES).map(|_| AtomicU64::new(0)).collect(),
-            written: AtomicBool::new(false),
         })
     }
 
+    /// Nanoseconds of `CLOCK_MONOTONIC` (0 if it cannot be read).
     fn now_nanos() -> u64 {
-        let now = monotonic();
-        u64::try_from(now.as_nanos()).unwrap_or(u64::MAX)
-    }
-
-    /// `CLOCK_MONOTONIC` as a duration since its origin (what `Instant` reads, exposed).
-    fn monotonic() -> std::time::Duration {
         let mut ts = libc::timespec {
             tv_sec: 0,
             tv_nsec: 0,
         };
         // SAFETY: `ts` is a valid, writable timespec for the call's duration.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
-        std::time::Duration::new(
-            u64::try_from(ts.tv_sec).unwrap_or(0),
-            u32::try_from(ts.tv_nsec).unwrap_or(0),
-        )
+        if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) } != 0 {
+            return 0;
+        }
+        let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
+        let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);
+        secs.saturating_mul(1_000_000_000).saturating_add(nanos)
     }
 
+    /// Writes every phase's count and kept times (a time another thread counted but has not
+    /// stored yet reads as 0: the script skips it).
     fn write(marks: &Marks) {
-        let mut out = String::new();
-        for p in 0..PHASES {
-            let n = marks.counts[p].load(Ordering::Relaxed).min(marks.keep);
-            out.push_str(&p.to_string());
-            for i in 0..n {
-                out.push(' ');
-                out.push_str(
-                    &marks.times[p * marks.keep + i]
-                        .load(Ordering::Relaxed)
-                        .to_string(),
-                );
+        let dir = std::env::temp_dir();
+        let name = format!("phase-marks.{}", std::process::id());
+        let (tmp, path) = (dir.join(format!("{name}.tmp")), dir.join(name));
+        let written = std::fs::File::create(&tmp).and_then(|file| {
+            let mut out = std::io::BufWriter::new(file);
+            for p in 0..PHASES {
+                let count = marks.counts[p].load(Ordering::Relaxed);
+                write!(out, "{p} {count}")?;
+                for i in 0..count.min(marks.keep) {
+                    write!(
+                        out,
+                        " {}",
+                        marks.times[p * marks.keep + i].load(Ordering::Acquire)
+                    )?;
+                }
+                writeln!(out)?;
             }
-            out.push('\n');
-        }
-        let path = std::env::temp_dir().join(format!("phase-marks.{}", std::process::id()));
-        if let Err(e) = std::fs::write(&path, out) {
+            out.flush()?;
+            std::fs::rename(&tmp, &path)
+        });
+        if let Err(e) = written {
             tracing::warn!(path = %path.display(), error = %e, "could not write the phase marks");
         }
     }

@@ -123,7 +123,6 @@ impl OwnQueue {
         len: usize,
         write: impl FnOnce(&mut [u8]),
     ) -> Result<Result<(), Full>, QueueError> {
-        crate::phase_marks::mark(crate::phase_marks::Phase::RecordWrite);
         let Some(placement) = place(self.head, self.ring, len) else {
             return Err(QueueError::BadRecord {
                 len: u32::try_from(len).unwrap_or(u32::MAX),
@@ -137,6 +136,7 @@ impl OwnQueue {
             }
             self.peer_tail = tail;
         }
+        crate::phase_marks::mark(crate::phase_marks::Phase::RecordWrite);
         let ring = self.ring_ptr();
         let len32 = u32::try_from(len).unwrap_or(u32::MAX);
         // SAFETY: `place` put the record (header, bytes, padding) and any wrap marker inside

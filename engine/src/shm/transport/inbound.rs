@@ -151,7 +151,6 @@ fn reply_tensor(
     layout: Layout,
     taken: Option<Taken<'_>>,
 ) {
-    crate::phase_marks::mark(crate::phase_marks::Phase::Answer);
     let fail = |text: String| answer(t, conn, id, WireReply::Error(text));
     let deadline = Deadline::never();
     let taken = match slot_for(t, conn.peer.pid, taken, layout.copy, deadline) {
@@ -168,6 +167,7 @@ fn reply_tensor(
         .iter()
         .map(|s| (s.id, s.len() as u64))
         .collect();
+    crate::phase_marks::mark(crate::phase_marks::Phase::Answer);
     let sent = conn.with(t, |st| {
         Conn::attach(st, &packed.segments);
         st.session.send_reply(
