@@ -67,6 +67,7 @@ pub(crate) fn mark(phase: Phase) {
 #[cfg(feature = "phase-marks")]
 mod enabled {
     use std::io::Write;
+    use std::path::Path;
     use std::sync::OnceLock;
     use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -77,43 +78,79 @@ mod enabled {
     /// Times kept per phase at most.
     const MAX_MARKS: usize = 1 << 20;
 
-    struct Marks {
-        keep: usize,
-        counts: [AtomicUsize; PHASES],
-        times: Vec<AtomicU64>,
-    }
-
     static MARKS: OnceLock<Option<Marks>> = OnceLock::new();
 
     pub(super) fn mark(phase: Phase) {
         let Some(marks) = MARKS.get_or_init(from_env) else {
             return;
         };
-        let p = phase as usize;
-        let i = marks.counts[p].fetch_add(1, Ordering::Relaxed);
-        if i < marks.keep {
-            marks.times[p * marks.keep + i].store(now_nanos(), Ordering::Release);
-        }
-        // Only one thread gets the N-th publish.
-        if phase == Phase::Published && i + 1 == marks.keep {
-            write(marks);
+        if marks.note(phase, now_nanos()) {
+            let name = format!("phase-marks.{}", std::process::id());
+            marks.write(&std::env::temp_dir(), &name);
         }
     }
 
     fn from_env() -> Option<Marks> {
         let value = std::env::var("TENSORWIRE_PHASE_MARKS").ok()?;
-        let keep = match value.parse::<usize>() {
-            Ok(keep) if (1..=MAX_MARKS).contains(&keep) => keep,
-            _ => {
-                tracing::warn!(%value, "TENSORWIRE_PHASE_MARKS is not 1 to 2^20: no phase marks");
-                return None;
+        let marks = Marks::new(&value);
+        if marks.is_none() {
+            tracing::warn!(%value, "TENSORWIRE_PHASE_MARKS is not 1 to 2^20: no phase marks");
+        }
+        marks
+    }
+
+    /// One process's marks.
+    pub(super) struct Marks {
+        keep: usize,
+        counts: [AtomicUsize; PHASES],
+        times: Vec<AtomicU64>,
+    }
+
+    impl Marks {
+        /// Marks that keep `keep` times a phase (`None` unless it is 1 to 2^20).
+        pub(super) fn new(keep: &str) -> Option<Self> {
+            let keep = keep.parse::<usize>().ok()?;
+            (1..=MAX_MARKS).contains(&keep).then(|| Self {
+                keep,
+                counts: std::array::from_fn(|_| AtomicUsize::new(0)),
+                times: (0..keep * PHASES).map(|_| AtomicU64::new(0)).collect(),
+            })
+        }
+
+        /// Counts `phase`, keeping `at` if it is among its first; whether this was the last
+        /// publish kept (the caller writes the marks out then: one thread only gets it).
+        pub(super) fn note(&self, phase: Phase, at: u64) -> bool {
+            let p = phase as usize;
+            let i = self.counts[p].fetch_add(1, Ordering::Relaxed);
+            if i < self.keep {
+                self.times[p * self.keep + i].store(at, Ordering::Release);
             }
-        };
-        Some(Marks {
-            keep,
-            counts: std::array::from_fn(|_| AtomicUsize::new(0)),
-            times: (0..keep * PHASES).map(|_| AtomicU64::new(0)).collect(),
-        })
+            phase == Phase::Published && i + 1 == self.keep
+        }
+
+        /// Writes every phase's count and kept times to `dir/name`, through `name.tmp`
+        /// renamed once complete (a time another thread counted but has not stored yet
+        /// reads as 0: the script skips it).
+        pub(super) fn write(&self, dir: &Path, name: &str) {
+            let (tmp, path) = (dir.join(format!("{name}.tmp")), dir.join(name));
+            let written = std::fs::File::create(&tmp).and_then(|file| {
+                let mut out = std::io::BufWriter::new(file);
+                for p in 0..PHASES {
+                    let count = self.counts[p].load(Ordering::Relaxed);
+                    write!(out, "{p} {count}")?;
+                    for i in 0..count.min(self.keep) {
+                        let at = self.times[p * self.keep + i].load(Ordering::Acquire);
+                        write!(out, " {at}")?;
+                    }
+                    writeln!(out)?;
+                }
+                out.flush()?;
+                std::fs::rename(&tmp, &path)
+            });
+            if let Err(e) = written {
+                tracing::warn!(path = %path.display(), error = %e, "could not write the phase marks");
+            }
+        }
     }
 
     /// Nanoseconds of `CLOCK_MONOTONIC` (0 if it cannot be read).
@@ -131,31 +168,42 @@ mod enabled {
         secs.saturating_mul(1_000_000_000).saturating_add(nanos)
     }
 
-    /// Writes every phase's count and kept times (a time another thread counted but has not
-    /// stored yet reads as 0: the script skips it).
-    fn write(marks: &Marks) {
-        let dir = std::env::temp_dir();
-        let name = format!("phase-marks.{}", std::process::id());
-        let (tmp, path) = (dir.join(format!("{name}.tmp")), dir.join(name));
-        let written = std::fs::File::create(&tmp).and_then(|file| {
-            let mut out = std::io::BufWriter::new(file);
-            for p in 0..PHASES {
-                let count = marks.counts[p].load(Ordering::Relaxed);
-                write!(out, "{p} {count}")?;
-                for i in 0..count.min(marks.keep) {
-                    write!(
-                        out,
-                        " {}",
-                        marks.times[p * marks.keep + i].load(Ordering::Acquire)
-                    )?;
-                }
-                writeln!(out)?;
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn only_a_whole_number_from_one_to_two_to_the_twenty_turns_marking_on() {
+            for bad in ["", "0", "-1", "x", "1048577"] {
+                assert!(Marks::new(bad).is_none(), "{bad:?}");
             }
-            out.flush()?;
-            std::fs::rename(&tmp, &path)
-        });
-        if let Err(e) = written {
-            tracing::warn!(path = %path.display(), error = %e, "could not write the phase marks");
+            assert!(Marks::new("1").is_some());
+            assert!(Marks::new("1048576").is_some());
+        }
+
+        #[test]
+        fn the_file_has_each_phase_its_full_count_and_its_first_times() {
+            let marks = Marks::new("2").unwrap();
+            assert!(!marks.note(Phase::AskStart, 10));
+            assert!(!marks.note(Phase::AskStart, 20));
+            assert!(!marks.note(Phase::AskStart, 30), "counted, not kept");
+            assert!(!marks.note(Phase::Published, 15));
+            assert!(
+                marks.note(Phase::Published, 25),
+                "the second publish of two kept"
+            );
+            assert!(!marks.note(Phase::Published, 35), "only once");
+            let dir = std::env::temp_dir().join(format!("phase-marks-test.{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            marks.write(&dir, "out");
+            let text = std::fs::read_to_string(dir.join("out")).unwrap();
+            assert!(!dir.join("out.tmp").exists(), "renamed, not left aside");
+            std::fs::remove_dir_all(&dir).unwrap();
+            let lines: Vec<&str> = text.lines().collect();
+            assert_eq!(lines.len(), PHASES);
+            assert_eq!(lines[Phase::AskStart as usize], "0 3 10 20");
+            assert_eq!(lines[Phase::Published as usize], "5 3 15 25");
+            assert_eq!(lines[Phase::AskEnd as usize], "13 0");
         }
     }
 }
