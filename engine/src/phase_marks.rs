@@ -4,7 +4,7 @@
 //!
 //! Built only with the `phase-marks` feature; without it every [`mark`] is an empty inline
 //! function. With it, a process whose environment has `TENSORWIRE_PHASE_MARKS=N` (1 to 2^20;
-//! anything else leaves marking off, with a warning if it is not a number) keeps the first `N`
+//! anything else leaves marking off, with a warning) keeps the first `N`
 //! times of each [`Phase`] it passes — up to 14 × 8 × `N` bytes, allocated at the first mark —
 //! and, on the thread that passes [`Phase::Published`] for the `N`-th time, writes them to
 //! `phase-marks.<pid>` in the temporary directory (through a `.tmp` file renamed when
@@ -28,7 +28,8 @@ pub(crate) enum Phase {
     AskStart = 0,
     /// The shared-memory transport takes a request (`outbound::send`).
     ShmSend,
-    /// The request's layout and copy are done; the connection's session is next.
+    /// The request is laid out (copied into a slot where it needs one); the connection's
+    /// session is next.
     SessionEnter,
     /// The session gave the request its id and queued its record.
     RequestQueued,

@@ -108,12 +108,12 @@ impl Registry {
         self.closing.store(true, Ordering::Release);
     }
 
-    /// Requests waiting in a mailbox, and asks taken but not answered yet.
     /// Counts one more request in flight (a tell put back into a mailbox), until dropped.
     pub(crate) fn enter(&self) -> InFlight {
         self.in_flight.enter()
     }
 
+    /// Requests waiting in a mailbox, and asks taken but not answered yet.
     pub(crate) fn in_flight(&self) -> usize {
         self.in_flight.get()
     }
