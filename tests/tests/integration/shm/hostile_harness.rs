@@ -1,16 +1,19 @@
-//! The hostile tests' harness (`shm::hostile`): the node they try, and this test binary run
-//! again as a hostile peer process (`hostile_peer`, driven through its stdin and stdout).
+//! The hostile tests' harness (`shm::hostile`, `shm::hostile_more`): the node they try, and
+//! this test binary run again as a hostile peer process (`hostile_peer`, driven through its
+//! stdin and stdout).
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::thread;
 use std::time::Duration;
 
 use bytes::Bytes;
+use tensorwire_engine::shm::PeerBounds;
 use tensorwire_engine::{Node, Preference, Reply, TensorMessage};
-use tensorwire_tests::raw_shm::connect_without_hello;
+use tensorwire_tests::raw_shm::{RawConn, connect_without_hello, sealed_memfd};
 use tensorwire_tests::*;
 
 /// An ask of `n` KiB.
@@ -160,6 +163,37 @@ fn hostile_peer() {
             let _ = stdin.next();
             drop(node);
         }
+        "few-fds" => {
+            // A node built under a limit that leaves 64 descriptors free, serving until stdin
+            // closes. (Set before the node starts: an io_uring accept keeps the limit it was
+            // armed under, so a limit lowered later leaves its TCP side unbounded.)
+            let limit = libc::rlimit {
+                rlim_cur: limit_leaving(64),
+                rlim_max: 4096,
+            };
+            // SAFETY: setrlimit reads a live rlimit.
+            let set = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const limit) };
+            assert_eq!(set, 0);
+            let node = node();
+            println!("peer listening on {}", node.local_addr());
+            let _ = stdin.next();
+            drop(node);
+        }
+        "maps" => {
+            // As many segments as one process may have mapped, announced on one connection
+            // kept open: how many went, and whether the node closed it.
+            let raw = RawConn::open(hostile_target()).expect("the peer connects");
+            let most = PeerBounds::default().segments_per_process as u64;
+            let announced = (1..=most)
+                .take_while(|&segment| {
+                    sealed_memfd(4096, true, true)
+                        .is_ok_and(|fd| raw.announce(segment, 4096, fd.as_raw_fd()).is_ok())
+                })
+                .count();
+            let closed = raw.closed_by_node(Duration::from_secs(2));
+            println!("hoarded {announced} closed {closed}");
+            let _ = stdin.next();
+        }
         "hellos" => {
             let target = hostile_target();
             let held: Vec<_> = (0..300)
@@ -204,6 +238,17 @@ fn hostile_peer() {
         }
         other => panic!("unknown mode {other}"),
     }
+}
+
+/// The descriptor limit under which `free` more descriptors fit: one past the `free`-th
+/// lowest number not open now (descriptors open above it stay usable).
+fn limit_leaving(free: usize) -> u64 {
+    let open: std::collections::HashSet<u64> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    let last_free = (0..).filter(|fd| !open.contains(fd)).nth(free - 1).unwrap();
+    last_free + 1
 }
 
 /// The node a hostile peer process was started against.

@@ -5,6 +5,7 @@ mod cross_process;
 mod data_path;
 mod hostile;
 mod hostile_harness;
+mod hostile_more;
 mod identity;
 mod layout;
 mod manager;
