@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -40,6 +41,7 @@ class Run:
         self.spent: dict[str, float] = {}  # seconds each peer took, set-up excluded
         self.fixture: Any = None
         self.spinning: Any = None
+        self.probes = True  # until the fixture's binary cannot probe
 
     def emit(self, record: dict[str, Any]) -> None:
         if self.args.json:
@@ -98,8 +100,30 @@ class Run:
         if peer.note:
             self.emit({"kind": "note", "peer": name, "text": peer.note})
 
+    def cpu_pair(self) -> float | None:
+        """How fast the host's two CPUs pass memory right now (`ptr1-bench cpu-pair`: the
+        median 4 KiB round trip between two threads, µs), as the suite probes before its own
+        cells: the hypervisor moves the vCPUs between placements 3-4x apart, and every
+        same-host figure moves with them. None when the fixture's binary cannot say."""
+        if not self.probes:
+            return None
+        try:
+            out = subprocess.run(
+                [str(self.fixture_path), "cpu-pair"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            ).stdout
+            return float(out.strip())
+        except (OSError, subprocess.SubprocessError, ValueError):
+            self.probes = False
+            return None
+
     def cell(self, peer: Any, case: Case, data: list[np.ndarray], rep: int) -> None:
-        """Measures one cell, with the CPU it burned; a failure leaves the peer out from here on."""
+        """Measures one cell, with the CPU it burned and the host's CPU pair right before it;
+        a failure leaves the peer out from here on."""
+        probe = self.cpu_pair()
         began = time.perf_counter()
         cpu_before = cpu_seconds(os.getpid(), peer.pids())
         signal.setitimer(signal.ITIMER_REAL, self.args.cell_timeout)  # a wedged peer fails
@@ -133,6 +157,7 @@ class Run:
                 "transfer": peer.transfer(case),
                 "cpu_s": cpu,
                 "seconds": took,
+                "cpu_pair_us": probe,
             }
         )
 

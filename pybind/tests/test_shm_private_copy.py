@@ -1,7 +1,8 @@
 """A private copy of what came over shared memory: ``msg.copy()`` gives buffers of this
-process alone — equal bytes, writable, sharing no memory with the received views, and intact
-once the received message is gone and the sender reused its memory (docs/python.md, "What a
-same-user peer can and cannot do")."""
+process alone — equal bytes, writable, sharing no memory with the received views (what
+catches a "copy" that is a view), and intact once the received message is gone and more
+messages came (docs/python.md, "What a same-user peer can and cannot do"). A sender that
+rewrites its own segment under the views is `shm::hostile_more` in the Rust tests."""
 
 from __future__ import annotations
 

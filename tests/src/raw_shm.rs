@@ -18,7 +18,8 @@ use tensorwire_proto::shm::{
     BELL, Control, Hello, KNOCK, KnockReply, MAX_DATAGRAM, Offer, decode, encode,
 };
 
-const F_SEAL_FUTURE_WRITE: libc::c_int = 0x0010;
+/// `F_SEAL_FUTURE_WRITE` (Linux 5.1; not in every libc crate's list).
+pub const F_SEAL_FUTURE_WRITE: libc::c_int = 0x0010;
 
 /// A verified connection to a node's shared-memory socket.
 pub struct RawConn {

@@ -34,6 +34,10 @@ pub(crate) enum Command {
     /// Redraws the plots (throughput.svg, latency.svg) of a saved suite run from its
     /// results.json.
     Plot(PlotArgs),
+    /// Prints how fast the host's two CPUs pass memory right now: the median 4 KiB round trip
+    /// between two threads, in µs (the probe the suite runs before each of its cells; the
+    /// Python peers' driver runs it before each of theirs).
+    CpuPair,
 }
 
 #[derive(Debug, Args)]

@@ -78,6 +78,10 @@ fn dispatch(cli: &cli::Cli) -> Result<()> {
         }
         cli::Command::Compare(args) => suite::suite(&Options::from(args)),
         cli::Command::Plot(args) => plots::replot(&args.from, &args.out),
+        cli::Command::CpuPair => {
+            println!("{:.3}", suite::cpu_pair_probe());
+            Ok(())
+        }
     }
 }
 

@@ -71,7 +71,10 @@ struct Held {
 /// they spread over both CPUs save. Measured one-way on the 2-vCPU machine with same-host
 /// connections on reno, 4 stripes ÷ whole frames, io_uring / tokio (medians of 5): 0.91 /
 /// 0.87× at 8 MiB, 1.05–1.12 / 0.92–0.95× at 16 MiB, 1.20 / 1.00× at 32 MiB, 1.14 / 1.03× at
-/// 64 MiB, 1.22 / 1.11× at 256 MiB (`docs/benchmarks.md`, "Striping").
+/// 64 MiB, 1.22 / 1.11× at 256 MiB (`docs/benchmarks.md`, "Striping", 2026-12-06). Two
+/// runs on 2026-12-08, on a slower day of the host (whole frames 5.4–6.1 GB/s against
+/// 7.0–7.7): io_uring 0.90–0.96× at 32–64 MiB, 0.97–1.01× at 256 MiB, tokio 0.93–1.10×; the
+/// threshold stays until the io_uring loss is traced.
 pub(crate) const LOOPBACK_THRESHOLD: u64 = 32 << 20;
 
 /// How a node stripes its requests.

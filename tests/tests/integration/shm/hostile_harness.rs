@@ -152,13 +152,7 @@ fn hostile_peer() {
             println!("peer listening on {}", node.local_addr());
             // On "limit": no descriptor fits any more (0-2 stay open).
             if let Some(Ok(_)) = stdin.next() {
-                let limit = libc::rlimit {
-                    rlim_cur: 3,
-                    rlim_max: 4096,
-                };
-                // SAFETY: setrlimit reads a live rlimit.
-                let set = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const limit) };
-                assert_eq!(set, 0);
+                set_open_files(3);
             }
             let _ = stdin.next();
             drop(node);
@@ -167,13 +161,7 @@ fn hostile_peer() {
             // A node built under a limit that leaves 64 descriptors free, serving until stdin
             // closes. (Set before the node starts: an io_uring accept keeps the limit it was
             // armed under, so a limit lowered later leaves its TCP side unbounded.)
-            let limit = libc::rlimit {
-                rlim_cur: limit_leaving(64),
-                rlim_max: 4096,
-            };
-            // SAFETY: setrlimit reads a live rlimit.
-            let set = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const limit) };
-            assert_eq!(set, 0);
+            set_open_files(limit_leaving(64));
             let node = node();
             println!("peer listening on {}", node.local_addr());
             let _ = stdin.next();
@@ -238,6 +226,25 @@ fn hostile_peer() {
         }
         other => panic!("unknown mode {other}"),
     }
+}
+
+/// Lowers this process's soft descriptor limit to `limit`, keeping its hard limit (raising
+/// that would need privileges a CI runner may not have).
+fn set_open_files(limit: u64) {
+    let mut current = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the live rlimit it is given.
+    let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut current) };
+    assert_eq!(got, 0, "{}", std::io::Error::last_os_error());
+    let lowered = libc::rlimit {
+        rlim_cur: limit.min(current.rlim_max),
+        rlim_max: current.rlim_max,
+    };
+    // SAFETY: setrlimit reads a live rlimit.
+    let set = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const lowered) };
+    assert_eq!(set, 0, "{}", std::io::Error::last_os_error());
 }
 
 /// The descriptor limit under which `free` more descriptors fit: one past the `free`-th

@@ -16,12 +16,10 @@ use tensorwire_engine::{Node, Reply, RequestKind, Route, Via};
 use tensorwire_proto::Limits;
 use tensorwire_proto::ptr1::Frame;
 use tensorwire_proto::shm::{Body, Control, Part, Shared, WireReply};
-use tensorwire_tests::raw_shm::{RawConn, connect_socket, socket_name};
+use tensorwire_tests::raw_shm::{F_SEAL_FUTURE_WRITE, RawConn, connect_socket, socket_name};
 use tensorwire_tests::*;
 
 use super::hostile_harness::{HostilePeer, kib, node};
-
-const F_SEAL_FUTURE_WRITE: libc::c_int = 0x0010;
 
 #[test]
 fn a_sender_that_rewrites_its_own_segment_changes_the_view_but_never_the_private_copy() {
@@ -113,7 +111,10 @@ fn a_full_descriptor_table_still_answers_connected_clients_and_serves_new_ones_a
     // Hostile TCP connections take the descriptors left (each one asks, so the ones the node
     // accepted are told from the ones waiting in the backlog), then connections to the
     // shared-memory socket wait for the listener (its accepts fail).
-    let mut hostile: Vec<TcpStream> = (0..160).map(|_| raw_stream(addr)).collect();
+    // 112: more than the 64 descriptors left, fewer than those plus the listener's backlog
+    // (128), so every connect completes (those not accepted wait in the backlog) and none
+    // blocks retrying a dropped SYN.
+    let mut hostile: Vec<TcpStream> = (0..112).map(|_| connect_within(addr)).collect();
     let ask = encoded_ask("/actors/echo", kib(0));
     for stream in &mut hostile {
         stream.write_all(&ask).unwrap();
@@ -121,13 +122,20 @@ fn a_full_descriptor_table_still_answers_connected_clients_and_serves_new_ones_a
     thread::sleep(Duration::from_secs(1));
     let answered = hostile.iter().filter(|s| has_bytes(s)).count();
     assert!(
-        (1..hostile.len() - 64).contains(&answered),
-        "{answered} of {} hostile connections were answered: the table did not fill",
+        answered >= 1,
+        "none of {} hostile connections was answered: the node did not accept",
         hostile.len()
     );
+    assert!(
+        answered <= 64,
+        "{answered} of {} hostile connections were answered, more than the 64 descriptors \
+         left: the limit did not hold",
+        hostile.len()
+    );
+    // Pressure on the shared-memory listener too: its accepts fail while the table is full
+    // (whether they wait is not asserted: a Unix socket's connect completes in its backlog).
     let waiting: Vec<_> = (0..8).filter_map(|_| connect_socket(&name).ok()).collect();
-    assert!(!waiting.is_empty(), "connections wait for the shm listener");
-    let mut newcomer = raw_stream(addr);
+    let mut newcomer = connect_within(addr);
     newcomer
         .set_read_timeout(Some(Duration::from_secs(1)))
         .unwrap();
@@ -193,7 +201,7 @@ fn a_full_descriptor_table_still_answers_connected_clients_and_serves_new_ones_a
 }
 
 #[test]
-fn processes_together_cannot_map_more_than_the_nodes_bound_and_its_own_memory_still_maps() {
+fn processes_together_cannot_map_more_than_the_nodes_bound_and_a_new_peer_maps_once_one_leaves() {
     let _serial = serial();
     let server = node();
     let max_map_count: u64 = std::fs::read_to_string("/proc/sys/vm/max_map_count")
@@ -201,8 +209,13 @@ fn processes_together_cannot_map_more_than_the_nodes_bound_and_its_own_memory_st
         .trim()
         .parse()
         .unwrap();
-    let bound = PeerBounds::fitted(u64::MAX, max_map_count).segments;
-    let each = PeerBounds::default().segments_per_process;
+    let fitted = PeerBounds::fitted(u64::MAX, max_map_count);
+    let (bound, each) = (fitted.segments, fitted.segments_per_process);
+    assert_eq!(
+        each,
+        PeerBounds::default().segments_per_process,
+        "the peers announce the default per-process bound: it must be the node's"
+    );
     let processes = bound / each + 2;
     let before = mappings();
     // Each process within its own bound, all of them together past the node's.
@@ -227,30 +240,47 @@ fn processes_together_cannot_map_more_than_the_nodes_bound_and_its_own_memory_st
     );
     assert!(
         grown <= bound + 64,
-        "{grown} new mappings for peers' segments, over the node's bound of {bound}"
+        "{grown} new mappings of peers' segments, over the node's bound of {bound}"
     );
-    // The node's own memory still maps: a 16 MiB echo from another node.
-    let asker = node();
-    let to = asker
-        .destination(server.local_addr(), "echo", Via::Preferred)
-        .unwrap();
-    let (reply, route) = asker
-        .ask_blocking_to(&to, kib(16 << 10), Duration::from_secs(10), None)
-        .unwrap();
+    // One process that kept its segments leaves: the node gives them back, and a new peer's
+    // 16 MiB segment maps (the bound may be full to the last segment, on hosts where it is a
+    // multiple of what each process announced).
+    let mut peers = peers;
+    let leaving = reports
+        .iter()
+        .position(|r| !r.1)
+        .expect("a connection stayed open");
+    drop(peers.swap_remove(leaving));
+    let gone = Instant::now();
+    let served = served_after(gone, || {
+        let asker = node();
+        let to = asker.destination(server.local_addr(), "echo", Via::Only(Route::SharedMemory))?;
+        asker.ask_blocking_to(&to, kib(16 << 10), Duration::from_secs(10), None)
+    });
+    let (_, reply, route) = served.unwrap_or_else(|e| {
+        panic!("no new peer mapped its segment {GIVE_UP:?} after one left: {e}")
+    });
+    assert_eq!(route, Route::SharedMemory);
     assert_eq!(tensor(reply).buffers[0].len(), 16 << 20);
-    assert_eq!(
-        route,
-        Route::SharedMemory,
-        "the mappings of the closed connections were given back: room for another peer"
-    );
     drop(peers);
 }
 
+/// The node's mappings of peers' segments (the raw peers name their memfds `raw-peer`).
 fn mappings() -> usize {
     std::fs::read_to_string("/proc/self/maps")
         .unwrap()
         .lines()
+        .filter(|line| line.contains("memfd:raw-peer"))
         .count()
+}
+
+/// A plain PTR1 connection, its connect bounded (a dropped SYN would retry for minutes).
+fn connect_within(addr: std::net::SocketAddr) -> TcpStream {
+    let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connects");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream
 }
 
 /// A memfd segment as a sender makes one: allocated, mapped writable by its owner, then
@@ -310,7 +340,9 @@ impl OwnSegment {
 
     fn write(&self, at: usize, bytes: &[u8]) {
         assert!(at + bytes.len() <= self.len);
-        // SAFETY: inside the writable mapping this value owns.
+        // SAFETY: inside the writable mapping this value owns. The node's views of the same
+        // pages in this process are `Bytes` held in the handler's list, and no borrow of them
+        // is live while this writes (the test reads them only after).
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.add(at), bytes.len()) };
     }
 }

@@ -137,6 +137,7 @@ fn pass_case(r: &Results, pass: &Pass, c: usize) -> Value {
                     "samples": cells.iter().map(|s| s.value).collect::<Vec<_>>(),
                     "cpu_s": cells.iter().map(|s| number(s.cpu_s)).collect::<Vec<_>>(),
                     "seconds": cells.iter().map(|s| number(s.seconds)).collect::<Vec<_>>(),
+                    "cpu_pair_us": cells.iter().map(|s| number(s.cpu_pair_us)).collect::<Vec<_>>(),
                 }),
             )
         })
@@ -153,7 +154,8 @@ fn pass_case(r: &Results, pass: &Pass, c: usize) -> Value {
                 peer,
                 ratio,
                 ours_slow,
-            } => json!({ "transfer": transfer.key(), "language": language, "ours": ours, "peer": peer, "ratio": number(*ratio), "ours_on_slow_placement": ours_slow }),
+                peer_slow,
+            } => json!({ "transfer": transfer.key(), "language": language, "ours": ours, "peer": peer, "ratio": number(*ratio), "ours_on_slow_placement": ours_slow, "peer_on_slow_placement": peer_slow }),
             Verdict::NoPeer {
                 transfer,
                 language,

@@ -25,6 +25,8 @@ mod steered;
 mod table;
 mod verdict;
 
+pub(crate) use cpu_pair::probe as cpu_pair_probe;
+
 use std::path::Path;
 use std::time::Duration;
 
@@ -490,7 +492,7 @@ impl Pass {
                 })
             })
             .collect();
-        entrants.extend(self.peers.entrants(case, infos));
+        entrants.extend(self.peers.entrants(case, infos, usual));
         verdict::verdicts(case, &entrants)
     }
 

@@ -11,6 +11,7 @@ use std::process::{Command, Stdio};
 
 use crate::Options;
 use crate::cli::Part;
+use crate::suite::cpu_pair;
 use crate::suite::references::References;
 use crate::suite::steered::{self, Steered};
 use crate::suite::verdict::{Entrant, Transfer};
@@ -65,6 +66,9 @@ pub(crate) struct PeerSample {
     /// How long the cell took.
     pub(crate) seconds: f64,
     pub(crate) transfer: Option<Transfer>,
+    /// The host's CPU pair right before the cell, as the driver probed it (`ptr1-bench
+    /// cpu-pair`, µs; NaN: not probed).
+    pub(crate) cpu_pair_us: f64,
 }
 
 impl Peers {
@@ -176,6 +180,7 @@ impl Peers {
                         cpu_s: number("cpu_s"),
                         seconds: number("seconds"),
                         transfer: record["transfer"].as_str().and_then(Transfer::parse),
+                        cpu_pair_us: number("cpu_pair_us"),
                     };
                     peers
                         .samples
@@ -237,16 +242,24 @@ impl Peers {
         })
     }
 
-    /// Every peer with a figure in `case`, as the verdict takes them.
+    /// Every peer with a figure in `case`, as the verdict takes them; a peer whose cells
+    /// mostly ran on the slow placement of the host's CPU pair (their probes against the
+    /// pass's `usual` one) is marked so.
     pub(crate) fn entrants<'a>(
         &'a self,
         case: &Case,
         languages: &'a [PeerInfo],
+        usual: f64,
     ) -> Vec<Entrant<'a>> {
         self.names
             .iter()
             .zip(languages)
             .filter_map(|(name, info)| {
+                let cells = self.cells(name, case);
+                let slow = cells
+                    .iter()
+                    .filter(|s| cpu_pair::is_slow(s.cpu_pair_us, usual))
+                    .count();
                 Some(Entrant {
                     name,
                     ours: info.ours,
@@ -254,7 +267,7 @@ impl Peers {
                     language: &info.language,
                     value: self.median(name, case),
                     spins_through_gaps: info.spins_through_gaps,
-                    slow_placement: false,
+                    slow_placement: 2 * slow > cells.len(),
                 })
             })
             .collect()
@@ -381,6 +394,16 @@ mod tests {
     use super::*;
     use crate::Mode;
 
+    fn one_way_4_kib() -> Case {
+        Case {
+            mode: Mode::OneWay,
+            size: 4096,
+            buffers: 1,
+            inflight: 1,
+            gap: std::time::Duration::ZERO,
+        }
+    }
+
     #[test]
     fn the_drivers_lines_become_samples_kinds_versions_and_reasons() {
         let text = r#"{"kind": "version", "name": "pyzmq", "version": "26.2.0"}
@@ -398,13 +421,7 @@ mod tests {
 {"kind": "failed", "peer": "Ray", "reason": "one-way 256 MiB × 1: the actor died"}
 not json: ignored"#;
         let peers = Peers::parse(text);
-        let case = Case {
-            mode: Mode::OneWay,
-            size: 4096,
-            buffers: 1,
-            inflight: 1,
-            gap: std::time::Duration::ZERO,
-        };
+        let case = one_way_4_kib();
         assert_eq!(peers.samples("pyzmq", &case), vec![0.2, 0.3]);
         let rtt = Case {
             mode: Mode::Rtt,
@@ -437,13 +454,57 @@ not json: ignored"#;
         assert_eq!(peers.failed[0].0, "Ray");
         assert_eq!(peers.missing().len(), 2);
         let infos = peers.infos();
-        let entrants = peers.entrants(&case, &infos);
+        let entrants = peers.entrants(&case, &infos, f64::NAN);
         let verdicts = crate::suite::verdict::verdicts(&case, &entrants);
         // tensorwire goes through the kernel here: pyzmq is its peer, MPI (one copy) is not.
         assert_eq!(verdicts.len(), 1);
         assert_eq!(
             verdicts[0].to_string(),
             "1.67× (tensorwire (Python) ÷ pyzmq)"
+        );
+    }
+
+    #[test]
+    fn a_peer_whose_cells_the_driver_probed_on_the_slow_placement_is_marked() {
+        let sample = |peer: &str, rep: u32, value: f64, probe: &str| {
+            format!(
+                r#"{{"kind": "sample", "peer": "{peer}", "mode": "oneway", "size": 4096, "buffers": 1, "inflight": 1, "rep": {rep}, "value": {value}, "transfer": "kernel", "cpu_s": 0.1, "seconds": 0.5, "cpu_pair_us": {probe}}}"#
+            )
+        };
+        let text = [
+            r#"{"kind": "peer", "peer": "tensorwire (Python)", "language": "python", "spins": false, "ours": true}"#.to_owned(),
+            sample("tensorwire (Python)", 0, 0.5, "1.0"),
+            sample("tensorwire (Python)", 1, 0.5, "1.1"),
+            sample("tensorwire (Python)", 2, 0.5, "null"),
+            // Two of pyzmq's three cells ran where a probe took 3.5 µs.
+            sample("pyzmq", 0, 0.2, "3.5"),
+            sample("pyzmq", 1, 0.2, "3.5"),
+            sample("pyzmq", 2, 0.2, "1.0"),
+        ]
+        .join("\n");
+        let peers = Peers::parse(&text);
+        let case = one_way_4_kib();
+        let infos = peers.infos();
+        let marked = |usual: f64| {
+            let entrants = peers.entrants(&case, &infos, usual);
+            let slow: Vec<bool> = entrants.iter().map(|e| e.slow_placement).collect();
+            let verdicts = crate::suite::verdict::verdicts(&case, &entrants);
+            (slow, verdicts[0].to_string())
+        };
+        assert_eq!(
+            marked(1.0),
+            (
+                vec![false, true],
+                "2.50× § (tensorwire (Python) ÷ pyzmq)".to_owned()
+            )
+        );
+        // Without a usual probe to read them against (no column probed), nothing is marked.
+        assert_eq!(
+            marked(f64::NAN),
+            (
+                vec![false, false],
+                "2.50× (tensorwire (Python) ÷ pyzmq)".to_owned()
+            )
         );
     }
 }

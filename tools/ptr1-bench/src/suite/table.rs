@@ -201,8 +201,9 @@ fn verdict_table(r: &Results, pass: &Pass) {
          Rust), > 1× favours tensorwire (RTT: latencies inverted); never across kinds or \
          languages (– = no tensorwire path of that kind in that case). {} ‡ = most \
          repetitions of that tensorwire figure ran on the slow placement of the host's CPU pair \
-         (the probes above; the peers are not probed): that ratio compares the host as much as \
-         the transports.\n",
+         (the probes above; the Python peers' driver probes before each of its cells with \
+         `ptr1-bench cpu-pair`, against the same usual probe): that ratio compares the host as \
+         much as the transports; § = the peer's did (the ratio flatters tensorwire as much).\n",
         if pass.peers.steered {
             "MPI's ranks in C run case by case with the Rust columns (right before or right \
              after them); the Python peers after the columns, interleaved among themselves."

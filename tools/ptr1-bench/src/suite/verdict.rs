@@ -74,7 +74,8 @@ pub(crate) struct Entrant<'a> {
     /// ranks, iceoryx2's server, tensorwire against a fixture told to spin).
     pub(crate) spins_through_gaps: bool,
     /// Whether most of its repetitions ran on the slow placement of the host's CPU pair
-    /// (`cpu_pair`; only the columns are probed, so a peer never is).
+    /// (`cpu_pair`: the columns are probed by the suite, the Python peers by their driver;
+    /// a figure never probed never is).
     pub(crate) slow_placement: bool,
 }
 
@@ -92,6 +93,8 @@ pub(crate) enum Verdict<'a> {
         /// Ours ran on the slow placement of the host's CPU pair: the ratio compares the host
         /// as much as the transports.
         ours_slow: bool,
+        /// The peer did: the ratio flatters ours as much.
+        peer_slow: bool,
     },
     /// Ours has a figure of this kind and language; no peer does.
     NoPeer {
@@ -154,6 +157,7 @@ pub(crate) fn verdicts<'a>(case: &Case, entrants: &[Entrant<'a>]) -> Vec<Verdict
                     peer: peer.name,
                     ratio: case.better(ours.value, peer.value),
                     ours_slow: ours.slow_placement,
+                    peer_slow: peer.slow_placement,
                 },
                 None => Verdict::NoPeer {
                     transfer,
@@ -187,9 +191,15 @@ impl fmt::Display for Verdict<'_> {
                 peer,
                 ratio,
                 ours_slow,
+                peer_slow,
                 ..
             } => {
-                let mark = if *ours_slow { " ‡" } else { "" };
+                let mark = match (*ours_slow, *peer_slow) {
+                    (true, true) => " ‡§",
+                    (true, false) => " ‡",
+                    (false, true) => " §",
+                    (false, false) => "",
+                };
                 write!(f, "{ratio:.2}×{mark} ({ours} ÷ {peer})")
             }
             Self::NoPeer {
@@ -330,19 +340,26 @@ mod tests {
             verdict.to_string().starts_with("0.47× ‡ (PTR1 tokio"),
             "{verdict}"
         );
-        // The same figure on the usual placement: no mark.
-        let found = verdicts(
-            &rtt,
-            &[
-                Entrant {
-                    slow_placement: false,
-                    ..slow
-                },
-                fast,
-                mpi,
-            ],
-        );
+        // The same figure on the usual placement: no mark; then the peer on the slow one.
+        let usual = Entrant {
+            slow_placement: false,
+            ..slow
+        };
+        let found = verdicts(&rtt, &[usual, fast, mpi]);
         assert!(!found[0].to_string().contains('‡'), "{}", found[0]);
+        let slow_mpi = Entrant {
+            slow_placement: true,
+            ..mpi
+        };
+        let found = verdicts(&rtt, &[usual, fast, slow_mpi]);
+        let [verdict @ Verdict::Ratio { peer_slow, .. }] = found.as_slice() else {
+            panic!("expected one ratio, got {found:?}");
+        };
+        assert!(*peer_slow, "the peer ran on the slow placement");
+        assert!(
+            verdict.to_string().starts_with("0.47× § (PTR1 tokio"),
+            "{verdict}"
+        );
     }
 
     #[test]
