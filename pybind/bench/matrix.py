@@ -104,7 +104,10 @@ class Run:
         """How fast the host's two CPUs pass memory right now (`ptr1-bench cpu-pair`: the
         median 4 KiB round trip between two threads, µs), as the suite probes before its own
         cells: the hypervisor moves the vCPUs between placements 3-4x apart, and every
-        same-host figure moves with them. None when the fixture's binary cannot say."""
+        same-host figure moves with them. Taken while no peer of this driver runs a cell (a
+        peer that still spins after its last request can slow it, as a spinning fixture can
+        the suite's own). None when the fixture's binary cannot say (probing stops, once
+        said) or the probe did not end within 10 s."""
         if not self.probes:
             return None
         try:
@@ -116,14 +119,19 @@ class Run:
                 check=True,
             ).stdout
             return float(out.strip())
-        except (OSError, subprocess.SubprocessError, ValueError):
+        except subprocess.TimeoutExpired:
+            self.emit({"kind": "note", "peer": "cpu-pair", "text": "a probe took over 10 s"})
+            return None
+        except (OSError, subprocess.SubprocessError, ValueError) as e:
             self.probes = False
+            self.emit({"kind": "note", "peer": "cpu-pair", "text": f"no probes: {e}"})
             return None
 
-    def cell(self, peer: Any, case: Case, data: list[np.ndarray], rep: int) -> None:
-        """Measures one cell, with the CPU it burned and the host's CPU pair right before it;
-        a failure leaves the peer out from here on."""
-        probe = self.cpu_pair()
+    def cell(
+        self, peer: Any, case: Case, data: list[np.ndarray], rep: int, probe: float | None
+    ) -> None:
+        """Measures one cell, with the CPU it burned; `probe` is the host's CPU pair taken
+        before it (`cpu_pair`). A failure leaves the peer out from here on."""
         began = time.perf_counter()
         cpu_before = cpu_seconds(os.getpid(), peer.pids())
         signal.setitimer(signal.ITIMER_REAL, self.args.cell_timeout)  # a wedged peer fails
@@ -196,8 +204,11 @@ class Run:
             return False
         data = payload(case.size, case.buffers)
         turn = (rep + c) % len(peers)
+        # One probe for the case's cells (seconds apart; the host's placement moves within
+        # minutes), taken before any of them runs.
+        probe = self.cpu_pair()
         for peer in peers[turn:] + peers[:turn]:  # rotate the order
-            self.cell(peer, case, data, rep)
+            self.cell(peer, case, data, rep, probe)
         return True
 
     def fresh(self, chosen: list[tuple[str, Callable[[], Any]]]) -> None:
@@ -223,10 +234,12 @@ class Run:
                 # Measured on the sporadic row only: no processes for the others.
                 self.not_applicable[(case, name)] = SPINNING_ONLY
                 continue
+            # Probed before the peer is made: a new server may spin at first (iceoryx2's).
+            probe = self.cpu_pair()
             if (peer := self.make(name, make)) is None:
                 continue
             try:
-                self.cell(peer, case, data, rep)
+                self.cell(peer, case, data, rep, probe)
             finally:
                 close(peer)
 

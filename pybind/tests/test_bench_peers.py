@@ -184,7 +184,7 @@ def test_fresh_the_spinning_peers_start_processes_for_the_sporadic_row_only() ->
 def steer(peers: str, asked: list[tuple[str, int, int, int]], *more: str) -> list[list[Any]]:
     """Drives `bench.py --steer --only peers` as the suite does: waits for `ready`, asks for
     each (mode, size, buffers, rep) in turn, and returns each cell's samples as (peer, mode,
-    size, buffers, rep, value); then ends its input and checks it exits cleanly."""
+    size, buffers, rep, value, cpu_pair_us); then ends its input and checks it exits cleanly."""
     args = [sys.executable, str(BENCH), "--json", "--steer", "--reps", "1", "--seconds", "0.02"]
     args += ["--sizes", "4KiB,64KiB", "--buffers", "1,16", "--only", peers, *more]
     cells = []
@@ -208,7 +208,7 @@ def steer(peers: str, asked: list[tuple[str, int, int, int]], *more: str) -> lis
                 child.stdin.write(json.dumps(line) + "\n")
                 child.stdin.flush()
                 samples = [r for r in until("cell_done") if r["kind"] == "sample"]
-                fields = ("peer", "mode", "size", "buffers", "rep", "value")
+                fields = ("peer", "mode", "size", "buffers", "rep", "value", "cpu_pair_us")
                 cells.append([tuple(r[k] for k in fields) for r in samples])
             child.stdin.close()
             assert child.wait(timeout=120) == 0
@@ -231,6 +231,8 @@ def test_steered_the_driver_measures_each_cell_it_is_asked_for_when_asked(fresh:
     for (mode, size, buffers, rep), samples in zip(ASKED, cells, strict=True):
         assert [s[:5] for s in samples] == [("tensorwire (Python)", mode, size, buffers, rep)]
         assert samples[0][5] > 0
+        # The host's CPU pair, probed before the cell by the fixture's binary (`cpu-pair`).
+        assert isinstance(samples[0][6], float) and samples[0][6] > 0, samples[0]
 
 
 @pytest.mark.timeout(600)

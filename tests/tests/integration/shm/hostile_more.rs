@@ -250,8 +250,18 @@ fn processes_together_cannot_map_more_than_the_nodes_bound_and_a_new_peer_maps_o
         .iter()
         .position(|r| !r.1)
         .expect("a connection stayed open");
+    let (left_behind, held) = (mappings(), reports[leaving].0);
     drop(peers.swap_remove(leaving));
     let gone = Instant::now();
+    // Its segments are unmapped, whatever room the bound had left.
+    while mappings() + held > left_behind {
+        assert!(
+            gone.elapsed() < GIVE_UP,
+            "{} of the {held} segments of a process that left are still mapped after {GIVE_UP:?}",
+            mappings() + held - left_behind
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
     let served = served_after(gone, || {
         let asker = node();
         let to = asker.destination(server.local_addr(), "echo", Via::Only(Route::SharedMemory))?;

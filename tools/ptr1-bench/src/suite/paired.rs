@@ -36,15 +36,21 @@ impl EngineRatio {
     }
 }
 
-/// The probe `pass`'s probes are read against ([`cpu_pair::usual`]).
+/// The probe `pass`'s probes are read against ([`cpu_pair::usual`]): its columns', or where
+/// no column was probed (`--only peers`), its peers'.
 pub(crate) fn usual_probe(pass: &Pass) -> f64 {
-    cpu_pair::usual(
+    let columns = cpu_pair::usual(
         pass.samples
             .iter()
             .flatten()
             .flatten()
             .map(|m| m.cpu_pair_us),
-    )
+    );
+    if columns.is_finite() {
+        columns
+    } else {
+        cpu_pair::usual(pass.peers.probes())
+    }
 }
 
 /// Case `c`'s ratio in `pass`, its probes read against the pass's `usual` one.

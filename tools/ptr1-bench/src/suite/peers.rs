@@ -206,6 +206,11 @@ impl Peers {
             .map_or(&[], Vec::as_slice)
     }
 
+    /// Every probe of the host's CPU pair the driver took (µs; NaN where it took none).
+    pub(crate) fn probes(&self) -> impl Iterator<Item = f64> + '_ {
+        self.samples.values().flatten().map(|s| s.cpu_pair_us)
+    }
+
     /// Every figure of `peer` in `case`.
     pub(crate) fn samples(&self, peer: &str, case: &Case) -> Vec<f64> {
         self.cells(peer, case).iter().map(|s| s.value).collect()

@@ -135,6 +135,26 @@ fn main_table(r: &Results, pass: &Pass) {
 /// The host's CPU pair during the pass, as probed before every cell, and how many cells ran on
 /// a slow placement (their ratios are marked † in the table above).
 fn placement(pass: &Pass) {
+    columns_placement(pass);
+    let usual = paired::usual_probe(pass);
+    let peers: Vec<f64> = pass.peers.probes().filter(|p| p.is_finite()).collect();
+    if !peers.is_empty() {
+        let slow = peers
+            .iter()
+            .filter(|&&p| cpu_pair::is_slow(p, usual))
+            .count();
+        say!(
+            "the peers' driver probed the same pair (before each case's cells warm, before \
+             each cell's processes fresh): {slow} of {} cells ran on a slow placement by those \
+             probes, against the same usual probe ({usual:.2} µs); their figures are marked in \
+             the verdict: § a peer's, ‡ tensorwire's from Python.",
+            peers.len()
+        );
+    }
+}
+
+/// The columns' probes: the pass's usual probe and the cells on a slow placement.
+fn columns_placement(pass: &Pass) {
     let mut probes: Vec<f64> = all_samples(pass)
         .map(|m| m.cpu_pair_us)
         .filter(|p| p.is_finite())
@@ -203,7 +223,8 @@ fn verdict_table(r: &Results, pass: &Pass) {
          repetitions of that tensorwire figure ran on the slow placement of the host's CPU pair \
          (the probes above; the Python peers' driver probes before each of its cells with \
          `ptr1-bench cpu-pair`, against the same usual probe): that ratio compares the host as \
-         much as the transports; § = the peer's did (the ratio flatters tensorwire as much).\n",
+         much as the transports; § = most of the peer's repetitions did: the ratio flatters \
+         tensorwire; ‡§ = both did (like with like again, on the slow placement).\n",
         if pass.peers.steered {
             "MPI's ranks in C run case by case with the Rust columns (right before or right \
              after them); the Python peers after the columns, interleaved among themselves."

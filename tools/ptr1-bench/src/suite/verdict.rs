@@ -360,6 +360,13 @@ mod tests {
             verdict.to_string().starts_with("0.47× § (PTR1 tokio"),
             "{verdict}"
         );
+        // Both on it: both marks.
+        let found = verdicts(&rtt, &[slow, fast, slow_mpi]);
+        assert!(
+            found[0].to_string().starts_with("0.47× ‡§ (PTR1 tokio"),
+            "{}",
+            found[0]
+        );
     }
 
     #[test]
