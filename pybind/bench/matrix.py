@@ -41,7 +41,9 @@ class Run:
         self.spent: dict[str, float] = {}  # seconds each peer took, set-up excluded
         self.fixture: Any = None
         self.spinning: Any = None
-        self.probes = True  # until the fixture's binary cannot probe
+        self.probes = True  # until the fixture's binary cannot probe, or probes keep timing out
+        self.probe_timeouts = 0  # in a row
+        self.last_spun = False  # the last cell's peer polls on after its last request
 
     def emit(self, record: dict[str, Any]) -> None:
         if self.args.json:
@@ -104,28 +106,40 @@ class Run:
         """How fast the host's two CPUs pass memory right now (`ptr1-bench cpu-pair`: the
         median 4 KiB round trip between two threads, µs), as the suite probes before its own
         cells: the hypervisor moves the vCPUs between placements 3-4x apart, and every
-        same-host figure moves with them. Taken while no peer of this driver runs a cell (a
-        peer that still spins after its last request can slow it, as a spinning fixture can
-        the suite's own). None when the fixture's binary cannot say (probing stops, once
-        said) or the probe did not end within 10 s."""
+        same-host figure moves with them. Taken while no peer of this driver runs a cell,
+        and 150 ms after a peer that polls through gaps (iceoryx2's server polls for 100 ms
+        after its last request). None when it cannot be taken: the process may use fewer than
+        two CPUs, the fixture's binary cannot probe, or probes timed out (10 s) twice in a row
+        — then probing stops, with one `probe_note` record saying why."""
         if not self.probes:
             return None
-        try:
-            out = subprocess.run(
-                [str(self.fixture_path), "cpu-pair"],
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=True,
-            ).stdout
-            return float(out.strip())
-        except subprocess.TimeoutExpired:
-            self.emit({"kind": "note", "peer": "cpu-pair", "text": "a probe took over 10 s"})
-            return None
-        except (OSError, subprocess.SubprocessError, ValueError) as e:
-            self.probes = False
-            self.emit({"kind": "note", "peer": "cpu-pair", "text": f"no probes: {e}"})
-            return None
+        if self.last_spun:
+            time.sleep(0.15)
+            self.last_spun = False
+        why = None
+        if len(os.sched_getaffinity(0)) < 2:
+            why = "this process may use one CPU: no pair to probe"
+        else:
+            try:
+                out = subprocess.run(
+                    [str(self.fixture_path), "cpu-pair"],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                    check=True,
+                ).stdout
+                self.probe_timeouts = 0
+                return float(out.strip())
+            except subprocess.TimeoutExpired:
+                self.probe_timeouts += 1
+                if self.probe_timeouts < 2:
+                    return None
+                why = "two probes in a row took over 10 s"
+            except (OSError, subprocess.SubprocessError, ValueError) as e:
+                why = f"{self.fixture_path} cpu-pair failed: {e}"
+        self.probes = False
+        self.emit({"kind": "probe_note", "text": f"no more CPU-pair probes: {why}"})
+        return None
 
     def cell(
         self, peer: Any, case: Case, data: list[np.ndarray], rep: int, probe: float | None
@@ -148,6 +162,7 @@ class Run:
             return
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
+            self.last_spun = bool(peer.spins_through_gaps)
             took = time.perf_counter() - began
             self.spent[peer.name] = self.spent.get(peer.name, 0.0) + took
         cpu = cpu_seconds(os.getpid(), peer.pids()) - cpu_before

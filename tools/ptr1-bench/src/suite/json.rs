@@ -183,6 +183,7 @@ fn peers_json(peers: &Peers) -> Value {
     };
     json!({
         "skipped": peers.skipped,
+        "probe_notes": peers.probe_notes,
         "measured": peers.names,
         "described": peers.names.iter().map(|n| {
             let info = peers.info(n);

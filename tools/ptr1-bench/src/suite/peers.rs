@@ -44,6 +44,8 @@ pub(crate) struct Peers {
     /// Whether MPI's C peers were measured case by case with the Rust columns
     /// ([`Steered`]) rather than after them.
     pub(crate) steered: bool,
+    /// Why the driver stopped probing the host's CPU pair, if it did (once per reason).
+    pub(crate) probe_notes: Vec<String>,
 }
 
 /// What the driver says a peer is.
@@ -162,6 +164,12 @@ impl Peers {
                 }
                 Some("unavailable") => peers.unavailable.push((s("peer"), s("reason"))),
                 Some("note") => peers.notes.push((s("peer"), s("text"))),
+                Some("probe_note") => {
+                    let text = s("text");
+                    if !peers.probe_notes.contains(&text) {
+                        peers.probe_notes.push(text);
+                    }
+                }
                 Some("failed") => peers.failed.push((s("peer"), s("reason"))),
                 Some("not_applicable") => {
                     let entry = (s("peer"), s("reason"));
@@ -424,6 +432,8 @@ mod tests {
 {"kind": "sample", "peer": "MPI one host", "mode": "oneway", "size": 4096, "buffers": 1, "inflight": 1, "rep": 0, "value": 1.0, "transfer": "one_copy", "cpu_s": 1.0, "seconds": 0.5}
 {"kind": "not_applicable", "peer": "gRPC (Python)", "mode": "oneway", "size": 4096, "buffers": 16, "reason": "one bytes object per call"}
 {"kind": "failed", "peer": "Ray", "reason": "one-way 256 MiB × 1: the actor died"}
+{"kind": "probe_note", "text": "no more CPU-pair probes: two probes in a row took over 10 s"}
+{"kind": "probe_note", "text": "no more CPU-pair probes: two probes in a row took over 10 s"}
 not json: ignored"#;
         let peers = Peers::parse(text);
         let case = one_way_4_kib();
@@ -458,6 +468,8 @@ not json: ignored"#;
         assert_eq!(peers.not_applicable.len(), 1);
         assert_eq!(peers.failed[0].0, "Ray");
         assert_eq!(peers.missing().len(), 2);
+        assert_eq!(peers.probe_notes.len(), 1, "one note per reason");
+        assert!(peers.notes.is_empty(), "a probe's note is no peer's");
         let infos = peers.infos();
         let entrants = peers.entrants(&case, &infos, f64::NAN);
         let verdicts = crate::suite::verdict::verdicts(&case, &entrants);

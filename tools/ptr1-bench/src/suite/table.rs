@@ -144,12 +144,16 @@ fn placement(pass: &Pass) {
             .filter(|&&p| cpu_pair::is_slow(p, usual))
             .count();
         say!(
-            "the peers' driver probed the same pair (before each case's cells warm, before \
+            "\nthe peers' driver probed the same pair (before each case's cells warm, before \
              each cell's processes fresh): {slow} of {} cells ran on a slow placement by those \
-             probes, against the same usual probe ({usual:.2} µs); their figures are marked in \
-             the verdict: § a peer's, ‡ tensorwire's from Python.",
+             probes, against the usual probe ({usual:.2} µs: the columns' lower quartile, or \
+             the peers' own where no column was probed); their figures are marked in the \
+             verdict: § a peer's, ‡ tensorwire's from Python.",
             peers.len()
         );
+    }
+    for note in &pass.peers.probe_notes {
+        say!("\nthe peers' driver: {note}");
     }
 }
 
