@@ -35,8 +35,8 @@ pub struct RawConn {
     tail: u64,
 }
 
-/// A mapping this peer owns.
-struct Mapping {
+/// A shared mapping its value owns (unmapped on drop).
+pub struct Mapping {
     ptr: *mut u8,
     len: usize,
 }
@@ -52,7 +52,12 @@ impl Drop for Mapping {
 }
 
 impl Mapping {
-    fn map(fd: RawFd, len: usize, writable: bool) -> io::Result<Self> {
+    /// Maps `len` bytes of `fd` shared, writable or read-only.
+    ///
+    /// # Errors
+    ///
+    /// What `mmap` says (a sealed file refuses a new writable mapping).
+    pub fn map(fd: RawFd, len: usize, writable: bool) -> io::Result<Self> {
         let prot = if writable {
             libc::PROT_READ | libc::PROT_WRITE
         } else {
@@ -67,6 +72,16 @@ impl Mapping {
             ptr: ptr.cast(),
             len,
         })
+    }
+
+    /// Copies `bytes` in at `at` (a writable mapping). In-process readers of the same pages
+    /// (a node's views of a peer's segment) see the new bytes: a test that writes holds no
+    /// borrow of them meanwhile.
+    pub fn write(&self, at: usize, bytes: &[u8]) {
+        assert!(at + bytes.len() <= self.len);
+        // SAFETY: inside the live mapping; the caller holds no borrow of these bytes while
+        // they are written (see above).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.add(at), bytes.len()) };
     }
 
     fn u64_at(&self, at: usize) -> &AtomicU64 {

@@ -16,7 +16,9 @@ use tensorwire_engine::{Node, Reply, RequestKind, Route, Via};
 use tensorwire_proto::Limits;
 use tensorwire_proto::ptr1::Frame;
 use tensorwire_proto::shm::{Body, Control, Part, Shared, WireReply};
-use tensorwire_tests::raw_shm::{F_SEAL_FUTURE_WRITE, RawConn, connect_socket, socket_name};
+use tensorwire_tests::raw_shm::{
+    F_SEAL_FUTURE_WRITE, Mapping, RawConn, connect_socket, socket_name,
+};
 use tensorwire_tests::*;
 
 use super::hostile_harness::{HostilePeer, kib, node};
@@ -301,8 +303,7 @@ fn connect_within(addr: std::net::SocketAddr) -> TcpStream {
 /// sealed as a peer's segment must be (`SHRINK | GROW | FUTURE_WRITE`).
 struct OwnSegment {
     fd: OwnedFd,
-    ptr: *mut u8,
-    len: usize,
+    mapping: Mapping,
 }
 
 impl OwnSegment {
@@ -317,54 +318,22 @@ impl OwnSegment {
         let size = libc::off_t::try_from(len).unwrap();
         // SAFETY: no pointers.
         assert_eq!(unsafe { libc::fallocate(fd.as_raw_fd(), 0, 0, size) }, 0);
-        // SAFETY: a new shared mapping without an address hint touches no existing memory.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(ptr, libc::MAP_FAILED);
+        let mapping = Mapping::map(fd.as_raw_fd(), len, true).expect("the owner maps it");
         let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | F_SEAL_FUTURE_WRITE;
         // SAFETY: integer arguments.
         let sealed = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) };
         assert_eq!(sealed, 0);
-        // SAFETY: as above; a mapping the seal must refuse.
-        let again = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        assert_eq!(again, libc::MAP_FAILED, "sealed: no new writable mapping");
-        Self {
-            fd,
-            ptr: ptr.cast(),
-            len,
-        }
+        assert!(
+            Mapping::map(fd.as_raw_fd(), len, true).is_err(),
+            "sealed: no new writable mapping"
+        );
+        Self { fd, mapping }
     }
 
+    /// Through the mapping made before the seal. The node's views of these pages in this
+    /// process are `Bytes` in the handler's list; the test reads them only after.
     fn write(&self, at: usize, bytes: &[u8]) {
-        assert!(at + bytes.len() <= self.len);
-        // SAFETY: inside the writable mapping this value owns. The node's views of the same
-        // pages in this process are `Bytes` held in the handler's list, and no borrow of them
-        // is live while this writes (the test reads them only after).
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.add(at), bytes.len()) };
-    }
-}
-
-impl Drop for OwnSegment {
-    fn drop(&mut self) {
-        // SAFETY: exactly the range this value mapped.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        self.mapping.write(at, bytes);
     }
 }
 
